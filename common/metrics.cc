@@ -1,0 +1,116 @@
+#include "common/metrics.h"
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardtrain::common {
+
+MetricsExposer::MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer,
+                               std::shared_ptr<prometheus::Registry> registry,
+                               int port)
+    : exposer_(std::move(exposer)), registry_(std::move(registry)), port_(port) {}
+
+absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(
+    const std::string& address) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  if (address.empty()) {
+    return std::unique_ptr<MetricsExposer>(
+        new MetricsExposer(nullptr, std::move(registry), 0));
+  }
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // One server thread: scrapes are rare and the machine may be small.
+    exposer = std::make_unique<prometheus::Exposer>(address, 1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics server on ", address, " bound no port"));
+  }
+  exposer->RegisterCollectable(registry);
+  return std::unique_ptr<MetricsExposer>(
+      new MetricsExposer(std::move(exposer), std::move(registry), ports[0]));
+}
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,   0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,
+          10.0,    30.0};
+}
+
+RpcMetrics::RpcMetrics(prometheus::Registry& registry, const std::string& side)
+    : side_(side),
+      requests_(prometheus::BuildCounter()
+                    .Name("shardtrain_rpc_requests_total")
+                    .Help("RPCs finished, by method and status code")
+                    .Register(registry)),
+      received_bytes_(prometheus::BuildCounter()
+                          .Name("shardtrain_rpc_received_bytes_total")
+                          .Help("Serialized message bytes received, by method")
+                          .Register(registry)),
+      sent_bytes_(prometheus::BuildCounter()
+                      .Name("shardtrain_rpc_sent_bytes_total")
+                      .Help("Serialized message bytes sent, by method")
+                      .Register(registry)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("shardtrain_rpc_duration_seconds")
+                   .Help("RPC latency from arrival to reply, by method")
+                   .Register(registry)) {}
+
+RpcMetrics::PerMethod& RpcMetrics::MethodMetrics(const std::string& method) {
+  auto it = methods_.find(method);
+  if (it != methods_.end()) return it->second;
+  const prometheus::Labels labels{{"side", side_}, {"method", method}};
+  PerMethod per;
+  per.received_bytes = &received_bytes_.Add(labels);
+  per.sent_bytes = &sent_bytes_.Add(labels);
+  per.latency = &latency_.Add(labels, LatencyBuckets());
+  return methods_.emplace(method, per).first->second;
+}
+
+void RpcMetrics::Record(const std::string& method, grpc::StatusCode code,
+                        size_t received_bytes, size_t sent_bytes,
+                        double seconds) {
+  absl::MutexLock lock(&mu_);
+  PerMethod& per = MethodMetrics(method);
+  per.received_bytes->Increment(static_cast<double>(received_bytes));
+  per.sent_bytes->Increment(static_cast<double>(sent_bytes));
+  per.latency->Observe(seconds);
+  auto key = std::make_pair(method, static_cast<int>(code));
+  auto it = requests_by_code_.find(key);
+  if (it == requests_by_code_.end()) {
+    prometheus::Counter* counter = &requests_.Add(
+        {{"side", side_}, {"method", method}, {"code", StatusCodeName(code)}});
+    it = requests_by_code_.emplace(key, counter).first;
+  }
+  it->second->Increment();
+}
+
+const char* StatusCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK: return "OK";
+    case grpc::StatusCode::CANCELLED: return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN: return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND: return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case grpc::StatusCode::PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED: return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL: return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS: return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+}  // namespace shardtrain::common

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Starts a whole shardtrain cluster on 127.0.0.1 (shards + workers, ports
+# picked free at run time) and trains an MLP on Fashion-MNIST, printing one
+# line per epoch and the final test accuracy. Every process it starts is
+# stopped on exit, error or Ctrl-C.
+#
+#   scripts/run-local.sh [--mode sync|async] [--workers N] [--shards N]
+#       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
+#       [--lr X] [--lr-schedule cosine|constant] [--batch N]
+#       [--max-staleness N] [--model mlp:784-...-10]
+#       [--device cpu|cuda] [--results FILE] [--logs DIR] [--no-build]
+#       [-- extra ps-server flags]
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
+max_staleness=4 schedule=cosine model=mlp:784-256-128-10 device=cpu results="" logs="" build=1
+server_extra=()
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --mode) mode=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --optimizer) optimizer=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
+    --lr-schedule) schedule=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
+    --max-staleness) max_staleness=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
+    --results) results=$2; shift 2 ;;
+    --logs) logs=$2; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --) shift; server_extra=("$@"); break ;;
+    -h|--help) usage 0 ;;
+    *) echo "unknown option: $1" >&2; usage 2 ;;
+  esac
+done
+case "$mode" in sync|async) ;; *) echo "--mode must be sync or async" >&2; exit 2 ;; esac
+for n in "$workers" "$shards" "$epochs" "$batch"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
+done
+
+if [ "$build" = 1 ]; then
+  ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
+  log "building (Release) into $BUILD_DIR"
+  build_targets ps-server ps-worker
+fi
+bin="$BUILD_DIR/bin"
+
+run_dir=$(mktemp -d -t shardtrain-run.XXXXXX)
+[ -n "$logs" ] || logs="$run_dir"
+mkdir -p "$logs"
+pids=()
+cleanup() {
+  local status=$?
+  trap - EXIT INT TERM
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$run_dir/ports"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'echo "interrupted" >&2; exit 130' INT TERM
+
+# A cosine schedule decays over every update a partition will see: one per
+# step in sync mode, one per worker step in async mode.
+train_examples=60000
+steps_per_worker=$(( epochs * (train_examples / workers / batch) ))
+total_updates=$steps_per_worker
+[ "$mode" = async ] && total_updates=$(( steps_per_worker * workers ))
+
+mkdir -p "$run_dir/ports"
+for ((s = 0; s < shards; s++)); do
+  "$bin/ps-server" --shard_index="$s" --num_shards="$shards" \
+    --num_workers="$workers" --mode="$mode" --optimizer="$optimizer" \
+    --lr="$lr" --max_staleness="$max_staleness" \
+    --lr_schedule="$schedule" --lr_total_steps="$total_updates" \
+    --port_file="$run_dir/ports/shard$s" "${server_extra[@]}" \
+    2>"$logs/shard$s.log" &
+  pids+=($!)
+done
+servers=()
+for ((s = 0; s < shards; s++)); do
+  if ! wait_for_file "$run_dir/ports/shard$s" 30; then
+    echo "shard $s did not start; its log:" >&2
+    tail -n 20 "$logs/shard$s.log" >&2
+    exit 1
+  fi
+  read -r port metrics_port <"$run_dir/ports/shard$s"
+  servers+=("127.0.0.1:$port")
+  log "shard $s on 127.0.0.1:$port (metrics :$metrics_port)"
+done
+server_list=$(IFS=,; echo "${servers[*]}")
+
+log "training $model with $workers workers, $shards shards, $mode mode, $optimizer lr=$lr ($schedule)"
+worker_pids=()
+for ((w = 0; w < workers; w++)); do
+  args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
+        --model="$model" --batch="$batch" --epochs="$epochs" --device="$device"
+        --port_file="$run_dir/ports/worker$w")
+  if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
+  if [ "$w" = 0 ]; then
+    "$bin/ps-worker" "${args[@]}" 2>"$logs/worker$w.log" &
+  else
+    "$bin/ps-worker" "${args[@]}" >/dev/null 2>"$logs/worker$w.log" &
+  fi
+  pids+=($!)
+  worker_pids+=($!)
+done
+
+failed=0
+for ((w = 0; w < workers; w++)); do
+  if ! wait "${worker_pids[$w]}"; then
+    echo "worker $w failed; its log:" >&2
+    tail -n 20 "$logs/worker$w.log" >&2
+    failed=1
+  fi
+done
+[ "$failed" = 0 ] || exit 1
+[ -z "$results" ] || log "results written to $results"
+log "logs in $logs"

@@ -1,0 +1,143 @@
+// ps-server: one shard of a shardtrain parameter server.
+//
+//   ps-server --shard_index=0 --num_shards=2 --num_workers=2 --mode=async
+//             --listen=0.0.0.0:7000 --metrics_listen=0.0.0.0:9100
+#include <csignal>
+#include <string>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/port_file.h"
+#include "server/ps_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC listen address host:port; port 0 picks a free port");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics address host:port; port 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, write 'port metrics_port' here once serving");
+ABSL_FLAG(int, shard_index, 0, "This shard's index in [0, num_shards)");
+ABSL_FLAG(int, num_shards, 1, "Shards in the cluster");
+ABSL_FLAG(int, num_workers, 1, "Workers in the job");
+ABSL_FLAG(std::string, mode, "async", "Consistency: sync or async");
+ABSL_FLAG(int, replicas_to_aggregate, 0,
+          "sync: gradients averaged per step (0: every live worker)");
+ABSL_FLAG(int64_t, max_staleness, -1,
+          "async: a worker more than this many steps ahead of the slowest "
+          "waits (SSP); -1 disables the bound");
+ABSL_FLAG(bool, staleness_aware_lr, false,
+          "async: scale each update by 1/staleness");
+ABSL_FLAG(std::string, optimizer, "sgd",
+          "sgd, momentum, nesterov, adam, adamw or adagrad");
+ABSL_FLAG(double, lr, 0.01, "Learning rate");
+ABSL_FLAG(double, momentum, 0.9, "Momentum (momentum, nesterov)");
+ABSL_FLAG(double, beta1, 0.9, "Adam beta1");
+ABSL_FLAG(double, beta2, 0.999, "Adam beta2");
+ABSL_FLAG(double, epsilon, 1e-8, "Adam/AdaGrad epsilon");
+ABSL_FLAG(double, weight_decay, 0.0, "Weight decay (decoupled for adamw)");
+ABSL_FLAG(std::string, lr_schedule, "constant", "constant, step or cosine");
+ABSL_FLAG(int64_t, warmup_steps, 0, "Linear learning-rate warmup, in updates");
+ABSL_FLAG(int64_t, lr_step_size, 1000, "step schedule: updates per decay");
+ABSL_FLAG(double, lr_gamma, 0.1, "step schedule: decay factor");
+ABSL_FLAG(int64_t, lr_total_steps, 0, "cosine schedule: updates to reach min");
+ABSL_FLAG(double, min_lr, 0.0, "cosine schedule: final learning rate");
+ABSL_FLAG(int64_t, max_partition_elements,
+          shardtrain::common::kDefaultMaxPartitionElements,
+          "Largest partition in elements; must match the workers'");
+ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(double, heartbeat_timeout_s, 10.0,
+          "Forget a worker silent for this many seconds");
+ABSL_FLAG(double, max_pull_wait_s, 120.0,
+          "Longest a pull waits for a step or the staleness bound");
+
+namespace {
+
+absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
+  using shardtrain::server::ConsistencyMode;
+  shardtrain::server::PsServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  shardtrain::server::ShardOptions& shard = options.shard;
+  shard.shard_index = absl::GetFlag(FLAGS_shard_index);
+  shard.partitioning.num_shards = absl::GetFlag(FLAGS_num_shards);
+  shard.partitioning.max_partition_elements =
+      absl::GetFlag(FLAGS_max_partition_elements);
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode == "sync") {
+    shard.mode = ConsistencyMode::kSync;
+  } else if (mode == "async") {
+    shard.mode = ConsistencyMode::kAsync;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode must be sync or async, got ", mode));
+  }
+  shard.num_workers = absl::GetFlag(FLAGS_num_workers);
+  shard.replicas_to_aggregate = absl::GetFlag(FLAGS_replicas_to_aggregate);
+  shard.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  shard.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
+  shard.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
+  shard.max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s));
+  shardtrain::server::OptimizerOptions& opt = shard.optimizer;
+  opt.name = absl::GetFlag(FLAGS_optimizer);
+  opt.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  opt.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  opt.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
+  opt.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
+  opt.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
+  opt.weight_decay = static_cast<float>(absl::GetFlag(FLAGS_weight_decay));
+  opt.schedule.kind = absl::GetFlag(FLAGS_lr_schedule);
+  opt.schedule.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  opt.schedule.step_size = absl::GetFlag(FLAGS_lr_step_size);
+  opt.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_gamma));
+  opt.schedule.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
+  opt.schedule.min_lr = static_cast<float>(absl::GetFlag(FLAGS_min_lr));
+  return options;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One shard of a shardtrain parameter server.");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  // Block the stop signals before any thread starts, so every thread
+  // inherits the mask and only sigwait below sees them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<shardtrain::server::PsServerOptions> options = OptionsFromFlags();
+  if (!options.ok()) {
+    LOG(ERROR) << options.status();
+    return 2;
+  }
+  auto server = shardtrain::server::PsServer::Start(*options);
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start: " << server.status();
+    return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    const absl::Status written = shardtrain::common::WriteFileAtomically(
+        port_file, absl::StrCat((*server)->port(), " ", (*server)->metrics_port(), "\n"));
+    if (!written.ok()) {
+      LOG(ERROR) << written;
+      return 1;
+    }
+  }
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  LOG(INFO) << "signal " << signal << ": shutting down";
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,268 @@
+#include "server/optimizer.h"
+
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::server {
+namespace {
+
+// The kernels below are free functions over __restrict pointers with every
+// per-step scalar hoisted out, so the compiler can vectorise the loops; the
+// choice between variants (Nesterov or not, L2 or decoupled decay) is a
+// template parameter rather than a branch inside the loop. GCC vectorises the
+// loops that call std::sqrt only under -fno-math-errno (otherwise it must
+// keep a scalar errno path), so the server library is built with that flag.
+
+// torch.optim.SGD, momentum 0:
+//   d = g + wd * p
+//   p = p - lr * d
+void SgdKernel(size_t n, float lr, float wd, float* __restrict p,
+               const float* __restrict g) {
+  for (size_t i = 0; i < n; ++i) {
+    const float d = g[i] + wd * p[i];
+    p[i] -= lr * d;
+  }
+}
+
+// torch.optim.SGD, momentum mu, dampening 0:
+//   d = g + wd * p
+//   buf = mu * buf + d          (PyTorch seeds buf = d; with buf starting at 0
+//                                this is the same value)
+//   d = nesterov ? d + mu * buf : buf
+//   p = p - lr * d
+template <bool kNesterov>
+void MomentumKernel(size_t n, float lr, float mu, float wd, float* __restrict p,
+                    const float* __restrict g, float* __restrict buf) {
+  for (size_t i = 0; i < n; ++i) {
+    const float d = g[i] + wd * p[i];
+    const float b = mu * buf[i] + d;
+    buf[i] = b;
+    p[i] -= lr * (kNesterov ? d + mu * b : b);
+  }
+}
+
+// torch.optim.Adam / AdamW (amsgrad off), t = step + 1:
+//   AdamW only: p = p * (1 - lr * wd)
+//   d = g + wd * p              (Adam only; AdamW uses d = g)
+//   m = b1 * m + (1 - b1) * d
+//   v = b2 * v + (1 - b2) * d^2
+//   p = p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+struct AdamScalars {
+  float b1, one_minus_b1, b2, one_minus_b2;
+  float step_size;     // lr / (1 - b1^t)
+  float bc2_sqrt;      // sqrt(1 - b2^t)
+  float eps;
+  float l2;            // wd for Adam, unused for AdamW
+  float decay_factor;  // 1 - lr * wd for AdamW, unused for Adam
+};
+
+template <bool kDecoupled>
+void AdamKernel(size_t n, const AdamScalars& s, float* __restrict p,
+                const float* __restrict g, float* __restrict m,
+                float* __restrict v) {
+  // Locals so the compiler knows the scalars do not alias the arrays.
+  const float b1 = s.b1, c1 = s.one_minus_b1, b2 = s.b2, c2 = s.one_minus_b2;
+  const float step_size = s.step_size, bc2_sqrt = s.bc2_sqrt, eps = s.eps;
+  const float l2 = s.l2, decay_factor = s.decay_factor;
+  for (size_t i = 0; i < n; ++i) {
+    float param = p[i];
+    float d = g[i];
+    if constexpr (kDecoupled) {
+      param *= decay_factor;
+    } else {
+      d += l2 * param;
+    }
+    const float mi = b1 * m[i] + c1 * d;
+    const float vi = b2 * v[i] + c2 * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = param - step_size * mi / (std::sqrt(vi) / bc2_sqrt + eps);
+  }
+}
+
+// torch.optim.Adagrad, lr_decay 0 (so the clr of PyTorch equals lr):
+//   d = g + wd * p
+//   acc = acc + d^2             (acc starts at adagrad_initial_accumulator)
+//   p = p - lr * d / (sqrt(acc) + eps)
+void AdagradKernel(size_t n, float lr, float wd, float eps, float* __restrict p,
+                   const float* __restrict g, float* __restrict acc) {
+  for (size_t i = 0; i < n; ++i) {
+    const float d = g[i] + wd * p[i];
+    const float a = acc[i] + d * d;
+    acc[i] = a;
+    p[i] -= lr * d / (std::sqrt(a) + eps);
+  }
+}
+
+void AssertShapes(const Optimizer& optimizer, absl::Span<float> params,
+                  absl::Span<const float> grad,
+                  absl::Span<float* const> slots) {
+  assert(grad.size() == params.size());
+  assert(slots.size() == static_cast<size_t>(optimizer.num_slots()));
+  (void)optimizer, (void)params, (void)grad, (void)slots;
+}
+
+class SgdOptimizer final : public Optimizer {
+ public:
+  explicit SgdOptimizer(const OptimizerOptions& options)
+      : Optimizer(options) {}
+  int num_slots() const override { return 0; }
+  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+             absl::Span<const float> grad,
+             absl::Span<float* const> slots) const override {
+    AssertShapes(*this, params, grad, slots);
+    SgdKernel(params.size(), LearningRate(step) * lr_scale,
+              options().weight_decay, params.data(), grad.data());
+  }
+};
+
+template <bool kNesterov>
+class MomentumOptimizer final : public Optimizer {
+ public:
+  explicit MomentumOptimizer(const OptimizerOptions& options)
+      : Optimizer(options) {}
+  int num_slots() const override { return 1; }
+  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+             absl::Span<const float> grad,
+             absl::Span<float* const> slots) const override {
+    AssertShapes(*this, params, grad, slots);
+    MomentumKernel<kNesterov>(params.size(), LearningRate(step) * lr_scale,
+                              options().momentum, options().weight_decay,
+                              params.data(), grad.data(), slots[0]);
+  }
+};
+
+template <bool kDecoupled>
+class AdamOptimizer final : public Optimizer {
+ public:
+  explicit AdamOptimizer(const OptimizerOptions& options)
+      : Optimizer(options) {}
+  int num_slots() const override { return 2; }
+  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+             absl::Span<const float> grad,
+             absl::Span<float* const> slots) const override {
+    AssertShapes(*this, params, grad, slots);
+    const OptimizerOptions& o = options();
+    // Bias corrections in double, as PyTorch computes them in Python floats;
+    // in float, 1 - beta2^t loses most of its digits for small t.
+    const double t = static_cast<double>(step < 0 ? 1 : step + 1);
+    const double lr = static_cast<double>(LearningRate(step)) * lr_scale;
+    const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
+    const double bc2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
+    AdamScalars s;
+    s.b1 = o.beta1;
+    s.one_minus_b1 = static_cast<float>(1.0 - o.beta1);
+    s.b2 = o.beta2;
+    s.one_minus_b2 = static_cast<float>(1.0 - o.beta2);
+    s.step_size = static_cast<float>(lr / bc1);
+    s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    s.eps = o.epsilon;
+    s.l2 = o.weight_decay;
+    s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+    AdamKernel<kDecoupled>(params.size(), s, params.data(), grad.data(),
+                           slots[0], slots[1]);
+  }
+};
+
+class AdagradOptimizer final : public Optimizer {
+ public:
+  explicit AdagradOptimizer(const OptimizerOptions& options)
+      : Optimizer(options) {}
+  int num_slots() const override { return 1; }
+  float InitialSlotValue(int slot) const override {
+    return options().adagrad_initial_accumulator;
+  }
+  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+             absl::Span<const float> grad,
+             absl::Span<float* const> slots) const override {
+    AssertShapes(*this, params, grad, slots);
+    AdagradKernel(params.size(), LearningRate(step) * lr_scale,
+                  options().weight_decay, options().epsilon, params.data(),
+                  grad.data(), slots[0]);
+  }
+};
+
+absl::Status Invalid(absl::string_view field, float value,
+                     absl::string_view want) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "optimizer: ", field, " must be ", want, ", got ", value));
+}
+
+// Written as negated in-range tests so that NaN is rejected too.
+absl::Status ValidateOptions(const OptimizerOptions& o) {
+  if (!(o.learning_rate > 0.0f && std::isfinite(o.learning_rate))) {
+    return Invalid("learning_rate", o.learning_rate, "finite and > 0");
+  }
+  if (!(o.momentum >= 0.0f && o.momentum < 1.0f)) {
+    return Invalid("momentum", o.momentum, "in [0, 1)");
+  }
+  if (o.name == "nesterov" && o.momentum == 0.0f) {
+    return Invalid("momentum", o.momentum, "> 0 for nesterov");
+  }
+  if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) {
+    return Invalid("beta1", o.beta1, "in [0, 1)");
+  }
+  if (!(o.beta2 >= 0.0f && o.beta2 < 1.0f)) {
+    return Invalid("beta2", o.beta2, "in [0, 1)");
+  }
+  if (!(o.epsilon > 0.0f && std::isfinite(o.epsilon))) {
+    return Invalid("epsilon", o.epsilon, "finite and > 0");
+  }
+  if (!(o.weight_decay >= 0.0f && std::isfinite(o.weight_decay))) {
+    return Invalid("weight_decay", o.weight_decay, "finite and >= 0");
+  }
+  if (!(o.adagrad_initial_accumulator >= 0.0f &&
+        std::isfinite(o.adagrad_initial_accumulator))) {
+    return Invalid("adagrad_initial_accumulator",
+                   o.adagrad_initial_accumulator, "finite and >= 0");
+  }
+  RETURN_IF_ERROR(ValidateLrSchedule(o.schedule));
+  if (o.schedule.kind == "cosine" && o.schedule.min_lr > o.learning_rate) {
+    return Invalid("schedule.min_lr", o.schedule.min_lr,
+                   absl::StrCat("<= learning_rate (", o.learning_rate, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
+    const OptimizerOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  const std::string& name = options.name;
+  if (name == "sgd") return std::make_unique<SgdOptimizer>(options);
+  if (name == "momentum") {
+    return std::make_unique<MomentumOptimizer</*kNesterov=*/false>>(options);
+  }
+  if (name == "nesterov") {
+    return std::make_unique<MomentumOptimizer</*kNesterov=*/true>>(options);
+  }
+  if (name == "adam") {
+    return std::make_unique<AdamOptimizer</*kDecoupled=*/false>>(options);
+  }
+  if (name == "adamw") {
+    return std::make_unique<AdamOptimizer</*kDecoupled=*/true>>(options);
+  }
+  if (name == "adagrad") return std::make_unique<AdagradOptimizer>(options);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "optimizer: unknown name \"", name,
+      "\" (want sgd, momentum, nesterov, adam, adamw or adagrad)"));
+}
+
+Optimizer::Optimizer(const OptimizerOptions& options) : options_(options) {}
+
+Optimizer::~Optimizer() = default;
+
+float Optimizer::InitialSlotValue(int slot) const { return 0.0f; }
+
+float Optimizer::LearningRate(int64_t step) const {
+  return ScheduledLearningRate(options_.schedule, options_.learning_rate,
+                               step);
+}
+
+}  // namespace shardtrain::server

@@ -1,0 +1,115 @@
+// Optimizer: the update rule a parameter-server shard applies to each
+// parameter partition when a gradient arrives.
+//
+// The rules reproduce PyTorch's torch.optim.SGD (momentum, dampening 0,
+// optional Nesterov), Adam, AdamW and Adagrad (lr_decay 0) so results can be
+// compared against a PyTorch run. Per-parameter state ("slots", e.g. Adam's
+// first and second moments) is owned by the caller, which lets the shard keep
+// it next to the parameters, checkpoint it and split it across threads.
+//
+//   OptimizerOptions options;
+//   options.name = "adam";
+//   options.learning_rate = 1e-3f;
+//   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+//                    Optimizer::Create(options));
+//   std::vector<std::vector<float>> slots(optimizer->num_slots());
+//   for (int s = 0; s < optimizer->num_slots(); ++s)
+//     slots[s].assign(params.size(), optimizer->InitialSlotValue(s));
+//   std::vector<float*> slot_ptrs = ...;  // slots[s].data()
+//   optimizer->Apply(step++, /*lr_scale=*/1.0f, params, grad, slot_ptrs);
+#ifndef SHARDTRAIN_SERVER_OPTIMIZER_H_
+#define SHARDTRAIN_SERVER_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "server/lr_schedule.h"
+
+namespace shardtrain::server {
+
+struct OptimizerOptions {
+  // "sgd" | "momentum" | "nesterov" | "adam" | "adamw" | "adagrad".
+  std::string name = "sgd";
+  // Base learning rate before the schedule and lr_scale; > 0.
+  float learning_rate = 0.01f;
+  // Momentum factor for "momentum" and "nesterov", in [0, 1); "nesterov"
+  // needs it > 0 (as in PyTorch, Nesterov without momentum is plain SGD and
+  // almost certainly a configuration mistake).
+  float momentum = 0.9f;
+  // Adam/AdamW decay of the first moment estimate, in [0, 1).
+  float beta1 = 0.9f;
+  // Adam/AdamW decay of the second moment estimate, in [0, 1).
+  float beta2 = 0.999f;
+  // Added to the denominator by Adam, AdamW and Adagrad; > 0.
+  float epsilon = 1e-8f;
+  // >= 0. For every rule except "adamw" this is L2 regularisation added to the
+  // gradient (g += wd * p). For "adamw" it is decoupled weight decay as in
+  // the AdamW paper and torch.optim.AdamW: p -= lr * wd * p.
+  float weight_decay = 0.0f;
+  // Starting value of Adagrad's sum of squared gradients, >= 0. PyTorch's
+  // default is 0; 0.1 (TensorFlow's default) keeps the first steps bounded.
+  float adagrad_initial_accumulator = 0.1f;
+  // Schedule applied to learning_rate as a function of the partition's step.
+  LrScheduleOptions schedule;
+};
+
+// Immutable after Create. Apply is thread-safe when concurrent calls touch
+// disjoint parameter and slot ranges.
+class Optimizer {
+ public:
+  // INVALID_ARGUMENT for an unknown name or any out-of-range field (see
+  // OptimizerOptions), including schedule fields and min_lr > learning_rate
+  // for a cosine schedule. Every numeric field is checked regardless of
+  // name, so a bad value is reported even if the chosen rule ignores it.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> Create(
+      const OptimizerOptions& options);
+
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  virtual ~Optimizer();
+
+  // Number of state vectors per parameter: sgd 0, momentum/nesterov 1,
+  // adam/adamw 2 (first, second moment), adagrad 1 (sum of squares).
+  virtual int num_slots() const = 0;
+
+  // Value a fresh slot must be filled with: adagrad_initial_accumulator for
+  // Adagrad's accumulator, 0 otherwise.
+  // REQUIRES: 0 <= slot < num_slots().
+  virtual float InitialSlotValue(int slot) const;
+
+  // Applies one update in place to `params` and the slots.
+  //
+  // `step` is the number of updates already applied to this partition (0 for
+  // the first); it drives the schedule and Adam's bias correction. The rate
+  // used is LearningRate(step) * lr_scale (the server scales it down for
+  // stale gradients); for AdamW it also scales the decoupled decay, exactly
+  // as PyTorch's lr does. slots[s] points at params.size() floats of slot s
+  // aligned with `params`. The update is element-wise, so a caller may split
+  // a partition into sub-spans (offsetting each slot pointer alike) and apply
+  // them on different threads with the same `step`.
+  //
+  // REQUIRES: grad.size() == params.size(); slots.size() == num_slots();
+  //           each slot pointer addresses params.size() floats; none of the
+  //           ranges overlap; lr_scale finite and >= 0.
+  virtual void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+                     absl::Span<const float> grad,
+                     absl::Span<float* const> slots) const = 0;
+
+  // options().learning_rate under options().schedule, without lr_scale.
+  float LearningRate(int64_t step) const;
+
+  const OptimizerOptions& options() const { return options_; }
+
+ protected:
+  explicit Optimizer(const OptimizerOptions& options);
+
+ private:
+  const OptimizerOptions options_;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_OPTIMIZER_H_

@@ -1,0 +1,80 @@
+#include "server/ps_server.h"
+
+#include <glog/logging.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/float_env.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::server {
+
+absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
+    const PsServerOptions& options) {
+  std::unique_ptr<PsServer> server(new PsServer());
+  server->housekeeping_interval_ = options.housekeeping_interval;
+  ASSIGN_OR_RETURN(server->exposer_,
+                   common::MetricsExposer::Create(options.metrics_address));
+  prometheus::Registry& registry = server->exposer_->registry();
+  server->rpc_metrics_ = std::make_unique<common::RpcMetrics>(registry, "server");
+  server->shard_metrics_ = std::make_unique<ShardMetrics>(registry);
+  ASSIGN_OR_RETURN(server->shard_,
+                   Shard::Create(options.shard, server->shard_metrics_.get()));
+  server->service_ = std::make_unique<ParameterServerService>(
+      server->shard_.get(), server->rpc_metrics_.get(),
+      server->shard_metrics_.get(), options.shard.max_pull_wait);
+  ParameterServerService* service = server->service_.get();
+  server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  builder.RegisterService(service);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address));
+  }
+  server->server_->GetHealthCheckService()->SetServingStatus(true);
+  server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
+  LOG(INFO) << "shard " << options.shard.shard_index << "/"
+            << options.shard.partitioning.num_shards << " serving on port "
+            << server->port_ << ", metrics on port " << server->metrics_port();
+  return server;
+}
+
+PsServer::~PsServer() { Shutdown(); }
+
+void PsServer::Housekeeping() {
+  common::EnableFlushToZero();
+  while (!stop_.WaitForNotificationWithTimeout(housekeeping_interval_)) {
+    const absl::Time now = absl::Now();
+    shard_->Tick(now);
+    service_->ExpireWaiters(now);
+  }
+}
+
+void PsServer::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  stop_.Notify();
+  if (housekeeping_.joinable()) housekeeping_.join();
+  if (server_ != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+    service_->CancelAllWaiters();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_->Wait();
+  }
+}
+
+}  // namespace shardtrain::server

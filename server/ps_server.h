@@ -1,0 +1,76 @@
+// PsServer: one running shard — the Shard, its gRPC server (with the health
+// and reflection services), its metrics endpoint and its housekeeping thread.
+//
+//   ASSIGN_OR_RETURN(auto server, PsServer::Start(options));
+//   LOG(INFO) << "serving on port " << server->port();
+//   ...
+//   server->Shutdown();
+//
+// Thread-safe.
+#ifndef SHARDTRAIN_SERVER_PS_SERVER_H_
+#define SHARDTRAIN_SERVER_PS_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "common/metrics.h"
+#include "server/service.h"
+#include "server/shard.h"
+#include "server/shard_metrics.h"
+#include "server/shard_options.h"
+
+namespace shardtrain::server {
+
+struct PsServerOptions {
+  ShardOptions shard;
+  // gRPC listen address; port 0 picks a free port.
+  std::string listen_address = "127.0.0.1:0";
+  // Prometheus /metrics address; port 0 picks a free port; empty serves
+  // no metrics endpoint.
+  std::string metrics_address = "127.0.0.1:0";
+  // Largest message accepted or sent; larger ones get RESOURCE_EXHAUSTED.
+  int max_message_bytes = 256 << 20;
+  // How often silent workers and expired pulls are looked for.
+  absl::Duration housekeeping_interval = absl::Milliseconds(100);
+};
+
+class PsServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<PsServer>> Start(
+      const PsServerOptions& options);
+  ~PsServer();
+
+  int port() const { return port_; }
+  int metrics_port() const { return exposer_->port(); }
+  Shard& shard() { return *shard_; }
+
+  // Stops accepting RPCs, ends parked pulls and joins the threads.
+  // Idempotent.
+  void Shutdown();
+
+ private:
+  PsServer() = default;
+  void Housekeeping();
+
+  std::unique_ptr<common::MetricsExposer> exposer_;
+  std::unique_ptr<common::RpcMetrics> rpc_metrics_;
+  std::unique_ptr<ShardMetrics> shard_metrics_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Duration housekeeping_interval_;
+  absl::Notification stop_;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  std::thread housekeeping_;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_PS_SERVER_H_

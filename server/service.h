@@ -1,0 +1,94 @@
+// ParameterServerService: the gRPC face of a Shard (callback API).
+//
+// Every handler validates, calls the Shard and finishes on the calling
+// thread. A Pull (or the pull half of a PushPull) that cannot be answered
+// yet is parked as a Waiter, holding no thread; the shard's progress
+// callback re-checks parked pulls and answers those now ready. A parked pull
+// ends with DEADLINE_EXCEEDED at the client's deadline or the server's
+// max_pull_wait, with CANCELLED if the client goes away, or with UNAVAILABLE
+// at shutdown. Thread-safe.
+#ifndef SHARDTRAIN_SERVER_SERVICE_H_
+#define SHARDTRAIN_SERVER_SERVICE_H_
+
+#include <list>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/metrics.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "server/internal/message_pool.h"
+#include "server/shard.h"
+#include "server/shard_metrics.h"
+
+namespace shardtrain::server {
+
+class ParameterServerService final : public ParameterServer::CallbackService {
+ public:
+  // `shard`, `rpc_metrics` and `shard_metrics` are not owned and must
+  // outlive the service.
+  ParameterServerService(Shard* shard, common::RpcMetrics* rpc_metrics,
+                         ShardMetrics* shard_metrics, absl::Duration max_pull_wait);
+  ~ParameterServerService() override;
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const RegisterRequest* request,
+                                     RegisterResponse* response) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
+                                 const PushRequest* request,
+                                 PushResponse* response) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
+                                 const PullRequest* request,
+                                 PullResponse* response) override;
+  grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
+                                     const PushPullRequest* request,
+                                     PushPullResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const HeartbeatRequest* request,
+                                      HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const StatusRequest* request,
+                                   StatusResponse* response) override;
+
+  // Answers every parked pull that has become ready.
+  void WakeWaiters();
+  // Ends parked pulls whose deadline is before `now`.
+  void ExpireWaiters(absl::Time now);
+  // Ends every parked pull with UNAVAILABLE; call before server shutdown.
+  void CancelAllWaiters();
+
+ private:
+  class WaitingReactor;
+  friend class WaitingReactor;
+
+  grpc::ServerUnaryReactor* StartPull(grpc::CallbackServerContext* context,
+                                      const char* method, absl::Time start,
+                                      size_t request_bytes,
+                                      const PullRequest& request,
+                                      PullResponse* pull_response,
+                                      const google::protobuf::Message* response);
+  void FinishWaiter(WaitingReactor* waiter, const grpc::Status& status);
+  void OnWaiterCancelled(WaitingReactor* waiter);
+  void Record(const char* method, const grpc::Status& status, absl::Time start,
+              size_t request_bytes, size_t response_bytes);
+  // Finishes `reactor` with `status`, recording the RPC.
+  void Finish(grpc::ServerUnaryReactor* reactor, const char* method,
+              const absl::Status& status, absl::Time start,
+              const google::protobuf::Message& request,
+              const google::protobuf::Message& response);
+
+  Shard* const shard_;
+  common::RpcMetrics* const rpc_metrics_;
+  ShardMetrics* const shard_metrics_;
+  const absl::Duration max_pull_wait_;
+
+  internal::MessagePool<PushRequest, PushResponse> push_pool_{16};
+  internal::MessagePool<PullRequest, PullResponse> pull_pool_{16};
+  internal::MessagePool<PushPullRequest, PushPullResponse> push_pull_pool_{16};
+
+  absl::Mutex mu_;
+  std::list<WaitingReactor*> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_SERVICE_H_

@@ -1,0 +1,116 @@
+// Shard: the state machine of one parameter-server shard.
+//
+// It owns the tensor store, the optimizer and membership, and implements the
+// semantics of every RPC independent of gRPC, so tests can drive it
+// directly:
+//  - sync mode: a push adds a worker's gradient to the step's accumulator;
+//    when the step has one gradient from each contributing worker (or
+//    replicas_to_aggregate), their mean is applied once and the version
+//    moves on. A push for a finished step is dropped, counted and rejected.
+//  - async mode: each gradient is applied on arrival and its staleness
+//    recorded; with a staleness bound, pulls of a worker too far ahead of
+//    the slowest one wait (SSP).
+// Every request is validated in full before any state changes, so a rejected
+// request leaves the shard exactly as it was.
+//
+// Pulls that cannot be answered yet are not blocked on here: PullReady says
+// whether one can, and the progress callback fires whenever the answer may
+// have changed (see server/service.h). Thread-safe.
+#ifndef SHARDTRAIN_SERVER_SHARD_H_
+#define SHARDTRAIN_SERVER_SHARD_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/shardtrain.pb.h"
+#include "server/membership.h"
+#include "server/optimizer.h"
+#include "server/shard_metrics.h"
+#include "server/shard_options.h"
+#include "server/tensor_store.h"
+
+namespace shardtrain::server {
+
+class Shard {
+ public:
+  // `metrics` is not owned and must outlive the shard.
+  static absl::StatusOr<std::unique_ptr<Shard>> Create(
+      const ShardOptions& options, ShardMetrics* metrics);
+
+  absl::Status Register(const RegisterRequest& request,
+                        RegisterResponse* response);
+  absl::Status Push(const PushRequest& request, PushResponse* response);
+
+  // Checks a pull without answering it: the keys exist here, the worker is
+  // known, the version asked for is reachable.
+  absl::Status ValidatePull(const PullRequest& request) const;
+  // True when `request` may be answered now.
+  // REQUIRES: ValidatePull(request).ok().
+  bool PullReady(const PullRequest& request) const;
+  // Copies the current parameters of the requested partitions.
+  // REQUIRES: ValidatePull(request).ok().
+  void FillPull(const PullRequest& request, PullResponse* response) const;
+
+  absl::Status Heartbeat(const HeartbeatRequest& request,
+                         HeartbeatResponse* response);
+  void FillStatus(StatusResponse* response) const;
+
+  // Forgets silent workers; completes sync steps they were holding up.
+  void Tick(absl::Time now);
+
+  // `callback` runs (on the calling thread, with no shard lock held)
+  // after anything that may let a waiting pull proceed.
+  void SetProgressCallback(std::function<void()> callback);
+
+  // A hash of every partition's parameters, slots, accumulator and version;
+  // tests compare it before and after a rejected request.
+  uint64_t Checksum() const;
+
+  const ShardOptions& options() const { return options_; }
+
+ private:
+  struct DecodedPart {
+    Partition* partition = nullptr;
+    int64_t version = 0;
+    std::vector<float>* grad = nullptr;  // thread-local scratch
+  };
+
+  Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
+        ShardMetrics* metrics);
+
+  absl::Status CheckWorker(uint32_t worker) const;
+  absl::StatusOr<std::vector<DecodedPart>> DecodePush(
+      const PushRequest& request) const;
+  int RequiredGradients(int64_t step) const;
+  // Applies `grad` to `part` as update number part->version.
+  void ApplyUpdate(Partition& part, const float* grad, float lr_scale)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
+  // Sync: applies the step's mean if enough gradients are in.
+  bool MaybeFinishStep(Partition& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
+  void NotifyProgress();
+  void UpdateMembershipMetrics();
+
+  const ShardOptions options_;
+  const std::unique_ptr<Optimizer> optimizer_;
+  ShardMetrics* const metrics_;
+  TensorStore store_;
+  Membership membership_;
+  const absl::Time start_time_;
+
+  std::atomic<int64_t> updates_applied_{0};
+  std::atomic<int64_t> dropped_gradients_{0};
+  std::atomic<int64_t> max_staleness_seen_{0};
+
+  mutable absl::Mutex callback_mu_;
+  std::function<void()> progress_callback_ ABSL_GUARDED_BY(callback_mu_);
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_SHARD_H_

@@ -1,0 +1,66 @@
+#include "server/shard_metrics.h"
+
+namespace shardtrain::server {
+
+ShardMetrics::ShardMetrics(prometheus::Registry& registry)
+    : updates_applied_(prometheus::BuildCounter()
+                           .Name("shardtrain_updates_applied_total")
+                           .Help("Optimizer updates applied to partitions")
+                           .Register(registry)
+                           .Add({})),
+      gradients_received_(prometheus::BuildCounter()
+                              .Name("shardtrain_gradients_received_total")
+                              .Help("Partition gradients accepted from workers")
+                              .Register(registry)
+                              .Add({})),
+      staleness_(prometheus::BuildHistogram()
+                     .Name("shardtrain_gradient_staleness")
+                     .Help("Partition version now minus the version a "
+                           "gradient was computed from, at apply time")
+                     .Register(registry)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{
+                                  0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64})),
+      dropped_(prometheus::BuildCounter()
+                   .Name("shardtrain_dropped_gradients_total")
+                   .Help("Gradients dropped, by reason")
+                   .Register(registry)),
+      live_workers_(prometheus::BuildGauge()
+                        .Name("shardtrain_live_workers")
+                        .Help("Workers heard from within the heartbeat timeout "
+                              "and not done")
+                        .Register(registry)
+                        .Add({})),
+      slowest_clock_(prometheus::BuildGauge()
+                         .Name("shardtrain_slowest_worker_clock")
+                         .Help("Smallest clock (steps done) of an active worker")
+                         .Register(registry)
+                         .Add({})),
+      parameters_(prometheus::BuildGauge()
+                      .Name("shardtrain_shard_parameters")
+                      .Help("Parameter elements held by this shard")
+                      .Register(registry)
+                      .Add({})),
+      waiting_pulls_(prometheus::BuildGauge()
+                         .Name("shardtrain_waiting_pulls")
+                         .Help("Pulls parked until a step completes or the "
+                               "staleness bound allows them")
+                         .Register(registry)
+                         .Add({})),
+      versions_(prometheus::BuildGauge()
+                    .Name("shardtrain_partition_version")
+                    .Help("Updates applied to a partition")
+                    .Register(registry)) {
+  // Create the common series up front so dashboards see zeros, not gaps.
+  dropped("late");
+}
+
+prometheus::Counter& ShardMetrics::dropped(const std::string& reason) {
+  return dropped_.Add({{"reason", reason}});
+}
+
+prometheus::Gauge& ShardMetrics::PartitionVersion(const std::string& tensor,
+                                                  int64_t index) {
+  return versions_.Add({{"tensor", tensor}, {"partition", std::to_string(index)}});
+}
+
+}  // namespace shardtrain::server

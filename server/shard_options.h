@@ -1,0 +1,43 @@
+// Options of one parameter-server shard. Flags live in server/main.cc and are
+// copied into this struct; tests fill it directly.
+#ifndef SHARDTRAIN_SERVER_SHARD_OPTIONS_H_
+#define SHARDTRAIN_SERVER_SHARD_OPTIONS_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+#include "common/partition.h"
+#include "server/optimizer.h"
+
+namespace shardtrain::server {
+
+enum class ConsistencyMode { kSync, kAsync };
+
+struct ShardOptions {
+  // This shard's index and how tensors are cut and placed in the cluster.
+  int shard_index = 0;
+  common::PartitionConfig partitioning;
+
+  ConsistencyMode mode = ConsistencyMode::kAsync;
+  // Workers in the job; worker ids are 0 .. num_workers-1.
+  int num_workers = 1;
+  // sync: gradients averaged per step; 0 means every live worker.
+  int replicas_to_aggregate = 0;
+  // async: a worker more than this many clocks ahead of the slowest live
+  // worker waits on its pull (SSP); negative disables the bound.
+  int64_t max_staleness = -1;
+  // async: scale each update by 1 / max(1, staleness).
+  bool staleness_aware_lr = false;
+
+  OptimizerOptions optimizer;
+
+  // A worker silent for this long is forgotten: it no longer holds back
+  // sync steps or the staleness bound.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  // The longest a pull may wait for a step or the staleness bound.
+  absl::Duration max_pull_wait = absl::Seconds(120);
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_SHARD_OPTIONS_H_

@@ -1,0 +1,101 @@
+// The tensors a shard holds: registration and lookup of partitions.
+//
+// Only the partitions placed on this shard (common/partition.h) are created.
+// A partition owns its parameters, optimizer slots and the sync-step
+// accumulator, each guarded by the partition's own mutex, so updates to
+// different partitions never contend. Partitions are never removed, so a
+// Partition* stays valid for the store's lifetime. Thread-safe.
+#ifndef SHARDTRAIN_SERVER_TENSOR_STORE_H_
+#define SHARDTRAIN_SERVER_TENSOR_STORE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/partition.h"
+#include "proto/shardtrain.pb.h"
+
+namespace prometheus {
+class Gauge;
+}
+
+namespace shardtrain::server {
+
+struct Partition {
+  // Constant after construction.
+  int id = 0;  // dense index in the store; the order in which locks are taken
+  std::string tensor;
+  int64_t index = 0;
+  common::PartitionRange range;
+  prometheus::Gauge* version_gauge = nullptr;  // owned by the metrics registry
+
+  // Updates applied. Written only under mu; read without it to decide
+  // whether a waiting pull may be answered.
+  std::atomic<int64_t> version{0};
+
+  mutable absl::Mutex mu;
+  std::vector<float> params ABSL_GUARDED_BY(mu);
+  std::vector<std::vector<float>> slots ABSL_GUARDED_BY(mu);
+  // Sync mode: the sum of gradients pushed for step `version`, and who
+  // pushed them.
+  std::vector<float> accum ABSL_GUARDED_BY(mu);
+  std::vector<bool> contributed ABSL_GUARDED_BY(mu);
+  int contributions ABSL_GUARDED_BY(mu) = 0;
+};
+
+class TensorStore {
+ public:
+  struct SlotSpec {
+    int count = 0;
+    std::vector<float> initial_values;  // one per slot
+  };
+
+  TensorStore(common::PartitionConfig partitioning, int shard_index,
+              SlotSpec slots, int num_workers);
+
+  // Registers `spec`, creating this shard's partitions with their initial
+  // values. Registering an identical spec again is a no-op; a different spec
+  // under the same name is ALREADY_EXISTS. Returns this shard's partitions of
+  // the tensor.
+  absl::StatusOr<std::vector<Partition*>> Register(const TensorSpec& spec);
+
+  // OK if Register(spec) would succeed now; nothing changes.
+  absl::Status CheckRegistrable(const TensorSpec& spec) const;
+
+  // The partition named by `key`: NOT_FOUND for an unknown tensor or
+  // partition index, INVALID_ARGUMENT for one placed on another shard.
+  absl::StatusOr<Partition*> Find(const PartitionKey& key) const;
+
+  // Every partition, ordered by id.
+  std::vector<Partition*> All() const;
+
+  // Called with each new partition, before it becomes visible.
+  void SetOnCreate(std::function<void(Partition*)> on_create);
+
+ private:
+  struct Tensor {
+    TensorSpec spec;
+    int64_t num_partitions = 0;
+    // Indexed by partition number; null where another shard holds it.
+    std::vector<Partition*> local;
+  };
+
+  const common::PartitionConfig partitioning_;
+  const int shard_index_;
+  const SlotSpec slots_;
+  const int num_workers_;
+
+  mutable absl::Mutex mu_;
+  std::function<void(Partition*)> on_create_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_TENSOR_STORE_H_

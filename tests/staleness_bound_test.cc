@@ -1,0 +1,127 @@
+// StalenessBound: in async mode with bound S, a fast worker may start a step
+// only while it is at most S steps ahead of the slowest live worker. With
+// one worker slowed down on purpose, the fast one must wait, the clock gap
+// must stay within S+1 (S, plus the step it is pushing), and no gradient the
+// shards apply may be staler than (N-1)(2S+1) updates: while one gradient is
+// computed, each other worker can push at most 2S+1 gradients.
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/ps_server.h"
+#include "worker/ps_client.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int kWorkers = 2;
+constexpr int kSteps = 24;
+constexpr int64_t kElements = 2000;
+
+struct Outcome {
+  int64_t max_staleness = 0;
+  int64_t max_gap = 0;
+  double fast_wait_seconds = 0;
+};
+
+Outcome RunTwoWorkers(int64_t bound) {
+  std::vector<std::unique_ptr<server::PsServer>> shards;
+  std::vector<std::string> addresses;
+  for (int s = 0; s < 2; ++s) {
+    server::PsServerOptions options;
+    options.shard.shard_index = s;
+    options.metrics_address = "";  // no HTTP server: nothing scrapes it here
+    options.shard.partitioning = {500, 2};
+    options.shard.mode = server::ConsistencyMode::kAsync;
+    options.shard.num_workers = kWorkers;
+    options.shard.max_staleness = bound;
+    auto shard = server::PsServer::Start(options);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    addresses.push_back("127.0.0.1:" + std::to_string((*shard)->port()));
+    shards.push_back(std::move(*shard));
+  }
+  TensorSpec spec;
+  spec.set_name("w");
+  spec.add_shape(kElements);
+  spec.set_dtype(DTYPE_F32);
+
+  Outcome outcome;
+  std::atomic<int64_t> max_staleness{0};
+  std::atomic<bool> done{false};
+  std::atomic<double> fast_wait{0};
+  auto train = [&](int w, absl::Duration step_time) {
+    worker::PsClientOptions options;
+    options.servers = addresses;
+    options.worker_index = w;
+    options.max_partition_elements = 500;
+    auto client = worker::PsClient::Create(options, nullptr).value();
+    ASSERT_TRUE(client->Register({spec}).ok());
+    std::vector<float> params(kElements), grads(kElements, 1e-3f);
+    std::vector<absl::Span<float>> param_spans = {absl::MakeSpan(params)};
+    std::vector<absl::Span<const float>> grad_spans = {grads};
+    double waited = 0;
+    for (int64_t clock = 0; clock < kSteps; ++clock) {
+      worker::PullStats pull;
+      ASSERT_TRUE(client->Pull(clock, 0, param_spans, &pull).ok());
+      waited += pull.server_wait_seconds;
+      absl::SleepFor(step_time);
+      worker::PushStats push;
+      ASSERT_TRUE(client->Push(clock + 1, grad_spans, &push).ok());
+      int64_t seen = max_staleness.load();
+      while (push.max_staleness > seen &&
+             !max_staleness.compare_exchange_weak(seen, push.max_staleness)) {
+      }
+    }
+    ASSERT_TRUE(client->Heartbeat(kSteps, /*done=*/true).ok());
+    if (w == 0) fast_wait = waited;
+  };
+  // Samples the clocks the shards see while the workers run.
+  std::thread monitor([&] {
+    while (!done.load()) {
+      StatusResponse status;
+      shards[0]->shard().FillStatus(&status);
+      int64_t lo = INT64_MAX, hi = 0;
+      for (const WorkerState& w : status.workers()) {
+        lo = std::min(lo, w.clock());
+        hi = std::max(hi, w.clock());
+      }
+      if (status.workers_size() == kWorkers) {
+        outcome.max_gap = std::max(outcome.max_gap, hi - lo);
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  });
+  std::thread fast(train, 0, absl::ZeroDuration());
+  std::thread slow(train, 1, absl::Milliseconds(15));
+  fast.join();
+  slow.join();
+  done = true;
+  monitor.join();
+  outcome.max_staleness = max_staleness.load();
+  outcome.fast_wait_seconds = fast_wait.load();
+  StatusResponse status;
+  shards[1]->shard().FillStatus(&status);
+  outcome.max_staleness = std::max(outcome.max_staleness, status.max_staleness_seen());
+  return outcome;
+}
+
+TEST(StalenessBound, FastWorkerWaitsAndStalenessStaysBounded) {
+  for (int64_t bound : {0, 2}) {
+    const Outcome outcome = RunTwoWorkers(bound);
+    EXPECT_LE(outcome.max_gap, bound + 1) << "bound " << bound;
+    EXPECT_LE(outcome.max_staleness, (kWorkers - 1) * (2 * bound + 1)) << "bound " << bound;
+    // The fast worker spent most of the slow worker's 24 x 15 ms waiting.
+    EXPECT_GT(outcome.fast_wait_seconds, 0.15) << "bound " << bound;
+  }
+}
+
+TEST(StalenessBound, WithoutABoundTheFastWorkerRunsAhead) {
+  const Outcome outcome = RunTwoWorkers(-1);
+  EXPECT_GT(outcome.max_gap, 3);
+  EXPECT_GT(outcome.max_staleness, 3);
+  EXPECT_LT(outcome.fast_wait_seconds, 0.05);
+}
+
+}  // namespace
+}  // namespace shardtrain

@@ -1,0 +1,183 @@
+// ps-worker: one trainer of a shardtrain job.
+//
+//   ps-worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker_index=0
+//             --num_workers=2 --model=mlp:784-256-128-10 --epochs=10
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/metrics.h"
+#include "common/port_file.h"
+#include "common/status_macros.h"
+#include "worker/cpu/cpu_backend.h"
+#include "worker/dataset.h"
+#include "worker/ps_client.h"
+#include "worker/results.h"
+#include "worker/trainer.h"
+#include "worker/worker_metrics.h"
+
+ABSL_FLAG(std::string, servers, "",
+          "Comma-separated shard addresses host:port, in shard-index order");
+ABSL_FLAG(int, worker_index, 0, "This worker's index in [0, num_workers)");
+ABSL_FLAG(int, num_workers, 1, "Workers in the job");
+ABSL_FLAG(std::string, model, "mlp:784-256-128-10", "Model spec");
+ABSL_FLAG(int, batch, 64, "Examples per step on this worker");
+ABSL_FLAG(int, epochs, 10, "Passes over this worker's share of the data");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial parameters and data order");
+ABSL_FLAG(std::string, data_dir, shardtrain::worker::kDefaultFashionMnistDir,
+          "Directory with the Fashion-MNIST IDX files");
+ABSL_FLAG(int, max_train_examples, -1, "Use only this many training examples");
+ABSL_FLAG(int, max_test_examples, -1, "Use only this many test examples");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the cpu device");
+ABSL_FLAG(std::string, wire_dtype, "f32", "Dtype on the wire: f32, f16 or bf16");
+ABSL_FLAG(int64_t, max_partition_elements,
+          shardtrain::common::kDefaultMaxPartitionElements,
+          "Largest partition in elements; must match the shards'");
+ABSL_FLAG(bool, chief, false,
+          "Evaluate at epoch ends and report; default: worker 0 is the chief");
+ABSL_FLAG(std::string, results, "", "Chief: write the results JSON here");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics address host:port; port 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "", "If set, write the metrics port here");
+ABSL_FLAG(double, rpc_timeout_s, 30, "Deadline of push/register RPCs");
+ABSL_FLAG(double, pull_timeout_s, 300, "Deadline of a pull (it may wait)");
+ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+
+namespace {
+
+using namespace shardtrain;  // NOLINT: a binary's main file
+
+absl::StatusOr<DType> ParseDType(const std::string& name) {
+  if (name == "f32") return DTYPE_F32;
+  if (name == "f16") return DTYPE_F16;
+  if (name == "bf16") return DTYPE_BF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--wire_dtype must be f32, f16 or bf16, got ", name));
+}
+
+absl::Status RunWorker() {
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device=", absl::GetFlag(FLAGS_device),
+        " is not available: this build has the cpu device only"));
+  }
+  worker::SetCpuMathThreads(absl::GetFlag(FLAGS_cpu_threads));
+
+  ASSIGN_OR_RETURN(auto exposer, common::MetricsExposer::Create(
+                                     absl::GetFlag(FLAGS_metrics_listen)));
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    RETURN_IF_ERROR(common::WriteFileAtomically(
+        port_file, absl::StrCat(exposer->port(), "\n")));
+  }
+  common::RpcMetrics rpc_metrics(exposer->registry(), "client");
+  worker::WorkerMetrics worker_metrics(exposer->registry());
+
+  worker::PsClientOptions client_options;
+  client_options.servers =
+      absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
+  client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
+  client_options.max_partition_elements = absl::GetFlag(FLAGS_max_partition_elements);
+  ASSIGN_OR_RETURN(client_options.wire_dtype,
+                   ParseDType(absl::GetFlag(FLAGS_wire_dtype)));
+  client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
+  client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
+  client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics));
+
+  // The shards own the consistency mode; ask rather than trust a flag.
+  ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (shards[s].shard() != s || shards[s].num_shards() != shards.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "server ", client_options.servers[s], " is shard ", shards[s].shard(),
+          " of ", shards[s].num_shards(), ", but is listed as shard ", s, " of ",
+          shards.size()));
+    }
+  }
+
+  worker::TrainerOptions options;
+  options.worker_index = client_options.worker_index;
+  options.num_workers = absl::GetFlag(FLAGS_num_workers);
+  options.sync = shards[0].mode() == "sync";
+  options.batch = absl::GetFlag(FLAGS_batch);
+  options.epochs = absl::GetFlag(FLAGS_epochs);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
+
+  ASSIGN_OR_RETURN(worker::ModelSpec spec,
+                   worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
+  const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
+  ASSIGN_OR_RETURN(worker::Dataset train,
+                   worker::LoadFashionMnist(data_dir, /*train=*/true,
+                                            absl::GetFlag(FLAGS_max_train_examples)));
+  worker::Dataset test;
+  if (options.chief) {
+    ASSIGN_OR_RETURN(test, worker::LoadFashionMnist(
+                               data_dir, /*train=*/false,
+                               absl::GetFlag(FLAGS_max_test_examples)));
+  }
+  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend();
+  ASSIGN_OR_RETURN(auto trainer,
+                   worker::Trainer::Create(options, spec, backend.get(),
+                                           client.get(), &worker_metrics));
+  RETURN_IF_ERROR(trainer->Initialize());
+  LOG(INFO) << "worker " << options.worker_index << "/" << options.num_workers
+            << " training " << spec.ToString() << " (" << shards[0].mode()
+            << ", " << shards.size() << " shards, optimizer "
+            << shards[0].optimizer() << "), metrics on port " << exposer->port();
+
+  ASSIGN_OR_RETURN(
+      worker::TrainResult result,
+      trainer->Run(train, options.chief ? &test : nullptr,
+                   [&](const worker::EpochResult& epoch) {
+                     if (options.chief) {
+                       std::cout << worker::FormatEpoch(epoch, options.epochs)
+                                 << std::endl;
+                     }
+                   }));
+  if (options.chief) {
+    std::cout << absl::StrFormat("final test accuracy: %.4f",
+                                 result.final_test_accuracy)
+              << std::endl;
+    const std::string results = absl::GetFlag(FLAGS_results);
+    if (!results.empty()) {
+      worker::RunDescription run;
+      run.mode = shards[0].mode();
+      run.model = spec.ToString();
+      run.optimizer = shards[0].optimizer();
+      run.workers = options.num_workers;
+      run.shards = static_cast<int>(shards.size());
+      run.batch = options.batch;
+      run.epochs = options.epochs;
+      RETURN_IF_ERROR(worker::WriteResults(results, run, result));
+    }
+  }
+  LOG(INFO) << "worker " << options.worker_index << " finished "
+            << result.steps << " steps in " << result.wall_seconds << " s";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("One trainer of a shardtrain job.");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  const absl::Status status = RunWorker();
+  if (!status.ok()) {
+    LOG(ERROR) << "worker failed: " << status;
+    return 1;
+  }
+  return 0;
+}

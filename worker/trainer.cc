@@ -1,0 +1,294 @@
+#include "worker/trainer.h"
+
+#include <algorithm>
+#include <thread>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
+#include "common/float_env.h"
+#include "common/status_macros.h"
+#include "worker/data_shard.h"
+#include "worker/tensor_specs.h"
+
+namespace shardtrain::worker {
+
+// Sends a heartbeat with the trainer's clock every interval until stopped.
+class HeartbeatThread {
+ public:
+  HeartbeatThread(PsClient* client, const std::atomic<int64_t>* clock,
+                  absl::Duration interval)
+      : thread_([this, client, clock, interval] {
+          while (!stop_.WaitForNotificationWithTimeout(interval)) {
+            absl::StatusOr<HeartbeatResponse> sent =
+                client->Heartbeat(clock->load(), /*done=*/false);
+            if (!sent.ok()) LOG(WARNING) << "heartbeat failed: " << sent.status();
+          }
+        }) {}
+  ~HeartbeatThread() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+Trainer::Trainer(const TrainerOptions& options, Backend* backend,
+                 PsClient* client, WorkerMetrics* metrics,
+                 std::unique_ptr<Mlp> model)
+    : options_(options),
+      backend_(backend),
+      client_(client),
+      metrics_(metrics),
+      model_(std::move(model)) {}
+
+Trainer::~Trainer() { StopHeartbeats(); }
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainerOptions& options, const ModelSpec& spec, Backend* backend,
+    PsClient* client, WorkerMetrics* metrics) {
+  if (options.num_workers < 1 ||
+      options.worker_index >= static_cast<uint32_t>(options.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "worker index %d is not in [0, %d)", options.worker_index,
+        options.num_workers));
+  }
+  if (options.batch < 1 || options.epochs < 0 || options.eval_batch < 1) {
+    return absl::InvalidArgumentError("batch and eval_batch must be >= 1, epochs >= 0");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> model,
+                   Mlp::Create(spec, backend, options.batch));
+  std::unique_ptr<Trainer> trainer(
+      new Trainer(options, backend, client, metrics, std::move(model)));
+  if (options.chief) {
+    ASSIGN_OR_RETURN(trainer->eval_model_,
+                     Mlp::Create(spec, backend, options.eval_batch));
+  }
+  for (const ParamInfo& param : trainer->model_->params()) {
+    int64_t elements = 1;
+    for (int64_t dim : param.shape) elements *= dim;
+    trainer->params_.emplace_back(elements, 0.0f);
+    trainer->grads_.emplace_back(elements, 0.0f);
+  }
+  for (size_t i = 0; i < trainer->params_.size(); ++i) {
+    trainer->param_spans_.push_back(absl::MakeSpan(trainer->params_[i]));
+    trainer->grad_spans_.push_back(absl::MakeConstSpan(trainer->grads_[i]));
+  }
+  return trainer;
+}
+
+absl::Status Trainer::Initialize() {
+  common::EnableFlushToZero();
+  return client_->Register(TensorSpecsFor(model_->params(), options_.seed));
+}
+
+absl::Status Trainer::PullParameters(int64_t min_version) {
+  PullStats stats;
+  return client_->Pull(clock_.load(), min_version, param_spans_, &stats);
+}
+
+absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
+                                    int batch) {
+  const int64_t step = clock_.load();
+  const absl::Time start = absl::Now();
+  PullStats pull;
+  RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
+  const absl::Time pulled = absl::Now();
+  if (options_.sync && pull.min_version != step) {
+    return absl::InternalError(absl::StrFormat(
+        "sync step %d received parameters of version %d", step, pull.min_version));
+  }
+
+  for (size_t i = 0; i < params_.size(); ++i) {
+    RETURN_IF_ERROR(model_->SetParam(static_cast<int>(i), params_[i]));
+  }
+  ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(x, labels, batch));
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    RETURN_IF_ERROR(model_->GetGrad(static_cast<int>(i), absl::MakeSpan(grads_[i])));
+  }
+  const absl::Time computed = absl::Now();
+
+  PushStats push;
+  RETURN_IF_ERROR(client_->Push(step + 1, grad_spans_, &push));
+  const absl::Time pushed = absl::Now();
+  clock_.store(step + 1);
+
+  const double pull_total = absl::ToDoubleSeconds(pulled - start);
+  const double wait = std::min(pull.server_wait_seconds, pull_total);
+  const double compute = absl::ToDoubleSeconds(computed - pulled);
+  const double push_seconds = absl::ToDoubleSeconds(pushed - computed);
+  const double step_seconds = absl::ToDoubleSeconds(pushed - start);
+  wait_seconds_ += wait;
+  pull_seconds_ += pull_total - wait;
+  compute_seconds_ += compute;
+  push_seconds_ += push_seconds;
+  staleness_sum_ += static_cast<double>(push.max_staleness);
+  max_staleness_ = std::max(max_staleness_, push.max_staleness);
+  const double rate = batch / std::max(step_seconds, 1e-9);
+  smoothed_rate_ = smoothed_rate_ == 0 ? rate : 0.95 * smoothed_rate_ + 0.05 * rate;
+  if (metrics_ != nullptr) {
+    metrics_->wait_seconds().Observe(wait);
+    metrics_->pull_seconds().Observe(pull_total - wait);
+    metrics_->compute_seconds().Observe(compute);
+    metrics_->push_seconds().Observe(push_seconds);
+    metrics_->step_seconds().Observe(step_seconds);
+    metrics_->staleness().Observe(static_cast<double>(push.max_staleness));
+    metrics_->steps().Increment();
+    metrics_->samples().Increment(batch);
+    metrics_->samples_per_second().Set(smoothed_rate_);
+    metrics_->loss().Set(loss);
+  }
+  return loss;
+}
+
+absl::StatusOr<double> Trainer::Evaluate(const Dataset& test) {
+  if (eval_model_ == nullptr) {
+    return absl::FailedPreconditionError("only the chief worker evaluates");
+  }
+  if (test.num_examples == 0) {
+    return absl::InvalidArgumentError("the test set is empty");
+  }
+  RETURN_IF_ERROR(PullParameters(0));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    RETURN_IF_ERROR(eval_model_->SetParam(static_cast<int>(i), params_[i]));
+  }
+  int64_t correct = 0;
+  for (int begin = 0; begin < test.num_examples; begin += options_.eval_batch) {
+    const int n = std::min(options_.eval_batch, test.num_examples - begin);
+    ASSIGN_OR_RETURN(int batch_correct,
+                     eval_model_->CountCorrect(
+                         test.features.data() +
+                             static_cast<size_t>(begin) * test.feature_dim,
+                         test.labels.data() + begin, n));
+    correct += batch_correct;
+  }
+  const double accuracy = static_cast<double>(correct) / test.num_examples;
+  if (metrics_ != nullptr) metrics_->test_accuracy().Set(accuracy);
+  return accuracy;
+}
+
+void Trainer::StartHeartbeats() {
+  heartbeats_ = std::make_unique<HeartbeatThread>(client_, &clock_,
+                                                  options_.heartbeat_interval);
+}
+
+void Trainer::StopHeartbeats() { heartbeats_.reset(); }
+
+absl::StatusOr<int64_t> Trainer::ClusterSteps() {
+  ASSIGN_OR_RETURN(HeartbeatResponse response,
+                   client_->Heartbeat(clock_.load(), /*done=*/false));
+  int64_t steps = 0;
+  for (const WorkerState& worker : response.workers()) steps += worker.clock();
+  return steps;
+}
+
+absl::Status Trainer::WaitForOtherWorkers() {
+  const absl::Time give_up = absl::Now() + options_.wait_for_workers;
+  while (true) {
+    ASSIGN_OR_RETURN(HeartbeatResponse response,
+                     client_->Heartbeat(clock_.load(), /*done=*/true));
+    int finished = 0;
+    for (const WorkerState& worker : response.workers()) {
+      if (worker.done() || !worker.live()) ++finished;
+    }
+    if (finished >= options_.num_workers) return absl::OkStatus();
+    if (absl::Now() > give_up) {
+      return absl::DeadlineExceededError(absl::StrFormat(
+          "%d of %d workers finished within %s", finished, options_.num_workers,
+          absl::FormatDuration(options_.wait_for_workers)));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+}
+
+absl::StatusOr<TrainResult> Trainer::Run(
+    const Dataset& train, const Dataset* test,
+    const std::function<void(const EpochResult&)>& on_epoch) {
+  if (options_.chief && test == nullptr) {
+    return absl::InvalidArgumentError("the chief needs a test set");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<DataShard> shard,
+                   DataShard::Create(train.num_examples, options_.worker_index,
+                                     options_.num_workers, options_.seed));
+  const int steps_per_epoch = shard->StepsPerEpoch(options_.batch);
+  if (steps_per_epoch < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d training examples over %d workers give no full batch of %d",
+        train.num_examples, options_.num_workers, options_.batch));
+  }
+  std::vector<float> x(static_cast<size_t>(options_.batch) * train.feature_dim);
+  std::vector<int32_t> labels(options_.batch);
+
+  TrainResult result;
+  StartHeartbeats();
+  const absl::Time start = absl::Now();
+  int64_t cluster_steps_before = 0;
+  for (int epoch = 1; epoch <= options_.epochs; ++epoch) {
+    if (metrics_ != nullptr) metrics_->epoch().Set(epoch);
+    const absl::Time epoch_start = absl::Now();
+    compute_seconds_ = push_seconds_ = pull_seconds_ = wait_seconds_ = 0;
+    staleness_sum_ = 0;
+    max_staleness_ = 0;
+    double loss_sum = 0;
+    shard->BeginEpoch(epoch);
+    for (int s = 0; s < steps_per_epoch; ++s) {
+      RETURN_IF_ERROR(shard->NextBatch(train, options_.batch, x.data(), labels.data()));
+      ASSIGN_OR_RETURN(float loss, Step(x.data(), labels.data(), options_.batch));
+      loss_sum += loss;
+    }
+    EpochResult epoch_result;
+    epoch_result.epoch = epoch;
+    epoch_result.train_loss = loss_sum / steps_per_epoch;
+    epoch_result.seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
+    epoch_result.mean_staleness = staleness_sum_ / steps_per_epoch;
+    epoch_result.max_staleness = max_staleness_;
+    epoch_result.compute_seconds = compute_seconds_;
+    epoch_result.push_seconds = push_seconds_;
+    epoch_result.pull_seconds = pull_seconds_;
+    epoch_result.wait_seconds = wait_seconds_;
+    double samples = static_cast<double>(steps_per_epoch) * options_.batch;
+    if (options_.chief) {
+      // Throughput of the whole job, from the clocks the shards have seen.
+      ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
+      samples = static_cast<double>(cluster_steps - cluster_steps_before) *
+                options_.batch;
+      cluster_steps_before = cluster_steps;
+      if (epoch == options_.epochs) {
+        // The last evaluation waits for everyone, so it sees the final model.
+        StopHeartbeats();
+        RETURN_IF_ERROR(WaitForOtherWorkers());
+      }
+      ASSIGN_OR_RETURN(epoch_result.test_accuracy, Evaluate(*test));
+    }
+    epoch_result.samples_per_second = samples / epoch_result.seconds;
+    result.epochs.push_back(epoch_result);
+    if (on_epoch) on_epoch(epoch_result);
+  }
+  StopHeartbeats();
+  if (!options_.chief) {
+    ASSIGN_OR_RETURN(HeartbeatResponse ignored,
+                     client_->Heartbeat(clock_.load(), /*done=*/true));
+  } else if (options_.epochs == 0) {
+    RETURN_IF_ERROR(WaitForOtherWorkers());
+    ASSIGN_OR_RETURN(result.final_test_accuracy, Evaluate(*test));
+  }
+  result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.steps = clock_.load();
+  if (!result.epochs.empty()) {
+    result.final_test_accuracy = result.epochs.back().test_accuracy;
+  }
+  if (options_.chief) {
+    ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
+    result.samples_per_second =
+        static_cast<double>(cluster_steps) * options_.batch / result.wall_seconds;
+  } else {
+    result.samples_per_second =
+        static_cast<double>(result.steps) * options_.batch / result.wall_seconds;
+  }
+  return result;
+}
+
+}  // namespace shardtrain::worker

@@ -1,0 +1,139 @@
+// Trainer: the training loop of one worker.
+//
+// Each step pulls the parameters, computes a gradient on the worker's next
+// batch and pushes it:
+//  - sync: step t pulls version t (waiting for the shards to average step
+//    t-1 from every worker) and pushes its gradient for step t;
+//  - async: a step pulls whatever is current, subject to the staleness
+//    bound the shards enforce on this worker's clock.
+// A background thread sends heartbeats. The chief worker also evaluates
+// test accuracy at each epoch end and, after the last epoch, waits for the
+// other workers to finish before the final evaluation.
+//
+// Thread-compatible: one thread calls Step/Run.
+#ifndef SHARDTRAIN_WORKER_TRAINER_H_
+#define SHARDTRAIN_WORKER_TRAINER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/backend.h"
+#include "worker/dataset.h"
+#include "worker/mlp.h"
+#include "worker/model_spec.h"
+#include "worker/ps_client.h"
+#include "worker/worker_metrics.h"
+
+namespace shardtrain::worker {
+
+class HeartbeatThread;
+
+struct TrainerOptions {
+  uint32_t worker_index = 0;
+  int num_workers = 1;
+  // Must match the shards' --mode.
+  bool sync = false;
+  int batch = 64;
+  int epochs = 10;
+  // Seeds the parameter initialisation and the data order.
+  uint64_t seed = 1;
+  // Evaluate test accuracy at epoch ends and wait for the others at the end.
+  bool chief = false;
+  int eval_batch = 1000;
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // How long the chief waits for the other workers after its last epoch.
+  absl::Duration wait_for_workers = absl::Minutes(10);
+};
+
+struct EpochResult {
+  int epoch = 0;  // 1-based
+  double train_loss = 0;
+  double test_accuracy = -1;  // -1 when not evaluated
+  double seconds = 0;
+  // All workers together when the chief can see their clocks, else this one.
+  double samples_per_second = 0;
+  double mean_staleness = 0;
+  int64_t max_staleness = 0;
+  double compute_seconds = 0, push_seconds = 0, pull_seconds = 0,
+         wait_seconds = 0;
+};
+
+struct TrainResult {
+  std::vector<EpochResult> epochs;
+  double final_test_accuracy = -1;
+  double wall_seconds = 0;
+  double samples_per_second = 0;  // all workers
+  int64_t steps = 0;              // this worker
+};
+
+class Trainer {
+ public:
+  // Nothing is owned; everything must outlive the trainer. `metrics` may be
+  // null.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainerOptions& options, const ModelSpec& spec, Backend* backend,
+      PsClient* client, WorkerMetrics* metrics);
+  ~Trainer();
+
+  // Registers the model's tensors with the shards.
+  absl::Status Initialize();
+
+  // One training step on `batch` examples; returns the mean loss.
+  absl::StatusOr<float> Step(const float* x, const int32_t* labels, int batch);
+
+  // Pulls the current parameters (waiting for `min_version`) into params().
+  absl::Status PullParameters(int64_t min_version);
+
+  // Test accuracy of the current parameters on `test`.
+  absl::StatusOr<double> Evaluate(const Dataset& test);
+
+  // Trains for options.epochs on this worker's share of `train`. `test` is
+  // needed by the chief only. `on_epoch` sees each epoch's result.
+  absl::StatusOr<TrainResult> Run(
+      const Dataset& train, const Dataset* test,
+      const std::function<void(const EpochResult&)>& on_epoch);
+
+  // Parameters as of the last pull, in model order.
+  const std::vector<std::vector<float>>& params() const { return params_; }
+  int64_t clock() const { return clock_.load(); }
+
+ private:
+  Trainer(const TrainerOptions& options, Backend* backend, PsClient* client,
+          WorkerMetrics* metrics, std::unique_ptr<Mlp> model);
+
+  void StartHeartbeats();
+  void StopHeartbeats();
+  // Sum of every worker's clock as the shards see it.
+  absl::StatusOr<int64_t> ClusterSteps();
+  absl::Status WaitForOtherWorkers();
+
+  const TrainerOptions options_;
+  Backend* const backend_;
+  PsClient* const client_;
+  WorkerMetrics* const metrics_;
+  std::unique_ptr<Mlp> model_;
+  std::unique_ptr<Mlp> eval_model_;
+
+  std::vector<std::vector<float>> params_;
+  std::vector<std::vector<float>> grads_;
+  std::vector<absl::Span<float>> param_spans_;
+  std::vector<absl::Span<const float>> grad_spans_;
+  std::atomic<int64_t> clock_{0};
+
+  // Totals of the current epoch.
+  double compute_seconds_ = 0, push_seconds_ = 0, pull_seconds_ = 0,
+         wait_seconds_ = 0, staleness_sum_ = 0;
+  int64_t max_staleness_ = 0;
+  double smoothed_rate_ = 0;
+
+  std::unique_ptr<HeartbeatThread> heartbeats_;
+};
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_TRAINER_H_
