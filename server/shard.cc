@@ -4,6 +4,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "common/float_env.h"
 #include "common/payload.h"
@@ -25,6 +26,14 @@ void HashBytes(uint64_t* hash, const void* data, size_t bytes) {
     *hash ^= p[i];
     *hash *= 1099511628211ull;
   }
+}
+
+void DescribePartition(const Partition& part, PartitionInfo* info) {
+  info->set_tensor(part.tensor);
+  info->set_partition(static_cast<uint32_t>(part.index));
+  info->set_offset(part.range.offset);
+  info->set_size(part.range.size);
+  info->set_version(part.version.load());
 }
 
 }  // namespace
@@ -116,13 +125,8 @@ absl::Status Shard::Register(const RegisterRequest& request,
   }
   for (const TensorSpec& spec : request.tensors()) {
     ASSIGN_OR_RETURN(std::vector<Partition*> parts, store_.Register(spec));
-    for (Partition* part : parts) {
-      PartitionInfo* info = response->add_partitions();
-      info->set_tensor(part->tensor);
-      info->set_partition(static_cast<uint32_t>(part->index));
-      info->set_offset(part->range.offset);
-      info->set_size(part->range.size);
-      info->set_version(part->version.load());
+    for (const Partition* part : parts) {
+      DescribePartition(*part, response->add_partitions());
     }
   }
   return absl::OkStatus();
@@ -186,11 +190,10 @@ int Shard::RequiredGradients(int64_t step) const {
 
 void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
   const int64_t step = part.version.load(std::memory_order_relaxed);
-  float* slots[8];
-  for (size_t s = 0; s < part.slots.size(); ++s) slots[s] = part.slots[s].data();
+  absl::InlinedVector<float*, 4> slots;
+  for (std::vector<float>& slot : part.slots) slots.push_back(slot.data());
   optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
-                    absl::MakeConstSpan(grad, part.params.size()),
-                    absl::MakeConstSpan(slots, part.slots.size()));
+                    absl::MakeConstSpan(grad, part.params.size()), slots);
   part.version.store(step + 1, std::memory_order_release);
   part.version_gauge->Set(static_cast<double>(step + 1));
   metrics_->updates_applied().Increment();
@@ -411,12 +414,7 @@ void Shard::FillStatus(StatusResponse* response) const {
   response->set_optimizer(optimizer_->options().name);
   response->set_max_staleness_bound(options_.max_staleness);
   for (const Partition* part : store_.All()) {
-    PartitionInfo* info = response->add_partitions();
-    info->set_tensor(part->tensor);
-    info->set_partition(static_cast<uint32_t>(part->index));
-    info->set_offset(part->range.offset);
-    info->set_size(part->range.size);
-    info->set_version(part->version.load());
+    DescribePartition(*part, response->add_partitions());
   }
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);

@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, port_file, "", "If set, write the metrics port here");
 ABSL_FLAG(double, rpc_timeout_s, 30, "Deadline of push/register RPCs");
 ABSL_FLAG(double, pull_timeout_s, 300, "Deadline of a pull (it may wait)");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(double, linger_s, 0,
+          "Keep serving metrics this long after training, so a last scrape "
+          "sees the final values");
 
 namespace {
 
@@ -164,6 +167,7 @@ absl::Status RunWorker() {
   }
   LOG(INFO) << "worker " << options.worker_index << " finished "
             << result.steps << " steps in " << result.wall_seconds << " s";
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_linger_s)));
   return absl::OkStatus();
 }
 

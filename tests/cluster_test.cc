@@ -1,0 +1,214 @@
+// End to end: real ps-server and ps-worker processes on 127.0.0.1 train a
+// subset of Fashion-MNIST to a stated accuracy, and every process's /metrics
+// endpoint serves the shardtrain families with non-zero values. Every
+// process is stopped when the test ends, pass or fail.
+#include <unistd.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/payload.h"
+#include "gtest/gtest.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "tests/cluster_util.h"
+
+namespace shardtrain {
+namespace {
+
+using testing::ProcessGroup;
+
+constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
+constexpr int kShards = 2;
+constexpr int kWorkers = 2;
+
+std::string Bin(const std::string& name) {
+  return absl::StrCat(SHARDTRAIN_BIN_DIR, "/", name);
+}
+
+struct Cluster {
+  std::string dir;
+  std::vector<std::string> servers;
+  std::vector<int> shard_metrics_ports;
+  std::vector<int> worker_metrics_ports;
+  std::vector<pid_t> workers;
+};
+
+// Starts the shards and workers with the flags scripts/run-local.sh uses.
+void StartCluster(ProcessGroup& group, const std::string& mode, Cluster* cluster) {
+  cluster->dir = testing::MakeTempDir("shardtrain-cluster-");
+  ASSERT_FALSE(cluster->dir.empty());
+  for (int s = 0; s < kShards; ++s) {
+    const std::string port_file = absl::StrCat(cluster->dir, "/shard", s, ".ports");
+    ASSERT_TRUE(group
+                    .Start({Bin("ps-server"), absl::StrCat("--shard_index=", s),
+                            absl::StrCat("--num_shards=", kShards),
+                            absl::StrCat("--num_workers=", kWorkers),
+                            "--mode=" + mode, "--optimizer=adam", "--lr=0.002",
+                            "--max_staleness=4", "--port_file=" + port_file},
+                           absl::StrCat(cluster->dir, "/shard", s, ".log"))
+                    .ok());
+  }
+  for (int s = 0; s < kShards; ++s) {
+    auto ports = testing::ReadPortFile(absl::StrCat(cluster->dir, "/shard", s, ".ports"),
+                                       absl::Seconds(30));
+    ASSERT_TRUE(ports.ok()) << ports.status();
+    ASSERT_EQ(ports->size(), 2u);
+    cluster->servers.push_back(absl::StrCat("127.0.0.1:", (*ports)[0]));
+    cluster->shard_metrics_ports.push_back((*ports)[1]);
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    auto pid = group.Start(
+        {Bin("ps-worker"), "--servers=" + absl::StrJoin(cluster->servers, ","),
+         absl::StrCat("--worker_index=", w), absl::StrCat("--num_workers=", kWorkers),
+         "--epochs=3", "--batch=32", "--max_train_examples=8000",
+         "--max_test_examples=2000", "--linger_s=60",
+         absl::StrCat("--results=", cluster->dir, "/results.json"),
+         absl::StrCat("--port_file=", cluster->dir, "/worker", w, ".port")},
+        absl::StrCat(cluster->dir, "/worker", w, ".log"));
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    cluster->workers.push_back(*pid);
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    auto ports = testing::ReadPortFile(absl::StrCat(cluster->dir, "/worker", w, ".port"),
+                                       absl::Seconds(30));
+    ASSERT_TRUE(ports.ok()) << ports.status();
+    cluster->worker_metrics_ports.push_back((*ports)[0]);
+  }
+}
+
+// Waits for the chief's results file; meanwhile records the most live
+// workers any shard reported.
+double WaitForResults(const Cluster& cluster, double* max_live_workers) {
+  const std::string results = cluster.dir + "/results.json";
+  const absl::Time deadline = absl::Now() + absl::Minutes(4);
+  while (absl::Now() < deadline && access(results.c_str(), F_OK) != 0) {
+    for (int port : cluster.shard_metrics_ports) {
+      auto body = testing::HttpGet(port, "/metrics");
+      if (body.ok()) {
+        *max_live_workers = std::max(
+            *max_live_workers, testing::SumByName(*body)["shardtrain_live_workers"]);
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const std::string json = testing::ReadFile(results);
+  const size_t at = json.find("\"final_test_accuracy\": ");
+  if (at == std::string::npos) {
+    ADD_FAILURE() << "no results; chief log:\n"
+                  << testing::ReadFile(cluster.dir + "/worker0.log");
+    return 0;
+  }
+  return std::stod(json.substr(at + 23));
+}
+
+void ExpectNonZero(const std::map<std::string, double>& sums,
+                   const std::vector<std::string>& names, const std::string& who) {
+  for (const std::string& name : names) {
+    auto it = sums.find(name);
+    ASSERT_NE(it, sums.end()) << who << " lacks " << name;
+    EXPECT_GT(it->second, 0) << who << ": " << name;
+  }
+}
+
+TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
+  ProcessGroup group;
+  Cluster cluster;
+  StartCluster(group, "async", &cluster);
+  if (HasFatalFailure()) return;
+  double max_live = 0;
+  const double accuracy = WaitForResults(cluster, &max_live);
+  EXPECT_GE(accuracy, 0.75) << "3 epochs on 8000 examples";
+  EXPECT_EQ(max_live, kWorkers);  // as seen by the busiest shard
+
+  for (int s = 0; s < kShards; ++s) {
+    auto body = testing::HttpGet(cluster.shard_metrics_ports[s], "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    ExpectNonZero(testing::SumByName(*body),
+                  {"shardtrain_rpc_requests_total",
+                   "shardtrain_rpc_received_bytes_total",
+                   "shardtrain_rpc_sent_bytes_total",
+                   "shardtrain_rpc_duration_seconds_count",
+                   "shardtrain_updates_applied_total",
+                   "shardtrain_gradient_staleness_count",
+                   "shardtrain_partition_version",
+                   "shardtrain_shard_parameters"},
+                  absl::StrCat("shard ", s));
+    EXPECT_NE(body->find("shardtrain_dropped_gradients_total"), std::string::npos);
+    EXPECT_NE(body->find("method=\"Push\""), std::string::npos);
+    EXPECT_NE(body->find("method=\"Pull\""), std::string::npos);
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    auto body = testing::HttpGet(cluster.worker_metrics_ports[w], "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    std::vector<std::string> names = {
+        "shardtrain_worker_phase_seconds_count", "shardtrain_worker_step_seconds_count",
+        "shardtrain_worker_samples_per_second", "shardtrain_worker_loss",
+        "shardtrain_worker_steps_total", "shardtrain_rpc_requests_total"};
+    if (w == 0) names.push_back("shardtrain_worker_test_accuracy");
+    ExpectNonZero(testing::SumByName(*body), names, absl::StrCat("worker ", w));
+    for (const char* phase : {"compute", "push", "pull", "wait"}) {
+      EXPECT_NE(body->find(absl::StrCat("phase=\"", phase, "\"")), std::string::npos);
+    }
+  }
+}
+
+TEST(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
+  ProcessGroup group;
+  Cluster cluster;
+  StartCluster(group, "sync", &cluster);
+  if (HasFatalFailure()) return;
+  double max_live = 0;
+  const double accuracy = WaitForResults(cluster, &max_live);
+  EXPECT_GE(accuracy, 0.75);
+
+  // A gradient for step 0, long finished, must be dropped and counted.
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.servers[0], grpc::InsecureChannelCredentials()));
+  StatusResponse status;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub->Status(&context, StatusRequest(), &status).ok());
+  }
+  ASSERT_GT(status.partitions_size(), 0);
+  const PartitionInfo& part = status.partitions(0);
+  EXPECT_GT(part.version(), 0);
+  PushRequest late;
+  late.set_worker(1);
+  late.set_clock(1);
+  GradientPart* gradient = late.add_parts();
+  gradient->mutable_key()->set_tensor(part.tensor());
+  gradient->mutable_key()->set_partition(part.partition());
+  gradient->set_version(0);
+  gradient->mutable_grad()->set_dtype(DTYPE_F32);
+  std::vector<float> zeros(part.size(), 0.0f);
+  common::EncodeDense(zeros, DTYPE_F32, gradient->mutable_grad()->mutable_data());
+  PushResponse response;
+  grpc::ClientContext context;
+  EXPECT_EQ(stub->Push(&context, late, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  auto body = testing::HttpGet(cluster.shard_metrics_ports[0], "/metrics");
+  ASSERT_TRUE(body.ok());
+  ExpectNonZero(testing::SumByName(*body), {"shardtrain_dropped_gradients_total"},
+                "shard 0");
+}
+
+}  // namespace
+}  // namespace shardtrain
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (access((std::string(shardtrain::kDataDir) + "/train-images-idx3-ubyte.gz").c_str(),
+             R_OK) != 0) {
+    std::fprintf(stderr, "Fashion-MNIST is not installed (dataset-fashion-mnist)\n");
+    return 1;
+  }
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,57 @@
+// Helpers for tests that run real shardtrain processes on 127.0.0.1:
+// starting binaries with their output in files, stopping them (always, in
+// the destructor), waiting for port files, and scraping /metrics.
+#ifndef SHARDTRAIN_TESTS_CLUSTER_UTIL_H_
+#define SHARDTRAIN_TESTS_CLUSTER_UTIL_H_
+
+#include <sys/types.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace shardtrain::testing {
+
+// Processes started by a test. Not thread-safe.
+class ProcessGroup {
+ public:
+  ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+  // Stops every process still running: SIGTERM, then SIGKILL after 5 s.
+  ~ProcessGroup();
+
+  // Starts `argv` with stdout and stderr appended to `log_path`.
+  absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
+                              const std::string& log_path);
+  // Waits for `pid` to exit within `timeout`; returns its exit status
+  // (DEADLINE_EXCEEDED if it is still running).
+  absl::StatusOr<int> Wait(pid_t pid, absl::Duration timeout);
+  void StopAll();
+
+ private:
+  std::vector<pid_t> running_;
+};
+
+// Waits until `path` holds a whitespace-separated list of integers.
+absl::StatusOr<std::vector<int>> ReadPortFile(const std::string& path,
+                                              absl::Duration timeout);
+
+// GET http://127.0.0.1:<port><path>; returns the body.
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+
+// Sums the samples of each metric name in a Prometheus text exposition
+// (all label sets together).
+std::map<std::string, double> SumByName(const std::string& exposition);
+
+// A fresh directory under the test's temporary directory.
+std::string MakeTempDir(const std::string& prefix);
+
+std::string ReadFile(const std::string& path);
+
+}  // namespace shardtrain::testing
+
+#endif  // SHARDTRAIN_TESTS_CLUSTER_UTIL_H_
