@@ -50,6 +50,12 @@ ABSL_FLAG(int64_t, max_partition_elements,
           shardtrain::common::kDefaultMaxPartitionElements,
           "Largest partition in elements; must match the workers'");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Write checkpoints here and restore the newest at start; empty "
+          "disables checkpoints");
+ABSL_FLAG(double, checkpoint_interval_s, 60,
+          "Seconds between periodic checkpoints (one is also written on "
+          "SIGTERM/SIGINT)");
 ABSL_FLAG(double, heartbeat_timeout_s, 10.0,
           "Forget a worker silent for this many seconds");
 ABSL_FLAG(double, max_pull_wait_s, 120.0,
@@ -63,6 +69,9 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.checkpoint_interval =
+      absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   shardtrain::server::ShardOptions& shard = options.shard;
   shard.shard_index = absl::GetFlag(FLAGS_shard_index);
   shard.partitioning.num_shards = absl::GetFlag(FLAGS_num_shards);

@@ -23,9 +23,20 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   server->shard_metrics_ = std::make_unique<ShardMetrics>(registry);
   ASSIGN_OR_RETURN(server->shard_,
                    Shard::Create(options.shard, server->shard_metrics_.get()));
+  if (!options.checkpoint_dir.empty()) {
+    server->checkpoint_interval_ = options.checkpoint_interval;
+    server->checkpointer_ = std::make_unique<Checkpointer>(
+        Checkpointer::Options{options.checkpoint_dir},
+        server->shard_.get(), server->shard_metrics_.get());
+    ASSIGN_OR_RETURN(std::string restored, server->checkpointer_->RestoreLatest());
+    if (restored.empty()) {
+      LOG(INFO) << "no checkpoint in " << options.checkpoint_dir << "; starting fresh";
+    }
+  }
   server->service_ = std::make_unique<ParameterServerService>(
       server->shard_.get(), server->rpc_metrics_.get(),
-      server->shard_metrics_.get(), options.shard.max_pull_wait);
+      server->shard_metrics_.get(), server->checkpointer_.get(),
+      options.shard.max_pull_wait);
   ParameterServerService* service = server->service_.get();
   server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
 
@@ -54,10 +65,15 @@ PsServer::~PsServer() { Shutdown(); }
 
 void PsServer::Housekeeping() {
   common::EnableFlushToZero();
+  absl::Time last_checkpoint = absl::Now();
   while (!stop_.WaitForNotificationWithTimeout(housekeeping_interval_)) {
     const absl::Time now = absl::Now();
     shard_->Tick(now);
     service_->ExpireWaiters(now);
+    if (checkpointer_ != nullptr && now - last_checkpoint >= checkpoint_interval_) {
+      (void)checkpointer_->Write();  // failures are logged and counted
+      last_checkpoint = now;
+    }
   }
 }
 
@@ -75,6 +91,8 @@ void PsServer::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
   }
+  // Nothing changes the shard any more: the last checkpoint is complete.
+  if (checkpointer_ != nullptr) (void)checkpointer_->Write();
 }
 
 }  // namespace shardtrain::server

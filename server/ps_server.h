@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "common/metrics.h"
+#include "server/checkpoint.h"
 #include "server/service.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -35,6 +36,10 @@ struct PsServerOptions {
   std::string metrics_address = "127.0.0.1:0";
   // Largest message accepted or sent; larger ones get RESOURCE_EXHAUSTED.
   int max_message_bytes = 256 << 20;
+  // Checkpoints go here; empty disables them. The newest good one is loaded
+  // at start, one is written every checkpoint_interval and at shutdown.
+  std::string checkpoint_dir;
+  absl::Duration checkpoint_interval = absl::Seconds(60);
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
 };
@@ -61,6 +66,8 @@ class PsServer {
   std::unique_ptr<common::RpcMetrics> rpc_metrics_;
   std::unique_ptr<ShardMetrics> shard_metrics_;
   std::unique_ptr<Shard> shard_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  absl::Duration checkpoint_interval_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -43,10 +43,12 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
 ParameterServerService::ParameterServerService(Shard* shard,
                                                common::RpcMetrics* rpc_metrics,
                                                ShardMetrics* shard_metrics,
+                                               Checkpointer* checkpointer,
                                                absl::Duration max_pull_wait)
     : shard_(shard),
       rpc_metrics_(rpc_metrics),
       shard_metrics_(shard_metrics),
+      checkpointer_(checkpointer),
       max_pull_wait_(max_pull_wait) {
   SetMessageAllocatorFor_Push(&push_pool_);
   SetMessageAllocatorFor_Pull(&pull_pool_);
@@ -113,7 +115,33 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   shard_->FillStatus(response);
+  response->set_seconds_since_checkpoint(-1);
+  if (checkpointer_ != nullptr) {
+    response->set_checkpoint_dir(checkpointer_->dir());
+    const absl::Time last = checkpointer_->last_success();
+    if (last != absl::InfinitePast()) {
+      response->set_seconds_since_checkpoint(absl::ToDoubleSeconds(absl::Now() - last));
+    }
+  }
   Finish(reactor, "Status", absl::OkStatus(), start, *request, *response);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(
+    grpc::CallbackServerContext* context, const CheckpointRequest* request,
+    CheckpointResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status;
+  if (checkpointer_ == nullptr) {
+    status = absl::FailedPreconditionError(
+        "checkpoints are disabled on this shard: start it with --checkpoint_dir");
+  } else {
+    absl::StatusOr<CheckpointResponse> written = checkpointer_->Write();
+    status = written.status();
+    if (written.ok()) *response = *std::move(written);
+  }
+  Finish(reactor, "Checkpoint", status, start, *request, *response);
   return reactor;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "server/checkpoint.h"
 #include "server/internal/message_pool.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -24,10 +25,12 @@ namespace shardtrain::server {
 
 class ParameterServerService final : public ParameterServer::CallbackService {
  public:
-  // `shard`, `rpc_metrics` and `shard_metrics` are not owned and must
-  // outlive the service.
+  // `shard`, `rpc_metrics`, `shard_metrics` and `checkpointer` are not owned
+  // and must outlive the service; `checkpointer` is null when checkpoints
+  // are disabled.
   ParameterServerService(Shard* shard, common::RpcMetrics* rpc_metrics,
-                         ShardMetrics* shard_metrics, absl::Duration max_pull_wait);
+                         ShardMetrics* shard_metrics, Checkpointer* checkpointer,
+                         absl::Duration max_pull_wait);
   ~ParameterServerService() override;
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
@@ -48,6 +51,9 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const StatusRequest* request,
                                    StatusResponse* response) override;
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const CheckpointRequest* request,
+                                       CheckpointResponse* response) override;
 
   // Answers every parked pull that has become ready.
   void WakeWaiters();
@@ -79,6 +85,7 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   Shard* const shard_;
   common::RpcMetrics* const rpc_metrics_;
   ShardMetrics* const shard_metrics_;
+  Checkpointer* const checkpointer_;
   const absl::Duration max_pull_wait_;
 
   internal::MessagePool<PushRequest, PushResponse> push_pool_{16};

@@ -425,6 +425,55 @@ void Shard::FillStatus(StatusResponse* response) const {
   response->set_uptime_seconds(absl::ToDoubleSeconds(now - start_time_));
 }
 
+std::vector<CheckpointRecord> Shard::Snapshot() const {
+  std::vector<CheckpointRecord> records;
+  for (const Partition* part : store_.All()) {
+    CheckpointRecord record;
+    *record.mutable_spec() = *part->spec;
+    record.set_partition(static_cast<uint32_t>(part->index));
+    absl::ReaderMutexLock lock(&part->mu);
+    record.set_version(part->version.load());
+    common::EncodeDense(part->params, DTYPE_F32, record.mutable_params());
+    for (const std::vector<float>& slot : part->slots) {
+      common::EncodeDense(slot, DTYPE_F32, record.add_slots());
+    }
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
+  for (const CheckpointRecord& record : records) {
+    RETURN_IF_ERROR(store_.Register(record.spec()).status());
+    PartitionKey key;
+    key.set_tensor(record.spec().name());
+    key.set_partition(record.partition());
+    absl::StatusOr<Partition*> found = store_.Find(key);
+    if (!found.ok()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint partition %s/%d does not belong here: %s",
+          key.tensor(), key.partition(), found.status().message()));
+    }
+    Partition& part = **found;
+    absl::MutexLock lock(&part.mu);
+    if (record.slots_size() != static_cast<int>(part.slots.size())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint of %s/%d has %d optimizer slots; optimizer %s needs %d",
+          part.tensor, part.index, record.slots_size(),
+          optimizer_->options().name, part.slots.size()));
+    }
+    RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.params(),
+                                        absl::MakeSpan(part.params)));
+    for (int s = 0; s < record.slots_size(); ++s) {
+      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.slots(s),
+                                          absl::MakeSpan(part.slots[s])));
+    }
+    part.version.store(record.version());
+    part.version_gauge->Set(static_cast<double>(record.version()));
+  }
+  return absl::OkStatus();
+}
+
 uint64_t Shard::Checksum() const {
   uint64_t hash = 14695981039346656037ull;
   for (const Partition* part : store_.All()) {

@@ -68,6 +68,14 @@ class Shard {
   // after anything that may let a waiting pull proceed.
   void SetProgressCallback(std::function<void()> callback);
 
+  // A copy of every partition (spec, version, parameters, optimizer slots)
+  // for a checkpoint; each partition is copied under its lock. Pending sync
+  // accumulators are not included: their step restarts after a restore.
+  std::vector<CheckpointRecord> Snapshot() const;
+  // Loads records written by Snapshot() into this (fresh) shard.
+  // FAILED_PRECONDITION if they do not fit its tensors or optimizer.
+  absl::Status Restore(const std::vector<CheckpointRecord>& records);
+
   // A hash of every partition's parameters, slots, accumulator and version;
   // tests compare it before and after a rejected request.
   uint64_t Checksum() const;

@@ -49,9 +49,25 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
       versions_(prometheus::BuildGauge()
                     .Name("shardtrain_partition_version")
                     .Help("Updates applied to a partition")
-                    .Register(registry)) {
+                    .Register(registry)),
+      checkpoints_(prometheus::BuildCounter()
+                       .Name("shardtrain_checkpoints_total")
+                       .Help("Checkpoints written, by result")
+                       .Register(registry)),
+      last_checkpoint_(prometheus::BuildGauge()
+                           .Name("shardtrain_last_checkpoint_timestamp_seconds")
+                           .Help("Unix time of the last successful checkpoint "
+                                 "(written or restored); 0 before the first")
+                           .Register(registry)
+                           .Add({})) {
   // Create the common series up front so dashboards see zeros, not gaps.
   dropped("late");
+  checkpoints("ok");
+  checkpoints("error");
+}
+
+prometheus::Counter& ShardMetrics::checkpoints(const std::string& result) {
+  return checkpoints_.Add({{"result", result}});
 }
 
 prometheus::Counter& ShardMetrics::dropped(const std::string& reason) {

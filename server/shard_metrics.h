@@ -28,6 +28,9 @@ class ShardMetrics {
   prometheus::Gauge& parameters() { return parameters_; }
   prometheus::Gauge& waiting_pulls() { return waiting_pulls_; }
   prometheus::Gauge& PartitionVersion(const std::string& tensor, int64_t index);
+  // result: "ok" or "error".
+  prometheus::Counter& checkpoints(const std::string& result);
+  prometheus::Gauge& last_checkpoint_timestamp() { return last_checkpoint_; }
 
  private:
   prometheus::Counter& updates_applied_;
@@ -39,6 +42,8 @@ class ShardMetrics {
   prometheus::Gauge& parameters_;
   prometheus::Gauge& waiting_pulls_;
   prometheus::Family<prometheus::Gauge>& versions_;
+  prometheus::Family<prometheus::Counter>& checkpoints_;
+  prometheus::Gauge& last_checkpoint_;
 };
 
 }  // namespace shardtrain::server

@@ -52,11 +52,12 @@ absl::StatusOr<std::vector<Partition*>> TensorStore::Register(
       tensor.local[placed.partition] = part.get();
       created.push_back(std::move(part));
     }
+    it = tensors_.emplace(spec.name(), std::move(tensor)).first;
     for (auto& part : created) {
+      part->spec = &it->second.spec;
       if (on_create_) on_create_(part.get());
       partitions_.push_back(std::move(part));
     }
-    it = tensors_.emplace(spec.name(), std::move(tensor)).first;
   }
   std::vector<Partition*> local;
   for (Partition* part : it->second.local) {

@@ -31,6 +31,7 @@ struct Partition {
   // Constant after construction.
   int id = 0;  // dense index in the store; the order in which locks are taken
   std::string tensor;
+  const TensorSpec* spec = nullptr;  // owned by the store
   int64_t index = 0;
   common::PartitionRange range;
   prometheus::Gauge* version_gauge = nullptr;  // owned by the metrics registry

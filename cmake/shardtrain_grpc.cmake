@@ -1,0 +1,32 @@
+# shardtrain_grpc_library(NAME PROTOS a.proto [b.proto ...])
+# Generates C++ messages and gRPC stubs for the given .proto files (in the
+# calling directory) into ${CMAKE_BINARY_DIR}/<dir> and builds them as
+# library NAME, includable as "<dir>/<file>.pb.h".
+function(shardtrain_grpc_library name)
+  cmake_parse_arguments(ARG "" "" "PROTOS" ${ARGN})
+  file(RELATIVE_PATH rel_dir ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  set(gen_dir ${CMAKE_BINARY_DIR}/${rel_dir})
+  get_target_property(grpc_cpp_plugin gRPC::grpc_cpp_plugin LOCATION)
+  set(srcs)
+  foreach(proto ${ARG_PROTOS})
+    get_filename_component(base ${proto} NAME_WE)
+    set(outputs ${gen_dir}/${base}.pb.cc ${gen_dir}/${base}.pb.h
+                ${gen_dir}/${base}.grpc.pb.cc ${gen_dir}/${base}.grpc.pb.h)
+    add_custom_command(
+      OUTPUT ${outputs}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${gen_dir}
+      COMMAND protobuf::protoc
+              --proto_path=${CMAKE_CURRENT_SOURCE_DIR}
+              --cpp_out=${gen_dir}
+              --grpc_out=${gen_dir}
+              --plugin=protoc-gen-grpc=${grpc_cpp_plugin}
+              ${CMAKE_CURRENT_SOURCE_DIR}/${proto}
+      DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/${proto}
+      COMMENT "Generating C++ and gRPC sources for ${proto}")
+    list(APPEND srcs ${gen_dir}/${base}.pb.cc ${gen_dir}/${base}.grpc.pb.cc)
+  endforeach()
+  add_library(${name} ${srcs})
+  target_include_directories(${name} PUBLIC ${CMAKE_BINARY_DIR})
+  target_link_libraries(${name} PUBLIC protobuf::libprotobuf gRPC::grpc++)
+  target_compile_options(${name} PRIVATE -w)
+endfunction()
