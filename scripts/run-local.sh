@@ -7,14 +7,14 @@
 #   scripts/run-local.sh [--mode sync|async] [--workers N] [--shards N]
 #       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
 #       [--lr X] [--lr-schedule cosine|constant] [--batch N]
-#       [--max-staleness N] [--model mlp:784-...-10]
+#       [--max-staleness N] [--model mlp:784-...-10] [--overlap on|off]
 #       [--device cpu|cuda] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
-max_staleness=4 schedule=cosine model=mlp:784-256-128-10 device=cpu results="" logs="" build=1
+max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=on device=cpu results="" logs="" build=1
 server_extra=()
 usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -29,6 +29,7 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --max-staleness) max_staleness=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --overlap) overlap=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
@@ -39,6 +40,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$mode" in sync|async) ;; *) echo "--mode must be sync or async" >&2; exit 2 ;; esac
+case "$overlap" in on) overlap_flag=true ;; off) overlap_flag=false ;;
+  *) echo "--overlap must be on or off" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs" "$batch"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
 done
@@ -100,6 +103,7 @@ worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
         --model="$model" --batch="$batch" --epochs="$epochs" --device="$device"
+        --overlap="$overlap_flag"
         --port_file="$run_dir/ports/worker$w")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "server/ps_server.h"
 
@@ -114,6 +115,7 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One shard of a shardtrain parameter server.");
   absl::ParseCommandLine(argc, argv);
+  shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 

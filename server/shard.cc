@@ -156,16 +156,31 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
           "%s/%d: version %d is negative", partition->tensor, partition->index,
           part.version()));
     }
-    std::vector<float>& grad = scratch[i];
-    grad.resize(partition->range.size);
-    absl::Status status = common::DecodePayload(part.grad(), absl::MakeSpan(grad));
+    // Dense f32 is used where it lies in the request (which outlives the
+    // push); other encodings are decoded into scratch.
+    const Payload& payload = part.grad();
+    const std::string& bytes = payload.data();
+    absl::Span<const float> grad;
+    absl::Status status;
+    if (payload.encoding() == ENCODING_DENSE && payload.dtype() == DTYPE_F32 &&
+        payload.indices().empty() &&
+        bytes.size() == static_cast<size_t>(partition->range.size) * sizeof(float) &&
+        reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      grad = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                                 static_cast<size_t>(partition->range.size));
+    } else {
+      std::vector<float>& buffer = scratch[i];
+      buffer.resize(partition->range.size);
+      status = common::DecodePayload(payload, absl::MakeSpan(buffer));
+      grad = buffer;
+    }
     if (status.ok()) status = common::CheckFinite(grad);
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrFormat("%s/%d: %s", partition->tensor,
                                           partition->index, status.message()));
     }
-    decoded.push_back(DecodedPart{partition, part.version(), &grad});
+    decoded.push_back(DecodedPart{partition, part.version(), grad});
   }
   std::sort(decoded.begin(), decoded.end(),
             [](const DecodedPart& a, const DecodedPart& b) {
@@ -254,7 +269,7 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
   if (verdict.ok()) {
     for (DecodedPart& part : parts) {
       Partition& p = *part.partition;
-      const std::vector<float>& grad = *part.grad;
+      const absl::Span<const float> grad = part.grad;
       if (sync) {
         if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
         float* __restrict accum = p.accum.data();

@@ -86,7 +86,8 @@ class Shard {
   struct DecodedPart {
     Partition* partition = nullptr;
     int64_t version = 0;
-    std::vector<float>* grad = nullptr;  // thread-local scratch
+    // The request's own bytes (dense f32) or thread-local scratch.
+    absl::Span<const float> grad;
   };
 
   Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,

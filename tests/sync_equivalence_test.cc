@@ -4,6 +4,7 @@
 #include <iostream>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "common/initializer.h"
@@ -85,7 +86,8 @@ std::vector<std::vector<float>> TrainReference(const worker::ModelSpec& spec,
 }
 
 std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
-                                                 const Data& data, int workers) {
+                                                 const Data& data, int workers,
+                                                 bool overlap) {
   std::vector<std::unique_ptr<server::PsServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -116,9 +118,10 @@ std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
     options.worker_index = w;
     options.num_workers = workers;
     options.sync = true;
+    options.overlap = overlap;
     options.batch = kBatch;
     options.seed = kSeed;
-    trainers.push_back(worker::Trainer::Create(options, spec, backends.back().get(),
+    trainers.push_back(worker::Trainer::Create(options, worker::Mlp::Factory(spec, backends.back().get()),
                                                clients.back().get(), nullptr)
                            .value());
     EXPECT_TRUE(trainers.back()->Initialize().ok());
@@ -140,14 +143,15 @@ std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
   return trainers[0]->params();
 }
 
-class SyncEquivalence : public ::testing::TestWithParam<int> {};
+// (workers, overlapped push/pull)
+class SyncEquivalence : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(SyncEquivalence, MatchesOneProcessOnTheUnionOfBatches) {
-  const int workers = GetParam();
+  const auto [workers, overlap] = GetParam();
   const worker::ModelSpec spec = worker::ModelSpec::Parse("mlp:40-24-16-5").value();
   const Data data = MakeData(kSteps * workers * kBatch, 40, 5);
   const auto expected = TrainReference(spec, data, workers);
-  const auto actual = TrainDistributed(spec, data, workers);
+  const auto actual = TrainDistributed(spec, data, workers, overlap);
   ASSERT_EQ(actual.size(), expected.size());
   float max_diff = 0, max_moved = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -165,13 +169,14 @@ TEST_P(SyncEquivalence, MatchesOneProcessOnTheUnionOfBatches) {
   for (size_t j = 0; j < initial.size(); ++j) {
     max_moved = std::max(max_moved, std::abs(expected[0][j] - initial[j]));
   }
-  std::cout << workers << " workers: max |distributed - reference| = " << max_diff
+  std::cout << workers << " workers, overlap " << overlap << ": max |distributed - reference| = " << max_diff
             << ", max parameter change = " << max_moved << std::endl;
   EXPECT_GT(max_moved, 1e-2f);
   EXPECT_LE(max_diff, 1e-5f) << workers << " workers";
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, SyncEquivalence, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Workers, SyncEquivalence,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
 
 }  // namespace
 }  // namespace shardtrain

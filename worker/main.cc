@@ -15,9 +15,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/metrics.h"
+#include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/status_macros.h"
-#include "worker/cpu/cpu_backend.h"
+#include "worker/model_factory.h"
 #include "worker/dataset.h"
 #include "worker/ps_client.h"
 #include "worker/results.h"
@@ -42,6 +43,13 @@ ABSL_FLAG(std::string, wire_dtype, "f32", "Dtype on the wire: f32, f16 or bf16")
 ABSL_FLAG(int64_t, max_partition_elements,
           shardtrain::common::kDefaultMaxPartitionElements,
           "Largest partition in elements; must match the shards'");
+ABSL_FLAG(int, pipeline_stages, 1,
+          "Split the model into this many contiguous stages, one device each");
+ABSL_FLAG(int, microbatches, 1, "Microbatches per batch when pipelined");
+ABSL_FLAG(std::string, schedule, "1f1b", "Pipeline schedule: gpipe or 1f1b");
+ABSL_FLAG(bool, overlap, true,
+          "Push each layer's gradient as backward produces it and prefetch "
+          "the next step's parameters behind it");
 ABSL_FLAG(bool, chief, false,
           "Evaluate at epoch ends and report; default: worker 0 is the chief");
 ABSL_FLAG(std::string, results, "", "Chief: write the results JSON here");
@@ -68,12 +76,16 @@ absl::StatusOr<DType> ParseDType(const std::string& name) {
 }
 
 absl::Status RunWorker() {
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--device=", absl::GetFlag(FLAGS_device),
-        " is not available: this build has the cpu device only"));
-  }
-  worker::SetCpuMathThreads(absl::GetFlag(FLAGS_cpu_threads));
+  worker::ModelOptions model_options;
+  ASSIGN_OR_RETURN(model_options.spec,
+                   worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
+  model_options.device = absl::GetFlag(FLAGS_device);
+  model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  model_options.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
+  model_options.microbatches = absl::GetFlag(FLAGS_microbatches);
+  model_options.schedule = absl::GetFlag(FLAGS_schedule);
+  ASSIGN_OR_RETURN(worker::ModelFactory make_model,
+                   worker::MakeModelFactory(model_options));
 
   ASSIGN_OR_RETURN(auto exposer, common::MetricsExposer::Create(
                                      absl::GetFlag(FLAGS_metrics_listen)));
@@ -116,9 +128,9 @@ absl::Status RunWorker() {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
+  options.overlap = absl::GetFlag(FLAGS_overlap);
 
-  ASSIGN_OR_RETURN(worker::ModelSpec spec,
-                   worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
+  const worker::ModelSpec& spec = model_options.spec;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
   ASSIGN_OR_RETURN(worker::Dataset train,
                    worker::LoadFashionMnist(data_dir, /*train=*/true,
@@ -129,13 +141,18 @@ absl::Status RunWorker() {
                                data_dir, /*train=*/false,
                                absl::GetFlag(FLAGS_max_test_examples)));
   }
-  std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend();
   ASSIGN_OR_RETURN(auto trainer,
-                   worker::Trainer::Create(options, spec, backend.get(),
-                                           client.get(), &worker_metrics));
+                   worker::Trainer::Create(options, make_model, client.get(),
+                                           &worker_metrics));
   RETURN_IF_ERROR(trainer->Initialize());
   LOG(INFO) << "worker " << options.worker_index << "/" << options.num_workers
-            << " training " << spec.ToString() << " (" << shards[0].mode()
+            << " training " << spec.ToString() << " on " << model_options.device
+            << (model_options.pipeline_stages > 1
+                    ? absl::StrCat(" in ", model_options.pipeline_stages, " stages x ",
+                                   model_options.microbatches, " microbatches (",
+                                   model_options.schedule, ")")
+                    : std::string())
+            << " (" << shards[0].mode()
             << ", " << shards.size() << " shards, optimizer "
             << shards[0].optimizer() << "), metrics on port " << exposer->port();
 
@@ -176,6 +193,7 @@ absl::Status RunWorker() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("One trainer of a shardtrain job.");
   absl::ParseCommandLine(argc, argv);
+  shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   const absl::Status status = RunWorker();

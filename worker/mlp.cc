@@ -200,4 +200,12 @@ absl::StatusOr<int> Mlp::CountCorrect(const float* x, const int32_t* labels,
   return correct;
 }
 
+ModelFactory Mlp::Factory(const ModelSpec& spec, Backend* backend) {
+  return [spec, backend](int max_batch) -> absl::StatusOr<std::unique_ptr<Model>> {
+    absl::StatusOr<std::unique_ptr<Mlp>> mlp = Create(spec, backend, max_batch);
+    if (!mlp.ok()) return mlp.status();
+    return std::unique_ptr<Model>(std::move(*mlp));
+  };
+}
+
 }  // namespace shardtrain::worker

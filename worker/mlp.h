@@ -32,29 +32,16 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/backend.h"
+#include "worker/model.h"
 #include "worker/layers.h"
 #include "worker/model_spec.h"
 
 namespace shardtrain::worker {
 
 // How a parameter should be initialised (by whoever owns initial values).
-enum class Init {
-  kZeros,
-  // U(-a, a), a = sqrt(6 / (fan_in + fan_out)); used for the output layer.
-  kGlorotUniform,
-  // U(-a, a), a = sqrt(6 / fan_in); used for weights feeding a ReLU.
-  kHeUniform,
-};
-
-struct ParamInfo {
-  std::string name;            // "fc<layer>.weight" or "fc<layer>.bias".
-  std::vector<int64_t> shape;  // {in, out} for weights, {out} for biases.
-  Init init;
-};
-
 // Thread-compatible: one Mlp per thread, on that thread's Backend. The
 // callback passed to ForwardBackward runs on the calling thread.
-class Mlp {
+class Mlp : public Model {
  public:
   // backend: not owned, must outlive the Mlp. max_batch bounds the batch of
   // ForwardBackward and sizes the activation buffers, allocated here once.
@@ -62,6 +49,8 @@ class Mlp {
   static absl::StatusOr<std::unique_ptr<Mlp>> Create(const ModelSpec& spec,
                                                      Backend* backend,
                                                      int max_batch);
+  // Models on `backend` (not owned; must outlive every model made).
+  static ModelFactory Factory(const ModelSpec& spec, Backend* backend);
 
   Mlp(const Mlp&) = delete;
   Mlp& operator=(const Mlp&) = delete;
@@ -72,15 +61,15 @@ class Mlp {
   int num_classes() const { return spec_.layer_sizes.back(); }
 
   // In order fc0.weight, fc0.bias, fc1.weight, ...
-  const std::vector<ParamInfo>& params() const { return params_; }
+  const std::vector<ParamInfo>& params() const override { return params_; }
   // Total number of scalar parameters.
   int64_t num_parameters() const;
 
   // Copies host values into parameter `index`. INVALID_ARGUMENT for a bad
   // index or a size other than the product of the parameter's shape.
-  absl::Status SetParam(int index, absl::Span<const float> host_values);
+  absl::Status SetParam(int index, absl::Span<const float> host_values) override;
   // Copies parameter `index` to the host; same errors as SetParam.
-  absl::Status GetParam(int index, absl::Span<float> host_out) const;
+  absl::Status GetParam(int index, absl::Span<float> host_out) const override;
 
   // Runs forward and backward on one batch and returns the mean loss. x holds
   // batch * input_dim() host floats, labels batch host labels in
@@ -92,18 +81,18 @@ class Mlp {
   // label out of range; nothing is computed then.
   absl::StatusOr<float> ForwardBackward(
       const float* x, const int32_t* labels, int batch,
-      const std::function<void(int)>& on_grad_ready = nullptr);
+      const std::function<void(int)>& on_grad_ready = nullptr) override;
 
   // Copies the gradient of parameter `index` from the last ForwardBackward
   // (zeros before the first) to the host; same errors as SetParam.
-  absl::Status GetGrad(int index, absl::Span<float> host_out) const;
+  absl::Status GetGrad(int index, absl::Span<float> host_out) const override;
 
   // Number of examples whose argmax prediction equals the label (forward
   // only). Any batch >= 1 is accepted: it is processed in chunks of
   // max_batch(). Same INVALID_ARGUMENT cases as ForwardBackward otherwise.
   // Overwrites activations but not gradients.
   absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels,
-                                   int batch);
+                                   int batch) override;
 
  private:
   // Where parameter i lives: layer layers_[layer], local index local.

@@ -97,28 +97,53 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
 
   tensors_ = tensors;
   tensor_sizes_.clear();
+  versions_.clear();
   calls_.assign(stubs_.size(), ShardCalls());
+  std::vector<std::vector<TensorExchange::Group>> groups(tensors.size());
   common::PartitionConfig config{options_.max_partition_elements, num_shards()};
   for (size_t t = 0; t < tensors.size(); ++t) {
     int64_t elements = 1;
     for (int64_t dim : tensors[t].shape()) elements *= dim;
     tensor_sizes_.push_back(elements);
+    std::vector<int> group_of_shard(stubs_.size(), -1);
     for (const common::PlacedPartition& placed :
          common::PlaceTensor(tensors[t].name(), elements, config)) {
+      const PartitionSlice slice{static_cast<int>(t),
+                                 static_cast<uint32_t>(placed.partition),
+                                 placed.range.offset, placed.range.size,
+                                 versions_.size()};
+      versions_.push_back(0);
       ShardCalls& calls = calls_[placed.shard];
-      calls.slices.push_back(
-          Slice{static_cast<int>(t), placed.range.offset, placed.range.size});
+      calls.slices.push_back(slice);
       PartitionKey key;
       key.set_tensor(tensors[t].name());
-      key.set_partition(static_cast<uint32_t>(placed.partition));
+      key.set_partition(slice.partition);
       GradientPart* part = calls.request.mutable_push()->add_parts();
       *part->mutable_key() = key;
       part->mutable_grad()->set_dtype(options_.wire_dtype);
       part->mutable_grad()->set_encoding(ENCODING_DENSE);
       *calls.request.mutable_pull()->add_parts() = key;
-      calls.versions.push_back(0);
+      int& group = group_of_shard[placed.shard];
+      if (group < 0) {
+        group = static_cast<int>(groups[t].size());
+        groups[t].push_back(TensorExchange::Group{placed.shard, {}});
+      }
+      groups[t][group].slices.push_back(slice);
     }
   }
+  TensorExchange::Options exchange_options;
+  exchange_options.worker_index = options_.worker_index;
+  exchange_options.wire_dtype = options_.wire_dtype;
+  exchange_options.push_timeout = options_.rpc_timeout;
+  exchange_options.pull_timeout = options_.pull_timeout;
+  std::vector<ParameterServer::Stub*> stubs;
+  for (const auto& stub : stubs_) stubs.push_back(stub.get());
+  exchange_ = std::make_unique<TensorExchange>(
+      exchange_options, std::move(stubs), tensors_, std::move(groups), &versions_,
+      [this](const char* method, const grpc::Status& status, size_t sent,
+             size_t received, absl::Time start) {
+        RecordRpc(method, status, sent, received, start);
+      });
   // Cross-check: each shard must report exactly the partitions we expect.
   for (size_t s = 0; s < calls_.size(); ++s) {
     if (responses[s].partitions_size() != static_cast<int>(calls_[s].slices.size())) {
@@ -153,9 +178,9 @@ absl::Status PsClient::EncodePush(
     PushRequest& push = *calls.request.mutable_push();
     push.set_clock(clock);
     for (size_t i = 0; i < calls.slices.size(); ++i) {
-      const Slice& slice = calls.slices[i];
+      const PartitionSlice& slice = calls.slices[i];
       GradientPart* part = push.mutable_parts(static_cast<int>(i));
-      part->set_version(calls.versions[i]);
+      part->set_version(versions_[slice.version_index]);
       common::EncodeDense(grads[slice.tensor].subspan(slice.offset, slice.size),
                           options_.wire_dtype, part->mutable_grad()->mutable_data());
     }
@@ -200,12 +225,12 @@ absl::Status PsClient::CollectPull(absl::Span<const absl::Span<float>> params,
     stats->server_wait_seconds =
         std::max(stats->server_wait_seconds, response.wait_seconds());
     for (size_t i = 0; i < calls.slices.size(); ++i) {
-      const Slice& slice = calls.slices[i];
+      const PartitionSlice& slice = calls.slices[i];
       const ParameterPart& part = response.parts(static_cast<int>(i));
       RETURN_IF_ERROR(common::DecodeDense(
           part.value().dtype(), part.value().data(),
           params[slice.tensor].subspan(slice.offset, slice.size)));
-      calls.versions[i] = part.version();
+      versions_[slice.version_index] = part.version();
       stats->min_version = std::min(stats->min_version, part.version());
     }
   }
@@ -274,6 +299,19 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
       }));
   CollectPush(push_stats);
   return CollectPull(params, pull_stats);
+}
+
+void PsClient::StartExchange(int tensor, int64_t clock, int64_t min_version,
+                             absl::Span<const float> grad,
+                             absl::Span<float> params) {
+  exchange_->Start(tensor, clock, min_version, grad, params);
+}
+
+absl::Status PsClient::FinishExchanges(PushStats* push_stats,
+                                       PullStats* pull_stats) {
+  return exchange_->Finish(&push_stats->max_staleness,
+                           &pull_stats->server_wait_seconds,
+                           &pull_stats->min_version);
 }
 
 absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done) {

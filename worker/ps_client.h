@@ -30,6 +30,7 @@
 #include "common/metrics.h"
 #include "common/partition.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "worker/tensor_exchange.h"
 
 namespace shardtrain::worker {
 
@@ -91,6 +92,18 @@ class PsClient {
                         absl::Span<const absl::Span<float>> params,
                         PushStats* push_stats, PullStats* pull_stats);
 
+  // Overlapped exchange of one tensor: sends its gradient now and, once
+  // every shard has taken it, asks for its parameters (at least
+  // `min_version`) into `params`, which must stay valid until
+  // FinishExchanges(). Meant to be called from backward as each layer's
+  // gradient appears. `clock` counts steps finished including this one.
+  // REQUIRES: Register() succeeded; no Push/Pull/PushPull until
+  // FinishExchanges() returns.
+  void StartExchange(int tensor, int64_t clock, int64_t min_version,
+                     absl::Span<const float> grad, absl::Span<float> params);
+  // Waits for every started exchange; the first error wins.
+  absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
+
   // Tells every shard this worker is alive at `clock` (or done). Returns
   // the membership seen by shard 0.
   absl::StatusOr<HeartbeatResponse> Heartbeat(int64_t clock, bool done);
@@ -102,19 +115,13 @@ class PsClient {
   const PsClientOptions& options() const { return options_; }
 
  private:
-  struct Slice {
-    int tensor = 0;
-    int64_t offset = 0;
-    int64_t size = 0;
-  };
   // Per-shard reusable messages: part i of request.push() and
   // request.pull() is slices[i]. Push and Pull send the halves of request
   // and answer into the halves of response, so all three RPCs share buffers.
   struct ShardCalls {
-    std::vector<Slice> slices;
+    std::vector<PartitionSlice> slices;
     PushPullRequest request;
     PushPullResponse response;
-    std::vector<int64_t> versions;  // of the last pull, per slice
   };
 
   PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics);
@@ -138,6 +145,10 @@ class PsClient {
   std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> tensor_sizes_;
+  // Version of each partition as last pulled; PartitionSlice::version_index
+  // points here. Written by at most one in-flight pull per partition.
+  std::vector<int64_t> versions_;
+  std::unique_ptr<TensorExchange> exchange_;
   std::vector<ShardCalls> calls_;
 };
 

@@ -36,11 +36,9 @@ class HeartbeatThread {
   std::thread thread_;
 };
 
-Trainer::Trainer(const TrainerOptions& options, Backend* backend,
-                 PsClient* client, WorkerMetrics* metrics,
-                 std::unique_ptr<Mlp> model)
+Trainer::Trainer(const TrainerOptions& options, PsClient* client,
+                 WorkerMetrics* metrics, std::unique_ptr<Model> model)
     : options_(options),
-      backend_(backend),
       client_(client),
       metrics_(metrics),
       model_(std::move(model)) {}
@@ -48,7 +46,7 @@ Trainer::Trainer(const TrainerOptions& options, Backend* backend,
 Trainer::~Trainer() { StopHeartbeats(); }
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
-    const TrainerOptions& options, const ModelSpec& spec, Backend* backend,
+    const TrainerOptions& options, const ModelFactory& make_model,
     PsClient* client, WorkerMetrics* metrics) {
   if (options.num_workers < 1 ||
       options.worker_index >= static_cast<uint32_t>(options.num_workers)) {
@@ -59,13 +57,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (options.batch < 1 || options.epochs < 0 || options.eval_batch < 1) {
     return absl::InvalidArgumentError("batch and eval_batch must be >= 1, epochs >= 0");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Mlp> model,
-                   Mlp::Create(spec, backend, options.batch));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, make_model(options.batch));
   std::unique_ptr<Trainer> trainer(
-      new Trainer(options, backend, client, metrics, std::move(model)));
+      new Trainer(options, client, metrics, std::move(model)));
   if (options.chief) {
-    ASSIGN_OR_RETURN(trainer->eval_model_,
-                     Mlp::Create(spec, backend, options.eval_batch));
+    ASSIGN_OR_RETURN(trainer->eval_model_, make_model(options.eval_batch));
   }
   for (const ParamInfo& param : trainer->model_->params()) {
     int64_t elements = 1;
@@ -86,18 +82,42 @@ absl::Status Trainer::Initialize() {
 }
 
 absl::Status Trainer::PullParameters(int64_t min_version) {
+  RETURN_IF_ERROR(Drain());
   PullStats stats;
-  return client_->Pull(clock_.load(), min_version, param_spans_, &stats);
+  RETURN_IF_ERROR(client_->Pull(clock_.load(), min_version, param_spans_, &stats));
+  params_ready_ = !options_.sync || min_version == clock_.load();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Drain() {
+  if (!exchanges_pending_) return absl::OkStatus();
+  exchanges_pending_ = false;
+  PushStats push;
+  PullStats pull;
+  return client_->FinishExchanges(&push, &pull);
 }
 
 absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
                                     int batch) {
   const int64_t step = clock_.load();
+  const int64_t next_min_version = options_.sync ? step + 1 : 0;
   const absl::Time start = absl::Now();
+  // Parameters for this step: from the exchanges the last step started, or
+  // a pull now.
+  PushStats push;
   PullStats pull;
-  RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
+  bool fetched = true;
+  if (exchanges_pending_) {
+    exchanges_pending_ = false;
+    RETURN_IF_ERROR(client_->FinishExchanges(&push, &pull));
+  } else if (!params_ready_) {
+    RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
+  } else {
+    fetched = false;
+  }
+  params_ready_ = false;
   const absl::Time pulled = absl::Now();
-  if (options_.sync && pull.min_version != step) {
+  if (options_.sync && fetched && pull.min_version != step) {
     return absl::InternalError(absl::StrFormat(
         "sync step %d received parameters of version %d", step, pull.min_version));
   }
@@ -105,17 +125,36 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   for (size_t i = 0; i < params_.size(); ++i) {
     RETURN_IF_ERROR(model_->SetParam(static_cast<int>(i), params_[i]));
   }
-  ASSIGN_OR_RETURN(float loss, model_->ForwardBackward(x, labels, batch));
-  for (size_t i = 0; i < grads_.size(); ++i) {
-    RETURN_IF_ERROR(model_->GetGrad(static_cast<int>(i), absl::MakeSpan(grads_[i])));
+  absl::Status grad_status;
+  std::function<void(int)> on_grad_ready;
+  if (options_.overlap) {
+    on_grad_ready = [&](int i) {
+      absl::Status got = model_->GetGrad(i, absl::MakeSpan(grads_[i]));
+      if (!got.ok()) {
+        if (grad_status.ok()) grad_status = got;
+        return;
+      }
+      client_->StartExchange(i, step + 1, next_min_version, grads_[i],
+                             param_spans_[i]);
+    };
   }
+  absl::StatusOr<float> loss = model_->ForwardBackward(x, labels, batch, on_grad_ready);
+  if (options_.overlap) exchanges_pending_ = true;
+  RETURN_IF_ERROR(loss.status());
+  RETURN_IF_ERROR(grad_status);
   const absl::Time computed = absl::Now();
 
-  PushStats push;
-  RETURN_IF_ERROR(client_->Push(step + 1, grad_spans_, &push));
+  if (!options_.overlap) {
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      RETURN_IF_ERROR(model_->GetGrad(static_cast<int>(i), absl::MakeSpan(grads_[i])));
+    }
+    RETURN_IF_ERROR(client_->Push(step + 1, grad_spans_, &push));
+  }
   const absl::Time pushed = absl::Now();
   clock_.store(step + 1);
 
+  // With overlap the push of this step and the pull of the next run behind
+  // compute; what is left shows up as the next step's pull and wait.
   const double pull_total = absl::ToDoubleSeconds(pulled - start);
   const double wait = std::min(pull.server_wait_seconds, pull_total);
   const double compute = absl::ToDoubleSeconds(computed - pulled);
@@ -139,9 +178,18 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
     metrics_->steps().Increment();
     metrics_->samples().Increment(batch);
     metrics_->samples_per_second().Set(smoothed_rate_);
-    metrics_->loss().Set(loss);
+    metrics_->loss().Set(*loss);
   }
-  return loss;
+  return *loss;
+}
+
+EpochResult Trainer::PhaseTotals() const {
+  EpochResult totals;
+  totals.compute_seconds = compute_seconds_;
+  totals.push_seconds = push_seconds_;
+  totals.pull_seconds = pull_seconds_;
+  totals.wait_seconds = wait_seconds_;
+  return totals;
 }
 
 absl::StatusOr<double> Trainer::Evaluate(const Dataset& test) {
@@ -268,6 +316,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
     if (on_epoch) on_epoch(epoch_result);
   }
   StopHeartbeats();
+  RETURN_IF_ERROR(Drain());
   if (!options_.chief) {
     ASSIGN_OR_RETURN(HeartbeatResponse ignored,
                      client_->Heartbeat(clock_.load(), /*done=*/true));

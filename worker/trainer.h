@@ -22,10 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/backend.h"
 #include "worker/dataset.h"
-#include "worker/mlp.h"
-#include "worker/model_spec.h"
+#include "worker/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
@@ -45,6 +43,10 @@ struct TrainerOptions {
   // Evaluate test accuracy at epoch ends and wait for the others at the end.
   bool chief = false;
   int eval_batch = 1000;
+  // Push each layer's gradient as soon as backward produces it and fetch
+  // the next step's parameters behind it (see worker/tensor_exchange.h);
+  // otherwise push everything after backward and pull before the next step.
+  bool overlap = true;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // How long the chief waits for the other workers after its last epoch.
   absl::Duration wait_for_workers = absl::Minutes(10);
@@ -73,10 +75,11 @@ struct TrainResult {
 
 class Trainer {
  public:
-  // Nothing is owned; everything must outlive the trainer. `metrics` may be
-  // null.
+  // `make_model` builds the training model (and the chief's evaluation
+  // model); `client` and `metrics` are not owned and must outlive the
+  // trainer; `metrics` may be null.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
-      const TrainerOptions& options, const ModelSpec& spec, Backend* backend,
+      const TrainerOptions& options, const ModelFactory& make_model,
       PsClient* client, WorkerMetrics* metrics);
   ~Trainer();
 
@@ -89,6 +92,10 @@ class Trainer {
   // Pulls the current parameters (waiting for `min_version`) into params().
   absl::Status PullParameters(int64_t min_version);
 
+  // Waits for overlapped exchanges still in flight (their parameters become
+  // params() and feed the next step).
+  absl::Status Drain();
+
   // Test accuracy of the current parameters on `test`.
   absl::StatusOr<double> Evaluate(const Dataset& test);
 
@@ -98,13 +105,17 @@ class Trainer {
       const Dataset& train, const Dataset* test,
       const std::function<void(const EpochResult&)>& on_epoch);
 
+  // Phase times summed since the current epoch began (or since creation when
+  // Step is driven directly): compute, push, pull and wait fields only.
+  EpochResult PhaseTotals() const;
+
   // Parameters as of the last pull, in model order.
   const std::vector<std::vector<float>>& params() const { return params_; }
   int64_t clock() const { return clock_.load(); }
 
  private:
-  Trainer(const TrainerOptions& options, Backend* backend, PsClient* client,
-          WorkerMetrics* metrics, std::unique_ptr<Mlp> model);
+  Trainer(const TrainerOptions& options, PsClient* client,
+          WorkerMetrics* metrics, std::unique_ptr<Model> model);
 
   void StartHeartbeats();
   void StopHeartbeats();
@@ -113,17 +124,21 @@ class Trainer {
   absl::Status WaitForOtherWorkers();
 
   const TrainerOptions options_;
-  Backend* const backend_;
   PsClient* const client_;
   WorkerMetrics* const metrics_;
-  std::unique_ptr<Mlp> model_;
-  std::unique_ptr<Mlp> eval_model_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> eval_model_;
 
   std::vector<std::vector<float>> params_;
   std::vector<std::vector<float>> grads_;
   std::vector<absl::Span<float>> param_spans_;
   std::vector<absl::Span<const float>> grad_spans_;
   std::atomic<int64_t> clock_{0};
+  // Exchanges of the last step are in flight; their pulls are the next
+  // step's parameters.
+  bool exchanges_pending_ = false;
+  // params_ already hold what the next step needs.
+  bool params_ready_ = false;
 
   // Totals of the current epoch.
   double compute_seconds_ = 0, push_seconds_ = 0, pull_seconds_ = 0,

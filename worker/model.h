@@ -1,0 +1,62 @@
+// Model: what the trainer needs of a model, whichever way it is computed —
+// Mlp on one backend, or PipelineModel split into stages.
+//
+// Parameters are identified by index in params() order; gradients are of the
+// mean loss over the batch.
+#ifndef SHARDTRAIN_WORKER_MODEL_H_
+#define SHARDTRAIN_WORKER_MODEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace shardtrain::worker {
+
+// How a parameter is initialised (the parameter server does it).
+enum class Init {
+  kZeros,
+  // U(-a, a), a = sqrt(6 / (fan_in + fan_out)); used for the output layer.
+  kGlorotUniform,
+  // U(-a, a), a = sqrt(6 / fan_in); used for weights feeding a ReLU.
+  kHeUniform,
+};
+
+struct ParamInfo {
+  std::string name;            // "fc<layer>.weight" or "fc<layer>.bias".
+  std::vector<int64_t> shape;  // {in, out} for weights, {out} for biases.
+  Init init;
+};
+
+// Thread-compatible: one caller at a time.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const std::vector<ParamInfo>& params() const = 0;
+  // Host values of parameter `index`; INVALID_ARGUMENT on a size mismatch.
+  virtual absl::Status SetParam(int index, absl::Span<const float> host_values) = 0;
+  virtual absl::Status GetParam(int index, absl::Span<float> host_out) const = 0;
+  // Forward and backward on one batch; returns the mean loss. on_grad_ready(i),
+  // if set, is called once per parameter as soon as its gradient is final;
+  // GetGrad(i) may be called inside it. Implementations say on which thread.
+  virtual absl::StatusOr<float> ForwardBackward(
+      const float* x, const int32_t* labels, int batch,
+      const std::function<void(int)>& on_grad_ready) = 0;
+  virtual absl::Status GetGrad(int index, absl::Span<float> host_out) const = 0;
+  // Correct argmax predictions on `batch` examples (forward only).
+  virtual absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels,
+                                           int batch) = 0;
+};
+
+// Makes a model whose batches hold up to `max_batch` examples.
+using ModelFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Model>>(int max_batch)>;
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_MODEL_H_

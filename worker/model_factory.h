@@ -1,0 +1,43 @@
+// The model a worker trains, built from its flags: an Mlp on one device, or
+// a PipelineModel whose stages each get a device (CPU backends with the
+// local transport, or GPUs with NCCL).
+#ifndef SHARDTRAIN_WORKER_MODEL_FACTORY_H_
+#define SHARDTRAIN_WORKER_MODEL_FACTORY_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/backend.h"
+#include "worker/model.h"
+#include "worker/model_spec.h"
+
+namespace shardtrain::worker {
+
+struct ModelOptions {
+  ModelSpec spec;
+  // "cpu" or "cuda".
+  std::string device = "cpu";
+  // OpenBLAS threads for the cpu device.
+  int cpu_threads = 1;
+  // Contiguous pipeline stages (1: no pipeline), one device each; GPU
+  // stages go round-robin over the visible GPUs.
+  int pipeline_stages = 1;
+  // Microbatches per batch when pipelined.
+  int microbatches = 1;
+  // "gpipe" or "1f1b".
+  std::string schedule = "1f1b";
+};
+
+// One backend of `device`. cuda needs a CUDA build and a visible GPU; the
+// FAILED_PRECONDITION says which is missing.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device,
+                                                     int gpu_index = 0);
+
+// Checks `options` (the device exists, the stages fit the model) and returns
+// a factory of models for them.
+absl::StatusOr<ModelFactory> MakeModelFactory(const ModelOptions& options);
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_MODEL_FACTORY_H_

@@ -1,0 +1,198 @@
+#include "worker/tensor_exchange.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+#include "common/payload.h"
+
+namespace shardtrain::worker {
+
+// The reusable messages of one group, and where its answer goes.
+struct TensorExchange::Call {
+  Group group;
+  PushRequest push;
+  PushResponse push_response;
+  PullRequest pull;
+  PullResponse pull_response;
+  std::unique_ptr<grpc::ClientContext> context;
+  absl::Span<float> params;  // destination of the pull
+};
+
+TensorExchange::TensorExchange(const Options& options,
+                               std::vector<ParameterServer::Stub*> stubs,
+                               const std::vector<TensorSpec>& tensors,
+                               std::vector<std::vector<Group>> groups,
+                               std::vector<int64_t>* versions,
+                               RpcRecorder recorder)
+    : options_(options),
+      stubs_(std::move(stubs)),
+      calls_(groups.size()),
+      versions_(versions),
+      recorder_(std::move(recorder)) {
+  for (size_t t = 0; t < groups.size(); ++t) {
+    for (Group& group : groups[t]) {
+      auto call = std::make_unique<Call>();
+      call->push.set_worker(options.worker_index);
+      call->pull.set_worker(options.worker_index);
+      call->pull.set_dtype(options.wire_dtype);
+      for (const PartitionSlice& slice : group.slices) {
+        PartitionKey key;
+        key.set_tensor(tensors[t].name());
+        key.set_partition(slice.partition);
+        GradientPart* part = call->push.add_parts();
+        *part->mutable_key() = key;
+        part->mutable_grad()->set_dtype(options.wire_dtype);
+        part->mutable_grad()->set_encoding(ENCODING_DENSE);
+        *call->pull.add_parts() = std::move(key);
+      }
+      call->group = std::move(group);
+      calls_[t].push_back(std::move(call));
+    }
+  }
+  sender_ = std::thread([this] { SendLoop(); });
+}
+
+TensorExchange::~TensorExchange() {
+  int64_t staleness;
+  double wait;
+  int64_t version;
+  (void)Finish(&staleness, &wait, &version);
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  sender_.join();
+}
+
+void TensorExchange::Start(int tensor, int64_t clock, int64_t min_version,
+                           absl::Span<const float> grad,
+                           absl::Span<float> params) {
+  absl::MutexLock lock(&mu_);
+  pending_ += static_cast<int>(calls_[tensor].size());
+  queue_.push_back(Task{tensor, clock, min_version, grad, params});
+}
+
+void TensorExchange::SendLoop() {
+  while (true) {
+    Task task;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](TensorExchange* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return self->stopping_ || !self->queue_.empty();
+          },
+          this));
+      if (queue_.empty()) return;  // stopping
+      task = queue_.front();
+      queue_.pop_front();
+    }
+    Send(task);
+  }
+}
+
+void TensorExchange::Send(const Task& task) {
+  for (std::unique_ptr<Call>& owned : calls_[task.tensor]) {
+    Call* call = owned.get();
+    call->params = task.params;
+    call->push.set_clock(task.clock);
+    call->pull.set_clock(task.clock);
+    call->pull.set_min_version(task.min_version);
+    for (size_t i = 0; i < call->group.slices.size(); ++i) {
+      const PartitionSlice& slice = call->group.slices[i];
+      GradientPart* part = call->push.mutable_parts(static_cast<int>(i));
+      part->set_version((*versions_)[slice.version_index]);
+      common::EncodeDense(task.grad.subspan(slice.offset, slice.size),
+                          options_.wire_dtype, part->mutable_grad()->mutable_data());
+    }
+    call->context = std::make_unique<grpc::ClientContext>();
+    call->context->set_deadline(absl::ToChronoTime(absl::Now() + options_.push_timeout));
+    const absl::Time start = absl::Now();
+    stubs_[call->group.shard]->async()->Push(
+        call->context.get(), &call->push, &call->push_response,
+        [this, call, start](grpc::Status status) { OnPushed(call, std::move(status), start); });
+  }
+}
+
+void TensorExchange::OnPushed(Call* call, grpc::Status status, absl::Time start) {
+  recorder_("Push", status, call->push.ByteSizeLong(),
+            call->push_response.ByteSizeLong(), start);
+  if (!status.ok()) {
+    Complete(common::FromGrpcStatus(status));
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    max_staleness_ = std::max(max_staleness_, call->push_response.max_staleness());
+  }
+  // The push is done with the context; the pull gets a fresh one.
+  call->context = std::make_unique<grpc::ClientContext>();
+  call->context->set_deadline(absl::ToChronoTime(absl::Now() + options_.pull_timeout));
+  const absl::Time pull_start = absl::Now();
+  stubs_[call->group.shard]->async()->Pull(
+      call->context.get(), &call->pull, &call->pull_response,
+      [this, call, pull_start](grpc::Status status) {
+        OnPulled(call, std::move(status), pull_start);
+      });
+}
+
+void TensorExchange::OnPulled(Call* call, grpc::Status status, absl::Time start) {
+  recorder_("Pull", status, call->pull.ByteSizeLong(),
+            call->pull_response.ByteSizeLong(), start);
+  if (!status.ok()) {
+    Complete(common::FromGrpcStatus(status));
+    return;
+  }
+  const PullResponse& response = call->pull_response;
+  if (response.parts_size() != static_cast<int>(call->group.slices.size())) {
+    Complete(absl::InternalError(absl::StrFormat(
+        "shard %d answered %d partitions for %d asked", call->group.shard,
+        response.parts_size(), call->group.slices.size())));
+    return;
+  }
+  int64_t min_version = INT64_MAX;
+  for (size_t i = 0; i < call->group.slices.size(); ++i) {
+    const PartitionSlice& slice = call->group.slices[i];
+    const ParameterPart& part = response.parts(static_cast<int>(i));
+    const absl::Status decoded = common::DecodeDense(
+        part.value().dtype(), part.value().data(),
+        call->params.subspan(slice.offset, slice.size));
+    if (!decoded.ok()) {
+      Complete(decoded);
+      return;
+    }
+    (*versions_)[slice.version_index] = part.version();
+    min_version = std::min(min_version, part.version());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    max_wait_seconds_ = std::max(max_wait_seconds_, response.wait_seconds());
+    min_version_ = std::min(min_version_, min_version);
+  }
+  Complete(absl::OkStatus());
+}
+
+void TensorExchange::Complete(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!status.ok() && first_error_.ok()) first_error_ = status;
+  --pending_;
+}
+
+absl::Status TensorExchange::Finish(int64_t* max_staleness,
+                                    double* max_wait_seconds,
+                                    int64_t* min_version) {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* pending) { return *pending == 0; }, &pending_));
+  *max_staleness = max_staleness_;
+  *max_wait_seconds = max_wait_seconds_;
+  *min_version = min_version_;
+  absl::Status status = first_error_;
+  first_error_ = absl::OkStatus();
+  max_staleness_ = 0;
+  max_wait_seconds_ = 0;
+  min_version_ = INT64_MAX;
+  return status;
+}
+
+}  // namespace shardtrain::worker

@@ -1,0 +1,116 @@
+// TensorExchange: overlapped, per-tensor push-then-pull for one worker.
+//
+// Backward produces gradients layer by layer, last layer first. Start()
+// sends one tensor's gradient to the shards holding its partitions at once
+// and, as each shard acknowledges it, asks that shard for the tensor's
+// parameters for the next step, so communication of layer L overlaps the
+// backward of layers < L and the next step's parameters arrive while the
+// rest of the model is still being computed (prefetch). Finish() waits for
+// everything started. Encoding and sending run on the exchange's own thread,
+// so the thread computing backward only enqueues.
+//
+// Thread-safety: Start and Finish are called from one thread; the sender
+// thread and gRPC completions touch only the started tensor's messages and
+// partition versions.
+#ifndef SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
+#define SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "proto/shardtrain.grpc.pb.h"
+
+namespace shardtrain::worker {
+
+// Elements [offset, offset + size) of tensor `tensor`, one partition.
+struct PartitionSlice {
+  int tensor = 0;
+  uint32_t partition = 0;
+  int64_t offset = 0;
+  int64_t size = 0;
+  size_t version_index = 0;  // into the client's partition versions
+};
+
+// Records one finished RPC for metrics: method, status, bytes sent,
+// bytes received, start time.
+using RpcRecorder = std::function<void(const char*, const grpc::Status&, size_t,
+                                       size_t, absl::Time)>;
+
+class TensorExchange {
+ public:
+  struct Options {
+    uint32_t worker_index = 0;
+    DType wire_dtype = DTYPE_F32;
+    absl::Duration push_timeout = absl::Seconds(30);
+    absl::Duration pull_timeout = absl::Seconds(300);
+  };
+
+  // One call group: the partitions of one tensor that live on one shard.
+  struct Group {
+    int shard = 0;
+    std::vector<PartitionSlice> slices;
+  };
+
+  // `stubs` (by shard) and `versions` are not owned and must outlive this;
+  // groups[t] are tensor t's groups.
+  TensorExchange(const Options& options,
+                 std::vector<ParameterServer::Stub*> stubs,
+                 const std::vector<TensorSpec>& tensors,
+                 std::vector<std::vector<Group>> groups,
+                 std::vector<int64_t>* versions, RpcRecorder recorder);
+  ~TensorExchange();
+
+  // REQUIRES: `grad` and `params` stay valid until Finish() returns.
+  void Start(int tensor, int64_t clock, int64_t min_version,
+             absl::Span<const float> grad, absl::Span<float> params);
+  absl::Status Finish(int64_t* max_staleness, double* max_wait_seconds,
+                      int64_t* min_version);
+
+ private:
+  struct Call;
+  struct Task {
+    int tensor;
+    int64_t clock;
+    int64_t min_version;
+    absl::Span<const float> grad;
+    absl::Span<float> params;
+  };
+
+  void SendLoop();
+  void Send(const Task& task);
+  void OnPushed(Call* call, grpc::Status status, absl::Time start);
+  void OnPulled(Call* call, grpc::Status status, absl::Time start);
+  void Complete(const absl::Status& status);
+
+  const Options options_;
+  const std::vector<ParameterServer::Stub*> stubs_;
+  std::vector<std::vector<std::unique_ptr<Call>>> calls_;  // by tensor
+  std::vector<int64_t>* const versions_;
+  const RpcRecorder recorder_;
+
+  absl::Mutex mu_;
+  // Started and not yet finished (queued, pushing or pulling).
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  int64_t max_staleness_ ABSL_GUARDED_BY(mu_) = 0;
+  double max_wait_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t min_version_ ABSL_GUARDED_BY(mu_) = INT64_MAX;
+  std::thread sender_;  // last: starts after everything above exists
+};
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
