@@ -8,15 +8,17 @@
 #       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
 #       [--lr X] [--lr-schedule cosine|constant] [--batch N]
 #       [--max-staleness N] [--model mlp:784-...-10] [--overlap on|off]
+#       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
-max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=on device=cpu results="" logs="" build=1
+max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=on
+stages=1 microbatches=1 pipe_schedule=1f1b device=cpu results="" logs="" build=1
 server_extra=()
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode=$2; shift 2 ;;
@@ -30,6 +32,9 @@ while [ $# -gt 0 ]; do
     --max-staleness) max_staleness=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --overlap) overlap=$2; shift 2 ;;
+    --pipeline-stages) stages=$2; shift 2 ;;
+    --microbatches) microbatches=$2; shift 2 ;;
+    --schedule) pipe_schedule=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
@@ -103,7 +108,8 @@ worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
         --model="$model" --batch="$batch" --epochs="$epochs" --device="$device"
-        --overlap="$overlap_flag"
+        --overlap="$overlap_flag" --pipeline_stages="$stages"
+        --microbatches="$microbatches" --schedule="$pipe_schedule"
         --port_file="$run_dir/ports/worker$w")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then

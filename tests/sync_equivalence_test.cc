@@ -13,6 +13,7 @@
 #include "server/ps_server.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/mlp.h"
+#include "worker/pipeline/pipeline_model.h"
 #include "worker/ps_client.h"
 #include "worker/tensor_specs.h"
 #include "worker/trainer.h"
@@ -87,7 +88,7 @@ std::vector<std::vector<float>> TrainReference(const worker::ModelSpec& spec,
 
 std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
                                                  const Data& data, int workers,
-                                                 bool overlap) {
+                                                 bool overlap, bool pipelined) {
   std::vector<std::unique_ptr<server::PsServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -121,9 +122,20 @@ std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
     options.overlap = overlap;
     options.batch = kBatch;
     options.seed = kSeed;
-    trainers.push_back(worker::Trainer::Create(options, worker::Mlp::Factory(spec, backends.back().get()),
-                                               clients.back().get(), nullptr)
-                           .value());
+    worker::ModelFactory make_model = worker::Mlp::Factory(spec, backends.back().get());
+    if (pipelined) {
+      // 3 stages x 4 microbatches, each stage on its own thread.
+      make_model = [spec](int max_batch) -> absl::StatusOr<std::unique_ptr<worker::Model>> {
+        worker::pipeline::PipelineOptions pipeline;
+        pipeline.stages = 3;
+        pipeline.microbatches = 4;
+        auto model = worker::pipeline::PipelineModel::CreateCpu(spec, max_batch, pipeline);
+        if (!model.ok()) return model.status();
+        return std::unique_ptr<worker::Model>(std::move(*model));
+      };
+    }
+    trainers.push_back(
+        worker::Trainer::Create(options, make_model, clients.back().get(), nullptr).value());
     EXPECT_TRUE(trainers.back()->Initialize().ok());
   }
   const int features = spec.layer_sizes.front();
@@ -143,15 +155,16 @@ std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
   return trainers[0]->params();
 }
 
-// (workers, overlapped push/pull)
-class SyncEquivalence : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+// (workers, overlapped push/pull, pipelined model)
+class SyncEquivalence
+    : public ::testing::TestWithParam<std::tuple<int, bool, bool>> {};
 
 TEST_P(SyncEquivalence, MatchesOneProcessOnTheUnionOfBatches) {
-  const auto [workers, overlap] = GetParam();
+  const auto [workers, overlap, pipelined] = GetParam();
   const worker::ModelSpec spec = worker::ModelSpec::Parse("mlp:40-24-16-5").value();
   const Data data = MakeData(kSteps * workers * kBatch, 40, 5);
   const auto expected = TrainReference(spec, data, workers);
-  const auto actual = TrainDistributed(spec, data, workers, overlap);
+  const auto actual = TrainDistributed(spec, data, workers, overlap, pipelined);
   ASSERT_EQ(actual.size(), expected.size());
   float max_diff = 0, max_moved = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -169,14 +182,16 @@ TEST_P(SyncEquivalence, MatchesOneProcessOnTheUnionOfBatches) {
   for (size_t j = 0; j < initial.size(); ++j) {
     max_moved = std::max(max_moved, std::abs(expected[0][j] - initial[j]));
   }
-  std::cout << workers << " workers, overlap " << overlap << ": max |distributed - reference| = " << max_diff
+  std::cout << workers << " workers, overlap " << overlap << ", pipelined "
+            << pipelined << ": max |distributed - reference| = " << max_diff
             << ", max parameter change = " << max_moved << std::endl;
   EXPECT_GT(max_moved, 1e-2f);
   EXPECT_LE(max_diff, 1e-5f) << workers << " workers";
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, SyncEquivalence,
-                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 }  // namespace
 }  // namespace shardtrain

@@ -43,7 +43,12 @@ Trainer::Trainer(const TrainerOptions& options, PsClient* client,
       metrics_(metrics),
       model_(std::move(model)) {}
 
-Trainer::~Trainer() { StopHeartbeats(); }
+Trainer::~Trainer() {
+  StopHeartbeats();
+  // In-flight pulls write into params_: they must land before it goes.
+  const absl::Status drained = Drain();
+  if (!drained.ok()) LOG(WARNING) << "exchanges failed at shutdown: " << drained;
+}
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerOptions& options, const ModelFactory& make_model,
