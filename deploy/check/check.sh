@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One offline check of deploy/; ctest runs each as a test (deploy/CMakeLists.txt).
+# usage: check.sh CHECK [DEPLOY_DIR]
+#   yamllint        every YAML file: syntax, duplicate keys, indentation, ...
+#   compose-config  docker-compose (v1) config of the file and of file + GPU override
+#   compose-schema  compose-spec JSON schema + volume / depends_on / healthcheck references
+#   dockerfile      dockerfile-utils diagnostics + stage refs, exec-form JSON, USER, HEALTHCHECK
+#   runtime-libs    the runtime stage installs the packages the built binaries load
+#   k8s-cpu|k8s-gpu kubectl kustomize of the overlay -> schema, unknown fields (incl. CRDs), references
+#   flag-parity     compose, compose+gpu and both overlays run the same flags
+#   prom-config     promtool check config
+#   prom-rules      promtool check rules
+#   prom-tests      promtool test rules (each alert: a firing and a quiet case)
+#   rules-sync      k8s PrometheusRule = prometheus/alerts.yml
+#   dashboard       Grafana dashboard types, panel options, datasource uids, PromQL of every target
+# env: DEPLOY_CHECK_TOOLS  validators + node_modules staged by setup.sh (default: this folder)
+#      SHARDTRAIN_BIN_DIR  built binaries (runtime-libs)
+set -euo pipefail
+check=${1:?usage: check.sh CHECK [DEPLOY_DIR]}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+deploy=$(cd "${2:-$here/..}" && pwd)
+tools=${DEPLOY_CHECK_TOOLS:-$here}
+work=$(mktemp -d /tmp/deploy-check.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+render() { kubectl kustomize "$deploy/k8s/overlays/$1" >"$work/k8s-$1.yaml"; }
+case $check in
+  yamllint)
+    yamllint -s -c "$tools/yamllint.yml" "$deploy" && echo "ok   yamllint" ;;
+  compose-config)
+    docker-compose -p shardtrain -f "$deploy/docker-compose.yml" config -q
+    docker-compose -p shardtrain -f "$deploy/docker-compose.yml" -f "$deploy/docker-compose.gpu.yml" config -q
+    echo "ok   docker-compose config (with and without the GPU override)" ;;
+  compose-schema)
+    node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" ;;
+  dockerfile)
+    node "$tools/lint-dockerfile.mjs" "$deploy/Dockerfile" ;;
+  runtime-libs)
+    data_dir=$(grep -o -m1 -- '--data_dir=[^ ]*' "$deploy/docker-compose.yml" | cut -d= -f2)
+    "$tools/runtime-libs.sh" "$deploy/Dockerfile" "${SHARDTRAIN_BIN_DIR:?set SHARDTRAIN_BIN_DIR}" "$data_dir" ;;
+  k8s-*)
+    overlay=${check#k8s-}
+    render "$overlay"
+    echo "ok   kubectl kustomize overlays/$overlay: $(grep -c '^kind:' "$work/k8s-$overlay.yaml") objects"
+    status=0
+    if node "$tools/validate-k8s.mjs" "$work/k8s-$overlay.yaml" >"$work/schema.out"; then echo "ok   schema"
+    else grep -v '^ok' "$work/schema.out"; status=1; fi
+    TC_DIR="$work/tc" node "$tools/k8s-typecheck.mjs" "$work/k8s-$overlay.yaml" || status=1
+    node "$tools/k8s-refs.mjs" "$work/k8s-$overlay.yaml" || status=1
+    exit $status ;;
+  flag-parity)
+    render cpu; render gpu
+    node "$tools/flag-parity.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" \
+      "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" ;;
+  prom-config)
+    promtool check config "$deploy/prometheus/prometheus.yml" ;;
+  prom-rules)
+    promtool check rules "$deploy/prometheus/alerts.yml" ;;
+  prom-tests)
+    promtool test rules "$deploy/prometheus/alerts_test.yml" ;;
+  rules-sync)
+    node "$tools/rules-sync.mjs" "$deploy/prometheus/alerts.yml" "$deploy/k8s/base/prometheusrule.yaml" ;;
+  dashboard)
+    WORK_DIR="$work/dash" node "$tools/validate-dashboard.mjs" \
+      "$deploy/grafana/provisioning/datasources/prometheus.yml" "$deploy"/grafana/dashboards/*.json ;;
+  *)
+    echo "unknown check: $check" >&2; exit 2 ;;
+esac

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Negative test: copy deploy/ to a scratch folder, plant one typical mistake,
+# and require that the check exits non-zero AND says why (the expected text),
+# so a check that breaks for an unrelated reason does not pass as "caught".
+# usage: negative.sh CASE [DEPLOY_DIR]     (cases: the list below)
+set -euo pipefail
+name=${1:?usage: negative.sh CASE [DEPLOY_DIR]}
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+deploy=$(cd "${2:-$here/..}" && pwd)
+
+# case: check | file under deploy/ | text to find (first occurrence) | replacement | expected in the output
+case $name in
+  yamllint-duplicate-key) c=(yamllint docker-compose.yml
+    '  restart: on-failure:3' $'  restart: on-failure:3\n  restart: "no"' 'duplication of key "restart"') ;;
+  compose-undefined-dependency) c=(compose-config docker-compose.yml
+    'shard-1: {condition: service_healthy}' 'shard-2: {condition: service_healthy}' 'shard-2') ;;
+  compose-schema-type) c=(compose-schema docker-compose.yml
+    'stop_grace_period: 60s' 'stop_grace_period: 60' 'stop_grace_period must be string') ;;
+  compose-healthy-without-healthcheck) c=(compose-schema docker-compose.yml
+    '    test: ["CMD", "psctl", "health"' '    disable: true\n    x: ["CMD", "psctl", "health"' 'waits for service_healthy but shard-0 has no healthcheck') ;;
+  dockerfile-bad-duration) c=(dockerfile Dockerfile
+    'HEALTHCHECK --interval=10s' 'HEALTHCHECK --interval=10' 'missing unit in duration') ;;
+  dockerfile-copy-from-typo) c=(dockerfile Dockerfile
+    'COPY --from=build ' 'COPY --from=biuld ' 'COPY --from=biuld: no earlier stage') ;;
+  runtime-libs-missing-package) c=(runtime-libs Dockerfile
+    'libopenblas0-pthread ' '' 'missing libopenblas0-pthread') ;;
+  k8s-missing-resource) c=(k8s-cpu k8s/base/kustomization.yaml
+    '  - monitoring.yaml' '  - monitor.yaml' 'monitor.yaml') ;;
+  k8s-schema-enum) c=(k8s-cpu k8s/base/workers.yaml
+    'completionMode: Indexed' 'completionMode: indexed' 'completionMode must be equal to one of the allowed values') ;;
+  k8s-unknown-field) c=(k8s-gpu k8s/overlays/gpu/worker-gpu.yaml
+    '      tolerations:' '      toleration:' "Job/ps-worker: .*'\"toleration\"' does not exist") ;;
+  k8s-crd-unknown-field) c=(k8s-cpu k8s/base/monitoring.yaml
+    'podMetricsEndpoints:' 'podMetricEndpoints:' "PodMonitor/shardtrain: .*podMetricEndpoints") ;;
+  k8s-selector-typo) c=(k8s-cpu k8s/base/shards.yaml
+    $'  selector:\n    app.kubernetes.io/name: ps-server' $'  selector:\n    app.kubernetes.io/name: ps-sever'
+    'Service/ps-server: selector .* matches no pod template') ;;
+  flag-parity-epochs) c=(flag-parity k8s/base/training.env
+    'EPOCHS=10' 'EPOCHS=20' 'worker flags: compose vs .*--epochs is 10 vs 20') ;;
+  prom-config-duration) c=(prom-config prometheus/prometheus.yml
+    'scrape_interval: 15s' 'scrape_interval: 15' 'not a valid duration string') ;;
+  prom-rules-syntax) c=(prom-rules prometheus/alerts.yml
+    'absent(up{job="ps-server"})' 'absent(up{job="ps-server"}' 'unclosed left parenthesis') ;;
+  prom-tests-rule-regression) c=(prom-tests prometheus/alerts.yml
+    ' and on() (max(shardtrain_live_workers) > 0)' '' 'alertname: ShardtrainWorkerDown') ;;
+  rules-sync-drift) c=(rules-sync prometheus/alerts.yml
+    '> 300' '> 600' 'ShardtrainCheckpointTooOld differs') ;;
+  dashboard-promql) c=(dashboard grafana/dashboards/shardtrain.json
+    '"expr": "rate(shardtrain_updates_applied_total' '"expr": "rate((shardtrain_updates_applied_total' 'unclosed left parenthesis') ;;
+  dashboard-unknown-option) c=(dashboard grafana/dashboards/shardtrain.json
+    '"showLegend": true' '"showlegend": true' "panel 9 \"Throughput \\(samples/s\\)\": .*'\"showlegend\"' does not exist") ;;
+  dashboard-datasource) c=(dashboard grafana/dashboards/shardtrain.json
+    '"uid": "prometheus"' '"uid": "prom"' 'unknown datasource uid "prom"') ;;
+  *) echo "unknown case $name; cases: $(grep -oE '^  [a-z0-9-]+\)' "$0" | tr -d ' )' | xargs)" >&2; exit 2 ;;
+esac
+check=${c[0]} file=${c[1]} from=${c[2]} to=${c[3]} expect=${c[4]}
+
+tmp=$(mktemp -d /tmp/deploy-negative.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/deploy"
+tar -C "$deploy" --exclude=node_modules --exclude=screenshots -cf - . | tar -C "$tmp/deploy" -xf -
+FROM=$from TO=$to node -e '
+  const fs = require("fs"), f = process.argv[1], s = fs.readFileSync(f, "utf8");
+  const i = s.indexOf(process.env.FROM);
+  if (i < 0) { console.error(`planted-mistake anchor not found in ${f}: ${process.env.FROM}`); process.exit(1); }
+  fs.writeFileSync(f, s.slice(0, i) + process.env.TO.replace(/\\n/g, "\n") + s.slice(i + process.env.FROM.length));
+' "$tmp/deploy/$file"
+
+echo "planted in $file: '${from//$'\n'/\\n}' -> '${to//$'\n'/\\n}'"
+set +e
+out=$("$here/check.sh" "$check" "$tmp/deploy" 2>&1); status=$?
+set -e
+echo "$out" | sed 's/^/  | /'
+[ $status -ne 0 ] || { echo "FAIL: check '$check' passed with the planted mistake"; exit 1; }
+grep -qE -- "$expect" <<<"$out" || { echo "FAIL: check '$check' failed, but without /$expect/"; exit 1; }
+echo "ok   check '$check' caught it (exit $status, /$expect/)"
