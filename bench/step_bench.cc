@@ -135,11 +135,9 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> params, grads;
     std::vector<absl::Span<float>> param_spans;
     std::vector<absl::Span<const float>> grad_spans;
-    for (const auto& p : mlp->params()) {
-      int64_t n = 1;
-      for (int64_t d : p.shape) n *= d;
-      params.emplace_back(n);
-      grads.emplace_back(n, 1e-6f);
+    for (const worker::ParamInfo& p : mlp->params()) {
+      params.emplace_back(worker::NumElements(p));
+      grads.emplace_back(worker::NumElements(p), 1e-6f);
     }
     for (size_t i = 0; i < params.size(); ++i) {
       param_spans.push_back(absl::MakeSpan(params[i]));

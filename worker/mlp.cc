@@ -7,16 +7,6 @@
 #include "common/status_macros.h"
 
 namespace shardtrain::worker {
-namespace {
-
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(const ModelSpec& spec,
                                                  Backend* backend,
                                                  int max_batch) {
@@ -69,7 +59,7 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(const ModelSpec& spec,
 
 int64_t Mlp::num_parameters() const {
   int64_t total = 0;
-  for (const ParamInfo& p : params_) total += NumElements(p.shape);
+  for (const ParamInfo& p : params_) total += NumElements(p);
   return total;
 }
 
@@ -78,7 +68,7 @@ absl::Status Mlp::CheckIndex(int index, size_t host_size) const {
     return absl::InvalidArgumentError(absl::StrCat(
         "Mlp: parameter index ", index, " outside [0, ", params_.size(), ")"));
   }
-  const int64_t expected = NumElements(params_[index].shape);
+  const int64_t expected = NumElements(params_[index]);
   if (static_cast<int64_t>(host_size) != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat("Mlp: parameter ", params_[index].name, " has ", expected,

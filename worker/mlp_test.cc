@@ -31,12 +31,6 @@ void InitParam(const ParamInfo& info, uint64_t seed, absl::Span<float> out) {
   for (float& v : out) v = dist(rng);
 }
 
-int64_t NumElements(const ParamInfo& info) {
-  int64_t n = 1;
-  for (int64_t d : info.shape) n *= d;
-  return n;
-}
-
 std::vector<std::vector<float>> InitAll(Mlp& mlp, uint64_t seed) {
   std::vector<std::vector<float>> values;
   for (size_t i = 0; i < mlp.params().size(); ++i) {

@@ -32,6 +32,13 @@ struct ParamInfo {
   Init init;
 };
 
+// Elements of parameter `param`.
+inline int64_t NumElements(const ParamInfo& param) {
+  int64_t n = 1;
+  for (int64_t d : param.shape) n *= d;
+  return n;
+}
+
 // Thread-compatible: one caller at a time.
 class Model {
  public:

@@ -69,10 +69,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     ASSIGN_OR_RETURN(trainer->eval_model_, make_model(options.eval_batch));
   }
   for (const ParamInfo& param : trainer->model_->params()) {
-    int64_t elements = 1;
-    for (int64_t dim : param.shape) elements *= dim;
-    trainer->params_.emplace_back(elements, 0.0f);
-    trainer->grads_.emplace_back(elements, 0.0f);
+    trainer->params_.emplace_back(NumElements(param), 0.0f);
+    trainer->grads_.emplace_back(NumElements(param), 0.0f);
   }
   for (size_t i = 0; i < trainer->params_.size(); ++i) {
     trainer->param_spans_.push_back(absl::MakeSpan(trainer->params_[i]));

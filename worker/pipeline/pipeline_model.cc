@@ -11,16 +11,6 @@
 #include "worker/layers.h"
 
 namespace shardtrain::worker::pipeline {
-namespace {
-
-int64_t NumElements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-}  // namespace
-
 // One stage: a contiguous run of Linear(+ReLU) blocks on its own backend.
 // Used by one thread at a time (the stage's thread during a step, the
 // caller's otherwise).
@@ -224,7 +214,7 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
 
 int64_t PipelineModel::num_parameters() const {
   int64_t total = 0;
-  for (const ParamInfo& p : params_) total += NumElements(p.shape);
+  for (const ParamInfo& p : params_) total += NumElements(p);
   return total;
 }
 
@@ -238,7 +228,7 @@ absl::Status PipelineModel::CheckIndex(int index, size_t host_size) const {
         absl::StrCat("PipelineModel: parameter index ", index, " outside [0, ",
                      params_.size(), ")"));
   }
-  const int64_t expected = NumElements(params_[index].shape);
+  const int64_t expected = NumElements(params_[index]);
   if (static_cast<int64_t>(host_size) != expected) {
     return absl::InvalidArgumentError(
         absl::StrCat("PipelineModel: parameter ", params_[index].name, " has ",
