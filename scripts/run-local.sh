@@ -7,7 +7,7 @@
 #   scripts/run-local.sh [--mode sync|async] [--workers N] [--shards N]
 #       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
 #       [--lr X] [--lr-schedule cosine|constant] [--batch N]
-#       [--max-staleness N] [--model mlp:784-...-10] [--overlap on|off]
+#       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
@@ -15,7 +15,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
-max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=on
+max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
 stages=1 microbatches=1 pipe_schedule=1f1b device=cpu results="" logs="" build=1
 server_extra=()
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
@@ -45,8 +45,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$mode" in sync|async) ;; *) echo "--mode must be sync or async" >&2; exit 2 ;; esac
-case "$overlap" in on) overlap_flag=true ;; off) overlap_flag=false ;;
-  *) echo "--overlap must be on or off" >&2; exit 2 ;; esac
+case "$overlap" in auto|on|off) ;; *) echo "--overlap must be auto, on or off" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs" "$batch"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
 done
@@ -108,7 +107,7 @@ worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
         --model="$model" --batch="$batch" --epochs="$epochs" --device="$device"
-        --overlap="$overlap_flag" --pipeline_stages="$stages"
+        --overlap="$overlap" --pipeline_stages="$stages"
         --microbatches="$microbatches" --schedule="$pipe_schedule"
         --port_file="$run_dir/ports/worker$w")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi

@@ -47,9 +47,11 @@ ABSL_FLAG(int, pipeline_stages, 1,
           "Split the model into this many contiguous stages, one device each");
 ABSL_FLAG(int, microbatches, 1, "Microbatches per batch when pipelined");
 ABSL_FLAG(std::string, schedule, "1f1b", "Pipeline schedule: gpipe or 1f1b");
-ABSL_FLAG(bool, overlap, true,
-          "Push each layer's gradient as backward produces it and prefetch "
-          "the next step's parameters behind it");
+ABSL_FLAG(std::string, overlap, "auto",
+          "on: push each layer's gradient as backward produces it and prefetch "
+          "the next step's parameters behind it; off: pull, compute, push in "
+          "turn; auto: on for cuda, off for cpu (where compute and "
+          "communication compete for the same cores)");
 ABSL_FLAG(bool, chief, false,
           "Evaluate at epoch ends and report; default: worker 0 is the chief");
 ABSL_FLAG(std::string, results, "", "Chief: write the results JSON here");
@@ -128,7 +130,12 @@ absl::Status RunWorker() {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
-  options.overlap = absl::GetFlag(FLAGS_overlap);
+  const std::string overlap = absl::GetFlag(FLAGS_overlap);
+  if (overlap != "auto" && overlap != "on" && overlap != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--overlap must be auto, on or off, got ", overlap));
+  }
+  options.overlap = overlap == "on" || (overlap == "auto" && model_options.device == "cuda");
 
   const worker::ModelSpec& spec = model_options.spec;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
