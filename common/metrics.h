@@ -82,7 +82,7 @@ class RpcMetrics {
 };
 
 // The canonical name of a gRPC code ("OK", "INVALID_ARGUMENT", ...).
-const char* StatusCodeName(grpc::StatusCode code);
+std::string StatusCodeName(grpc::StatusCode code);
 
 }  // namespace shardtrain::common
 

@@ -1,3 +1,4 @@
+#include "worker/backend_test_util.h"
 #include "worker/cpu/cpu_backend.h"
 
 #include <cmath>
@@ -24,25 +25,15 @@ std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.0f,
 class CpuBackendTest : public ::testing::Test {
  protected:
   std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& host) {
-    auto buffer = backend_->Allocate(host.size());
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    EXPECT_TRUE(backend_->CopyFromHost(host, buffer->get(), 0).ok());
-    return std::move(buffer).value();
+    return io_.Upload(host);
   }
-  std::unique_ptr<DeviceLabelBuffer> UploadLabels(
-      const std::vector<int32_t>& host) {
-    auto buffer = backend_->AllocateLabels(host.size());
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    EXPECT_TRUE(backend_->CopyLabelsFromHost(host, buffer->get(), 0).ok());
-    return std::move(buffer).value();
+  std::unique_ptr<DeviceLabelBuffer> UploadLabels(const std::vector<int32_t>& host) {
+    return io_.UploadLabels(host);
   }
-  std::vector<float> Download(const DeviceBuffer& buffer) {
-    std::vector<float> host(buffer.size());
-    EXPECT_TRUE(backend_->CopyToHost(buffer, 0, absl::MakeSpan(host)).ok());
-    return host;
-  }
+  std::vector<float> Download(const DeviceBuffer& buffer) { return io_.Download(buffer); }
 
-  std::unique_ptr<Backend> backend_ = MakeCpuBackend();
+  BackendIo io_{MakeCpuBackend()};
+  Backend* const backend_ = io_.backend.get();
 };
 
 TEST_F(CpuBackendTest, NameIsCpu) { EXPECT_EQ(backend_->Name(), "cpu"); }

@@ -1,6 +1,7 @@
 // Parity of CudaBackend with the CPU backend: each op, and a whole Mlp
 // forward/backward on both with the same parameters and batches. Every test
 // skips itself on a machine without a CUDA device.
+#include "worker/backend_test_util.h"
 #include "worker/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -61,29 +62,7 @@ float RelativeError(const std::vector<float>& got,
   return diff / scale;
 }
 
-// One backend and helpers to move host vectors in and out of it.
-struct Side {
-  std::unique_ptr<Backend> backend;
-
-  std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& host) {
-    auto buffer = backend->Allocate(host.size());
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    EXPECT_TRUE(backend->CopyFromHost(host, buffer->get(), 0).ok());
-    return std::move(buffer).value();
-  }
-  std::unique_ptr<DeviceLabelBuffer> UploadLabels(
-      const std::vector<int32_t>& host) {
-    auto buffer = backend->AllocateLabels(host.size());
-    EXPECT_TRUE(buffer.ok()) << buffer.status();
-    EXPECT_TRUE(backend->CopyLabelsFromHost(host, buffer->get(), 0).ok());
-    return std::move(buffer).value();
-  }
-  std::vector<float> Download(const DeviceBuffer& buffer) {
-    std::vector<float> host(buffer.size());
-    EXPECT_TRUE(backend->CopyToHost(buffer, 0, absl::MakeSpan(host)).ok());
-    return host;
-  }
-};
+using Side = BackendIo;
 
 class BackendParity : public ::testing::Test {
  protected:

@@ -1,0 +1,39 @@
+// Test helpers: moving host vectors in and out of a Backend.
+#ifndef SHARDTRAIN_WORKER_BACKEND_TEST_UTIL_H_
+#define SHARDTRAIN_WORKER_BACKEND_TEST_UTIL_H_
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/backend.h"
+
+namespace shardtrain::worker {
+
+// One backend (owned) and copies to and from it that fail the test, not
+// the process, on error.
+struct BackendIo {
+  std::unique_ptr<Backend> backend;
+
+  std::unique_ptr<DeviceBuffer> Upload(const std::vector<float>& host) {
+    auto buffer = backend->Allocate(host.size());
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    EXPECT_TRUE(backend->CopyFromHost(host, buffer->get(), 0).ok());
+    return std::move(buffer).value();
+  }
+  std::unique_ptr<DeviceLabelBuffer> UploadLabels(const std::vector<int32_t>& host) {
+    auto buffer = backend->AllocateLabels(host.size());
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    EXPECT_TRUE(backend->CopyLabelsFromHost(host, buffer->get(), 0).ok());
+    return std::move(buffer).value();
+  }
+  std::vector<float> Download(const DeviceBuffer& buffer) {
+    std::vector<float> host(buffer.size());
+    EXPECT_TRUE(backend->CopyToHost(buffer, 0, absl::MakeSpan(host)).ok());
+    return host;
+  }
+};
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_BACKEND_TEST_UTIL_H_
