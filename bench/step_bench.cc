@@ -27,8 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "server/ps_server.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/mlp.h"
+#include "worker/model_factory.h"
 #include "worker/ps_client.h"
 #include "worker/tensor_specs.h"
 #include "worker/trainer.h"
@@ -37,7 +36,8 @@ ABSL_FLAG(std::string, model, "mlp:784-4096-4096-10", "Model spec");
 ABSL_FLAG(int, batch, 64, "Examples per step");
 ABSL_FLAG(std::string, shards, "1,2", "Shard counts to try");
 ABSL_FLAG(int, steps, 12, "Measured steps per case (after 3 warm-up steps)");
-ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads (cpu)");
 ABSL_FLAG(std::string, out, "", "Also write the table here");
 
 namespace {
@@ -91,10 +91,18 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // As ps-server and ps-worker do; applies to the baseline too.
   shardtrain::common::KeepLargeBuffersInHeap();
-  worker::SetCpuMathThreads(absl::GetFlag(FLAGS_cpu_threads));
   const auto spec = worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model));
   if (!spec.ok()) {
     std::cerr << spec.status() << "\n";
+    return 2;
+  }
+  worker::ModelOptions model_options;
+  model_options.spec = *spec;
+  model_options.device = absl::GetFlag(FLAGS_device);
+  model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  const auto make_model = worker::MakeModelFactory(model_options);
+  if (!make_model.ok()) {
+    std::cerr << make_model.status() << "\n";
     return 2;
   }
   const int batch = absl::GetFlag(FLAGS_batch);
@@ -107,19 +115,32 @@ int main(int argc, char** argv) {
   std::vector<int32_t> labels(batch);
   for (int32_t& l : labels) l = static_cast<int32_t>(rng() % spec->layer_sizes.back());
 
-  auto backend = worker::MakeCpuBackend();
   std::string report = absl::StrFormat(
-      "step_bench  model %s  batch %d  device cpu (%s, %d OpenBLAS threads)\n",
-      spec->ToString(), batch, CpuModel(), absl::GetFlag(FLAGS_cpu_threads));
+      "step_bench  model %s  batch %d  device %s  (host %s, %d OpenBLAS threads)\n",
+      spec->ToString(), batch, model_options.device, CpuModel(),
+      absl::GetFlag(FLAGS_cpu_threads));
 
-  // Baseline 1: compute alone.
-  auto mlp = worker::Mlp::Create(*spec, backend.get(), batch).value();
-  for (int i = 0; i < 2; ++i) (void)mlp->ForwardBackward(x.data(), labels.data(), batch);
+  // Baseline 1: compute alone, gradients copied back to the host as a
+  // step does.
+  auto model = (*make_model)(batch).value();
+  std::vector<std::vector<float>> host_grads;
+  int64_t parameters = 0;
+  for (const worker::ParamInfo& p : model->params()) {
+    host_grads.emplace_back(worker::NumElements(p));
+    parameters += worker::NumElements(p);
+  }
+  auto compute_step = [&] {
+    (void)model->ForwardBackward(x.data(), labels.data(), batch, nullptr);
+    for (size_t i = 0; i < host_grads.size(); ++i) {
+      (void)model->GetGrad(static_cast<int>(i), absl::MakeSpan(host_grads[i]));
+    }
+  };
+  for (int i = 0; i < 2; ++i) compute_step();
   absl::Time t0 = absl::Now();
-  for (int i = 0; i < steps; ++i) (void)mlp->ForwardBackward(x.data(), labels.data(), batch);
+  for (int i = 0; i < steps; ++i) compute_step();
   const double compute_alone = absl::ToDoubleSeconds(absl::Now() - t0) / steps;
   absl::StrAppendFormat(&report, "compute alone: %.1f ms/step (%.1fM parameters)\n",
-                        compute_alone * 1e3, mlp->num_parameters() / 1e6);
+                        compute_alone * 1e3, parameters / 1e6);
   absl::StrAppendFormat(&report, "%-7s %-11s %9s %9s %9s %9s %9s %9s %12s\n", "shards",
                         "mode", "comm_ms", "compute", "push", "pull", "wait", "step",
                         "step/max");
@@ -131,11 +152,11 @@ int main(int argc, char** argv) {
     worker::PsClientOptions client_options;
     client_options.servers = cluster.addresses;
     auto client = worker::PsClient::Create(client_options, nullptr).value();
-    if (!client->Register(worker::TensorSpecsFor(mlp->params(), 1)).ok()) return 1;
+    if (!client->Register(worker::TensorSpecsFor(model->params(), 1)).ok()) return 1;
     std::vector<std::vector<float>> params, grads;
     std::vector<absl::Span<float>> param_spans;
     std::vector<absl::Span<const float>> grad_spans;
-    for (const worker::ParamInfo& p : mlp->params()) {
+    for (const worker::ParamInfo& p : model->params()) {
       params.emplace_back(worker::NumElements(p));
       grads.emplace_back(worker::NumElements(p), 1e-6f);
     }
@@ -166,9 +187,9 @@ int main(int argc, char** argv) {
       worker::TrainerOptions trainer_options;
       trainer_options.batch = batch;
       trainer_options.overlap = overlap;
-      auto trainer = worker::Trainer::Create(trainer_options, worker::Mlp::Factory(*spec, backend.get()),
-                                             trainer_client.get(), nullptr)
-                         .value();
+      auto trainer =
+          worker::Trainer::Create(trainer_options, *make_model, trainer_client.get(), nullptr)
+              .value();
       if (!trainer->Initialize().ok()) return 1;
       for (int i = 0; i < 3; ++i) (void)trainer->Step(x.data(), labels.data(), batch);
       const worker::EpochResult before = trainer->PhaseTotals();
