@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/port_file.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::server {

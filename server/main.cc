@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/malloc_tuning.h"
-#include "common/port_file.h"
+#include "common/atomic_file.h"
 #include "server/ps_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",

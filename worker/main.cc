@@ -16,7 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/metrics.h"
 #include "common/malloc_tuning.h"
-#include "common/port_file.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "worker/model_factory.h"
 #include "worker/dataset.h"

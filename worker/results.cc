@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/port_file.h"
+#include "common/atomic_file.h"
 
 namespace shardtrain::worker {
 namespace {

@@ -1,4 +1,4 @@
-#include "common/port_file.h"
+#include "common/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::common {
@@ -42,24 +41,6 @@ absl::Status WriteFileAtomically(const std::string& path,
     return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ",
                                                path, ": ", std::strerror(err)));
   }
-  return absl::OkStatus();
-}
-
-absl::Status SplitHostPort(absl::string_view address, std::string* host,
-                           int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address '", address, "' is not host:port"));
-  }
-  int value = 0;
-  if (!absl::SimpleAtoi(address.substr(colon + 1), &value) || value < 0 ||
-      value > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address '", address, "' has no valid port"));
-  }
-  *host = std::string(address.substr(0, colon));
-  *port = value;
   return absl::OkStatus();
 }
 
