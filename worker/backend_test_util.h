@@ -2,13 +2,25 @@
 #ifndef SHARDTRAIN_WORKER_BACKEND_TEST_UTIL_H_
 #define SHARDTRAIN_WORKER_BACKEND_TEST_UTIL_H_
 
+#include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "worker/backend.h"
 
 namespace shardtrain::worker {
+
+// n values uniform in [lo, hi), the same for the same seed.
+inline std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.0f,
+                                       float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
 
 // One backend (owned) and copies to and from it that fail the test, not
 // the process, on error.

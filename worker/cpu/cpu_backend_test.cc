@@ -1,4 +1,3 @@
-#include "worker/backend_test_util.h"
 #include "worker/cpu/cpu_backend.h"
 
 #include <cmath>
@@ -9,18 +8,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/backend_test_util.h"
 
 namespace shardtrain::worker {
 namespace {
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.0f,
-                                float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 class CpuBackendTest : public ::testing::Test {
  protected:

@@ -3,6 +3,7 @@
 // skips itself on a machine without a CUDA device.
 #include "worker/backend_test_util.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_test_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -22,22 +23,6 @@ namespace shardtrain::worker {
 namespace {
 
 constexpr float kFp32Tolerance = 1e-4f;
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                          \
-  do {                                                      \
-    if (!CudaDeviceAvailable()) {                           \
-      GTEST_SKIP() << "no CUDA device on this machine";     \
-    }                                                       \
-  } while (0)
-
-std::vector<float> RandomVector(size_t n, uint32_t seed, float lo = -1.0f,
-                                float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 std::vector<int32_t> RandomLabels(size_t n, int classes, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -9,18 +9,12 @@
 #include "gtest/gtest.h"
 #include "worker/cuda/cublas_handle.h"
 #include "worker/cuda/cuda_backend.h"
+#include "worker/cuda/cuda_test_util.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/cuda_stream.h"
 
 namespace shardtrain::worker::cuda {
 namespace {
-
-#define SKIP_WITHOUT_CUDA_DEVICE()                          \
-  do {                                                      \
-    if (!CudaDeviceAvailable()) {                           \
-      GTEST_SKIP() << "no CUDA device on this machine";     \
-    }                                                       \
-  } while (0)
 
 absl::Status FailWith(cudaError_t code) {
   CUDA_RETURN_IF_ERROR(code);
