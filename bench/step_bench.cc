@@ -16,16 +16,17 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "common/malloc_tuning.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/malloc_tuning.h"
 #include "server/ps_server.h"
 #include "worker/model_factory.h"
 #include "worker/ps_client.h"
@@ -121,19 +122,20 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_cpu_threads));
 
   // Baseline 1: compute alone, gradients copied back to the host as a
-  // step does.
+  // step without overlap does.
   auto model = (*make_model)(batch).value();
-  std::vector<std::vector<float>> host_grads;
   int64_t parameters = 0;
   for (const worker::ParamInfo& p : model->params()) {
-    host_grads.emplace_back(worker::NumElements(p));
     parameters += worker::NumElements(p);
   }
   auto compute_step = [&] {
     (void)model->ForwardBackward(x.data(), labels.data(), batch, nullptr);
-    for (size_t i = 0; i < host_grads.size(); ++i) {
-      (void)model->GetGrad(static_cast<int>(i), absl::MakeSpan(host_grads[i]));
+    std::vector<worker::PendingGrad> grads;
+    for (size_t i = 0; i < model->params().size(); ++i) {
+      auto grad = model->StartGradCopy(static_cast<int>(i));
+      if (grad.ok()) grads.push_back(std::move(grad).value());
     }
+    for (worker::PendingGrad& grad : grads) (void)grad.ready->Wait();
   };
   for (int i = 0; i < 2; ++i) compute_step();
   absl::Time t0 = absl::Now();

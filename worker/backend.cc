@@ -78,6 +78,18 @@ absl::Status Backend::CopyToHost(const DeviceBuffer& src, size_t src_offset,
   return DoCopyToHost(src.data() + src_offset, dst.size(), dst.data());
 }
 
+absl::StatusOr<std::unique_ptr<HostBuffer>> Backend::AllocateHost(size_t n) {
+  return DoAllocateHost(n);
+}
+
+absl::StatusOr<std::unique_ptr<Fence>> Backend::CopyToHostAsync(
+    const DeviceBuffer& src, size_t src_offset, absl::Span<float> dst) {
+  RETURN_IF_ERROR(
+      CheckRange("CopyToHostAsync", src_offset, dst.size(), src.size()));
+  if (dst.empty()) return std::make_unique<DoneFence>();
+  return DoCopyToHostAsync(src.data() + src_offset, dst.size(), dst.data());
+}
+
 absl::Status Backend::Gemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                            float alpha, const float* a, const float* b,
                            float beta, float* c) {

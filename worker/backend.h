@@ -3,7 +3,7 @@
 // A Backend owns device memory (DeviceBuffer, DeviceLabelBuffer) and runs the
 // handful of kernels an MLP needs: GEMM, bias add, column sum, ReLU, softmax
 // cross-entropy and an argmax accuracy count. The CPU implementation lives in
-// worker/cpu/; a CUDA one will sit beside it. This header stays host-only so
+// worker/cpu/, the CUDA one in worker/cuda/. This header stays host-only so
 // code that never touches kernels builds without nvcc.
 //
 // Matrices are dense and row-major with no padding between rows. Every raw
@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "worker/fence.h"
 
 namespace shardtrain::worker {
 
@@ -59,6 +60,23 @@ using DeviceBuffer = TypedDeviceBuffer<float>;
 // Class labels; kept as int32 rather than float so labels above 2^24 and
 // "is this an integer" never become questions.
 using DeviceLabelBuffer = TypedDeviceBuffer<int32_t>;
+
+// Host memory that a backend copies into without holding up the host thread:
+// page-locked on a GPU, plain memory on the CPU. Move-only owner; released by
+// the destructor. Thread-compatible.
+class HostBuffer {
+ public:
+  virtual ~HostBuffer() = default;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  virtual float* data() = 0;
+  virtual const float* data() const = 0;
+  virtual size_t size() const = 0;
+
+ protected:
+  HostBuffer() = default;
+};
 
 // Whether a GEMM operand is used as stored or transposed.
 enum class Trans { kNo, kYes };
@@ -89,6 +107,21 @@ class Backend {
   // the data is on the host. INVALID_ARGUMENT if the range is not inside src.
   absl::Status CopyToHost(const DeviceBuffer& src, size_t src_offset,
                           absl::Span<float> dst);
+
+  // Host memory of n floats (zero-filled) for CopyToHostAsync, or
+  // RESOURCE_EXHAUSTED.
+  absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t n);
+
+  // Starts copying src[src_offset, src_offset + dst.size()) into dst behind
+  // all work queued so far and returns at once; the fence passes when dst
+  // holds the data. Work queued after the call may run while the copy does
+  // (a GPU backend copies on a stream of its own). For that, dst must lie in
+  // a HostBuffer from AllocateHost; other host memory is still correct but
+  // makes a GPU copy synchronous. INVALID_ARGUMENT if the range is not inside
+  // src. REQUIRES: src is not written, and src and dst stay alive, until the
+  // fence's Wait has returned.
+  absl::StatusOr<std::unique_ptr<Fence>> CopyToHostAsync(
+      const DeviceBuffer& src, size_t src_offset, absl::Span<float> dst);
 
   // Blocks until all work queued on this backend has finished.
   absl::Status Synchronize() { return DoSynchronize(); }
@@ -146,6 +179,10 @@ class Backend {
   virtual absl::Status DoCopyLabelsFromHost(const int32_t* src, size_t n,
                                             int32_t* dst) = 0;
   virtual absl::Status DoCopyToHost(const float* src, size_t n, float* dst) = 0;
+  virtual absl::StatusOr<std::unique_ptr<HostBuffer>> DoAllocateHost(
+      size_t n) = 0;
+  virtual absl::StatusOr<std::unique_ptr<Fence>> DoCopyToHostAsync(
+      const float* src, size_t n, float* dst) = 0;
   virtual absl::Status DoSynchronize() = 0;
   virtual absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                               float alpha, const float* a, const float* b,

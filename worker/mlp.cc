@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<Mlp>> Mlp::Create(const ModelSpec& spec,
   ASSIGN_OR_RETURN(mlp->grad_a_, backend->Allocate(size_t(max_batch) * widest));
   ASSIGN_OR_RETURN(mlp->grad_b_, backend->Allocate(size_t(max_batch) * widest));
   ASSIGN_OR_RETURN(mlp->labels_, backend->AllocateLabels(max_batch));
+  mlp->staging_ = GradStaging(mlp->params_.size());
   return mlp;
 }
 
@@ -96,6 +97,13 @@ absl::Status Mlp::GetGrad(int index, absl::Span<float> host_out) const {
   const ParamSlot& slot = slots_[index];
   return backend_->CopyToHost(*layers_[slot.layer]->grad(slot.local), 0,
                               host_out);
+}
+
+absl::StatusOr<PendingGrad> Mlp::StartGradCopy(int index) {
+  const bool valid = index >= 0 && index < static_cast<int>(params_.size());
+  RETURN_IF_ERROR(CheckIndex(index, valid ? NumElements(params_[index]) : 0));
+  const ParamSlot& slot = slots_[index];
+  return staging_.Start(index, *backend_, *layers_[slot.layer]->grad(slot.local));
 }
 
 absl::Status Mlp::CheckBatch(const float* x, const int32_t* labels, int batch,
@@ -166,6 +174,10 @@ absl::StatusOr<float> Mlp::ForwardBackward(
     next_global = first_global;
     std::swap(dy, dx);
   }
+  // On an asynchronous backend backward is only queued by now; waiting here
+  // makes the call's duration its compute time. Gradient copies started from
+  // on_grad_ready went out on their own stream meanwhile.
+  RETURN_IF_ERROR(backend_->Synchronize());
   return loss;
 }
 

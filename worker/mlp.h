@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/backend.h"
+#include "worker/grad_staging.h"
 #include "worker/model.h"
 #include "worker/layers.h"
 #include "worker/model_spec.h"
@@ -71,12 +72,14 @@ class Mlp : public Model {
   // Copies parameter `index` to the host; same errors as SetParam.
   absl::Status GetParam(int index, absl::Span<float> host_out) const override;
 
-  // Runs forward and backward on one batch and returns the mean loss. x holds
+  // Runs forward and backward on one batch and returns the mean loss, after
+  // the backend has finished computing every gradient. x holds
   // batch * input_dim() host floats, labels batch host labels in
   // [0, num_classes()). Afterwards GetGrad gives the gradient of the mean
   // loss. on_grad_ready(i), if set, is called once per parameter as soon as
-  // backward has written gradient i, last parameter first; inside it
-  // GetGrad(i) is allowed, other calls on this Mlp are not.
+  // backward has written (on a GPU: queued) gradient i, last parameter first;
+  // inside it GetGrad(i) and StartGradCopy(i) are allowed, other calls on
+  // this Mlp are not.
   // INVALID_ARGUMENT for null pointers, batch outside [1, max_batch()] or a
   // label out of range; nothing is computed then.
   absl::StatusOr<float> ForwardBackward(
@@ -86,6 +89,8 @@ class Mlp : public Model {
   // Copies the gradient of parameter `index` from the last ForwardBackward
   // (zeros before the first) to the host; same errors as SetParam.
   absl::Status GetGrad(int index, absl::Span<float> host_out) const override;
+  // As Model::StartGradCopy; INVALID_ARGUMENT for a bad index.
+  absl::StatusOr<PendingGrad> StartGradCopy(int index) override;
 
   // Number of examples whose argmax prediction equals the label (forward
   // only). Any batch >= 1 is accepted: it is processed in chunks of
@@ -102,7 +107,7 @@ class Mlp : public Model {
   };
 
   Mlp(const ModelSpec& spec, Backend* backend, int max_batch)
-      : spec_(spec), backend_(backend), max_batch_(max_batch) {}
+      : spec_(spec), backend_(backend), max_batch_(max_batch), staging_(0) {}
 
   absl::Status CheckIndex(int index, size_t host_size) const;
   absl::Status CheckBatch(const float* x, const int32_t* labels, int batch,
@@ -129,6 +134,7 @@ class Mlp : public Model {
   // between for dL/d(activation).
   std::unique_ptr<DeviceBuffer> grad_a_;
   std::unique_ptr<DeviceBuffer> grad_b_;
+  GradStaging staging_;  // One slot per parameter.
 };
 
 }  // namespace shardtrain::worker

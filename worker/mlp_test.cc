@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -242,6 +243,30 @@ TEST_F(MlpTest, OnGradReadyRunsOncePerParamInReverseOrder) {
   ASSERT_TRUE(loss.ok()) << loss.status();
   EXPECT_THAT(order, ElementsAre(5, 4, 3, 2, 1, 0));
   for (size_t i = 0; i < early.size(); ++i) EXPECT_EQ(early[i], Grad(*mlp, i));
+}
+
+// What the trainer does with overlap: start each gradient's host copy from
+// the callback and wait for it later.
+TEST_F(MlpTest, StartGradCopyFromTheCallbackGivesTheFinalGradient) {
+  auto mlp = MakeMlp("mlp:5-4-4-3", 3);
+  InitAll(*mlp, 3);
+  const auto x = RandomInputs(15, 4);
+  const auto labels = RandomLabels(3, 3, 5);
+  std::vector<PendingGrad> pending(mlp->params().size());
+  auto loss = mlp->ForwardBackward(x.data(), labels.data(), 3, [&](int i) {
+    auto copy = mlp->StartGradCopy(i);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    pending[i] = std::move(copy).value();
+  });
+  ASSERT_TRUE(loss.ok()) << loss.status();
+  for (size_t i = 0; i < pending.size(); ++i) {
+    ASSERT_NE(pending[i].ready, nullptr);
+    ASSERT_TRUE(pending[i].ready->Wait().ok());
+    EXPECT_EQ(std::vector<float>(pending[i].values.begin(), pending[i].values.end()),
+              Grad(*mlp, i));
+  }
+  EXPECT_EQ(mlp->StartGradCopy(6).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mlp->StartGradCopy(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(MlpTest, RejectsBadInputs) {

@@ -8,12 +8,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/fence.h"
 
 namespace shardtrain::worker {
 
@@ -39,6 +41,14 @@ inline int64_t NumElements(const ParamInfo& param) {
   return n;
 }
 
+// A gradient on its way to host memory that the model owns.
+struct PendingGrad {
+  // The gradient, once ready->Wait() has returned OK. Valid and unchanged
+  // until the next ForwardBackward or StartGradCopy of the same parameter.
+  absl::Span<const float> values;
+  std::unique_ptr<Fence> ready;
+};
+
 // Thread-compatible: one caller at a time.
 class Model {
  public:
@@ -48,13 +58,21 @@ class Model {
   // Host values of parameter `index`; INVALID_ARGUMENT on a size mismatch.
   virtual absl::Status SetParam(int index, absl::Span<const float> host_values) = 0;
   virtual absl::Status GetParam(int index, absl::Span<float> host_out) const = 0;
-  // Forward and backward on one batch; returns the mean loss. on_grad_ready(i),
-  // if set, is called once per parameter as soon as its gradient is final;
-  // GetGrad(i) may be called inside it. Implementations say on which thread.
+  // Forward and backward on one batch; returns the mean loss once every
+  // gradient is computed. on_grad_ready(i), if set, is called once per
+  // parameter as soon as its gradient is final (on a GPU: queued), while
+  // backward continues; GetGrad(i) and StartGradCopy(i) may be called inside
+  // it. Implementations say on which thread.
   virtual absl::StatusOr<float> ForwardBackward(
       const float* x, const int32_t* labels, int batch,
       const std::function<void(int)>& on_grad_ready) = 0;
   virtual absl::Status GetGrad(int index, absl::Span<float> host_out) const = 0;
+  // Starts copying gradient `index` to the host without waiting for it: on
+  // a GPU the copy runs on its own stream into page-locked memory, behind the
+  // backward step that produced it and beside the ones after it.
+  // REQUIRES: the previous copy of `index` was waited for, and its fence is
+  // waited for before the next ForwardBackward.
+  virtual absl::StatusOr<PendingGrad> StartGradCopy(int index) = 0;
   // Correct argmax predictions on `batch` examples (forward only).
   virtual absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels,
                                            int batch) = 0;

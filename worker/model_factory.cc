@@ -41,6 +41,9 @@ class BackendOwningMlp final : public Model {
   absl::Status GetGrad(int index, absl::Span<float> out) const override {
     return mlp_->GetGrad(index, out);
   }
+  absl::StatusOr<PendingGrad> StartGradCopy(int index) override {
+    return mlp_->StartGradCopy(index);
+  }
   absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels,
                                    int batch) override {
     return mlp_->CountCorrect(x, labels, batch);

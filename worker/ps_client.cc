@@ -303,8 +303,10 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
 
 void PsClient::StartExchange(int tensor, int64_t clock, int64_t min_version,
                              absl::Span<const float> grad,
+                             std::unique_ptr<Fence> grad_ready,
                              absl::Span<float> params) {
-  exchange_->Start(tensor, clock, min_version, grad, params);
+  exchange_->Start(tensor, clock, min_version, grad, std::move(grad_ready),
+                   params);
 }
 
 absl::Status PsClient::FinishExchanges(PushStats* push_stats,

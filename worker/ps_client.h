@@ -92,7 +92,8 @@ class PsClient {
                         absl::Span<const absl::Span<float>> params,
                         PushStats* push_stats, PullStats* pull_stats);
 
-  // Overlapped exchange of one tensor: sends its gradient now and, once
+  // Overlapped exchange of one tensor: sends its gradient (as soon as
+  // `grad_ready`, if not null, has passed) and, once
   // every shard has taken it, asks for its parameters (at least
   // `min_version`) into `params`, which must stay valid until
   // FinishExchanges(). Meant to be called from backward as each layer's
@@ -100,7 +101,9 @@ class PsClient {
   // REQUIRES: Register() succeeded; no Push/Pull/PushPull until
   // FinishExchanges() returns.
   void StartExchange(int tensor, int64_t clock, int64_t min_version,
-                     absl::Span<const float> grad, absl::Span<float> params);
+                     absl::Span<const float> grad,
+                     std::unique_ptr<Fence> grad_ready,
+                     absl::Span<float> params);
   // Waits for every started exchange; the first error wins.
   absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
 

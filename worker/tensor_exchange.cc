@@ -1,6 +1,7 @@
 #include "worker/tensor_exchange.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
@@ -67,10 +68,12 @@ TensorExchange::~TensorExchange() {
 
 void TensorExchange::Start(int tensor, int64_t clock, int64_t min_version,
                            absl::Span<const float> grad,
+                           std::unique_ptr<Fence> grad_ready,
                            absl::Span<float> params) {
   absl::MutexLock lock(&mu_);
   pending_ += static_cast<int>(calls_[tensor].size());
-  queue_.push_back(Task{tensor, clock, min_version, grad, params});
+  queue_.push_back(
+      Task{tensor, clock, min_version, grad, std::move(grad_ready), params});
 }
 
 void TensorExchange::SendLoop() {
@@ -84,7 +87,7 @@ void TensorExchange::SendLoop() {
           },
           this));
       if (queue_.empty()) return;  // stopping
-      task = queue_.front();
+      task = std::move(queue_.front());
       queue_.pop_front();
     }
     Send(task);
@@ -92,6 +95,18 @@ void TensorExchange::SendLoop() {
 }
 
 void TensorExchange::Send(const Task& task) {
+  // The gradient may still be on its way from the GPU; the compute thread
+  // queues the next layers' backward meanwhile.
+  if (task.grad_ready != nullptr) {
+    const absl::Status copied = task.grad_ready->Wait();
+    if (!copied.ok()) {
+      const absl::Status failed(
+          copied.code(), absl::StrFormat("copying the gradient of tensor %d: %s",
+                                         task.tensor, copied.message()));
+      for (size_t i = 0; i < calls_[task.tensor].size(); ++i) Complete(failed);
+      return;
+    }
+  }
   for (std::unique_ptr<Call>& owned : calls_[task.tensor]) {
     Call* call = owned.get();
     call->params = task.params;

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "worker/fence.h"
 
 namespace shardtrain::worker {
 
@@ -71,9 +72,12 @@ class TensorExchange {
                  std::vector<int64_t>* versions, RpcRecorder recorder);
   ~TensorExchange();
 
-  // REQUIRES: `grad` and `params` stay valid until Finish() returns.
+  // Sends `grad` once `grad_ready` (if not null) has passed, then pulls
+  // into `params`. REQUIRES: `grad` and `params` stay valid until Finish()
+  // returns.
   void Start(int tensor, int64_t clock, int64_t min_version,
-             absl::Span<const float> grad, absl::Span<float> params);
+             absl::Span<const float> grad, std::unique_ptr<Fence> grad_ready,
+             absl::Span<float> params);
   absl::Status Finish(int64_t* max_staleness, double* max_wait_seconds,
                       int64_t* min_version);
 
@@ -84,6 +88,7 @@ class TensorExchange {
     int64_t clock;
     int64_t min_version;
     absl::Span<const float> grad;
+    std::unique_ptr<Fence> grad_ready;  // Null: grad is already there.
     absl::Span<float> params;
   };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <thread>
+#include <utility>
 
 #include <glog/logging.h>
 
@@ -70,12 +71,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   }
   for (const ParamInfo& param : trainer->model_->params()) {
     trainer->params_.emplace_back(NumElements(param), 0.0f);
-    trainer->grads_.emplace_back(NumElements(param), 0.0f);
   }
-  for (size_t i = 0; i < trainer->params_.size(); ++i) {
-    trainer->param_spans_.push_back(absl::MakeSpan(trainer->params_[i]));
-    trainer->grad_spans_.push_back(absl::MakeConstSpan(trainer->grads_[i]));
+  for (std::vector<float>& param : trainer->params_) {
+    trainer->param_spans_.push_back(absl::MakeSpan(param));
   }
+  trainer->grad_spans_.resize(trainer->params_.size());
   return trainer;
 }
 
@@ -131,14 +131,16 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   absl::Status grad_status;
   std::function<void(int)> on_grad_ready;
   if (options_.overlap) {
+    // The copy to the host runs beside the rest of backward (on a GPU, on
+    // its own stream); the exchange's sender waits for it, then pushes.
     on_grad_ready = [&](int i) {
-      absl::Status got = model_->GetGrad(i, absl::MakeSpan(grads_[i]));
-      if (!got.ok()) {
-        if (grad_status.ok()) grad_status = got;
+      absl::StatusOr<PendingGrad> grad = model_->StartGradCopy(i);
+      if (!grad.ok()) {
+        if (grad_status.ok()) grad_status = grad.status();
         return;
       }
-      client_->StartExchange(i, step + 1, next_min_version, grads_[i],
-                             param_spans_[i]);
+      client_->StartExchange(i, step + 1, next_min_version, grad->values,
+                             std::move(grad->ready), param_spans_[i]);
     };
   }
   absl::StatusOr<float> loss = model_->ForwardBackward(x, labels, batch, on_grad_ready);
@@ -148,8 +150,14 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   const absl::Time computed = absl::Now();
 
   if (!options_.overlap) {
-    for (size_t i = 0; i < grads_.size(); ++i) {
-      RETURN_IF_ERROR(model_->GetGrad(static_cast<int>(i), absl::MakeSpan(grads_[i])));
+    std::vector<PendingGrad> grads;
+    for (size_t i = 0; i < grad_spans_.size(); ++i) {
+      ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
+      grads.push_back(std::move(grad));
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      RETURN_IF_ERROR(grads[i].ready->Wait());
+      grad_spans_[i] = grads[i].values;
     }
     RETURN_IF_ERROR(client_->Push(step + 1, grad_spans_, &push));
   }

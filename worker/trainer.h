@@ -130,8 +130,8 @@ class Trainer {
   std::unique_ptr<Model> eval_model_;
 
   std::vector<std::vector<float>> params_;
-  std::vector<std::vector<float>> grads_;
   std::vector<absl::Span<float>> param_spans_;
+  // This step's gradients, in host memory the model owns.
   std::vector<absl::Span<const float>> grad_spans_;
   std::atomic<int64_t> clock_{0};
   // Exchanges of the last step are in flight; their pulls are the next

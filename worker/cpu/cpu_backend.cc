@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -67,6 +68,20 @@ void ReluGradOutOfPlace(int64_t n, const float* __restrict y,
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
+// On the CPU, host memory for asynchronous copies is ordinary memory.
+class CpuHostBuffer final : public HostBuffer {
+ public:
+  explicit CpuHostBuffer(std::unique_ptr<DeviceBuffer> memory)
+      : memory_(std::move(memory)) {}
+
+  float* data() override { return memory_->data(); }
+  const float* data() const override { return memory_->data(); }
+  size_t size() const override { return memory_->size(); }
+
+ private:
+  std::unique_ptr<DeviceBuffer> memory_;
+};
+
 class CpuBackend final : public Backend {
  public:
   absl::string_view Name() const override { return "cpu"; }
@@ -92,6 +107,19 @@ class CpuBackend final : public Backend {
   absl::Status DoCopyToHost(const float* src, size_t n, float* dst) override {
     std::memmove(dst, src, n * sizeof(float));
     return absl::OkStatus();
+  }
+  absl::StatusOr<std::unique_ptr<HostBuffer>> DoAllocateHost(
+      size_t n) override {
+    absl::StatusOr<std::unique_ptr<DeviceBuffer>> memory =
+        AllocateZeroed<float>(n);
+    if (!memory.ok()) return memory.status();
+    return std::make_unique<CpuHostBuffer>(std::move(memory).value());
+  }
+  // CPU work is done by the time a call returns, so the copy is too.
+  absl::StatusOr<std::unique_ptr<Fence>> DoCopyToHostAsync(
+      const float* src, size_t n, float* dst) override {
+    std::memmove(dst, src, n * sizeof(float));
+    return std::make_unique<DoneFence>();
   }
   absl::Status DoSynchronize() override { return absl::OkStatus(); }
 

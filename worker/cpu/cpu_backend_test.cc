@@ -63,6 +63,24 @@ TEST_F(CpuBackendTest, CopiesHonourOffsetsAndBounds) {
       absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CpuBackendTest, CopyToHostAsyncIsDoneOnReturn) {
+  auto buffer = Upload({1, 2, 3, 4, 5});
+  auto host = backend_->AllocateHost(3);
+  ASSERT_TRUE(host.ok()) << host.status();
+  ASSERT_EQ((*host)->size(), 3u);
+  EXPECT_EQ((*host)->data()[0], 0.0f);
+  const absl::Span<float> dst((*host)->data(), 3);
+  auto copied = backend_->CopyToHostAsync(*buffer, 2, dst);
+  ASSERT_TRUE(copied.ok()) << copied.status();
+  EXPECT_TRUE((*copied)->Wait().ok());
+  EXPECT_EQ(std::vector<float>(dst.begin(), dst.end()),
+            (std::vector<float>{3, 4, 5}));
+  EXPECT_EQ(backend_->CopyToHostAsync(*buffer, 3, dst).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->CopyToHostAsync(*buffer, SIZE_MAX, dst).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Reference row-major GEMM in double.
 std::vector<float> NaiveGemm(bool ta, bool tb, int m, int n, int k, float alpha,
                              const std::vector<float>& a,

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,32 @@ class CudaBuffer final : public TypedDeviceBuffer<T> {
  private:
   cuda::DeviceMemory<T> memory_;  // At least one element, so data() is valid.
   const size_t size_;
+};
+
+// Page-locked host memory behind the backend-neutral HostBuffer.
+class PinnedHostBuffer final : public HostBuffer {
+ public:
+  PinnedHostBuffer(cuda::PinnedBuffer<float> memory, size_t size)
+      : memory_(std::move(memory)), size_(size) {}
+
+  float* data() override { return memory_.data(); }
+  const float* data() const override { return memory_.data(); }
+  size_t size() const override { return size_; }
+
+ private:
+  cuda::PinnedBuffer<float> memory_;  // At least one element.
+  const size_t size_;
+};
+
+// Passes when the work captured by an event has finished. cudaEventSynchronize
+// needs no current device, so any thread may wait.
+class EventFence final : public Fence {
+ public:
+  explicit EventFence(cuda::CudaEvent event) : event_(std::move(event)) {}
+  absl::Status Wait() override { return event_.Synchronize(); }
+
+ private:
+  const cuda::CudaEvent event_;
 };
 
 cublasComputeType_t ComputeType(GemmPrecision precision) {
@@ -163,27 +190,26 @@ absl::Status CudaBackend::DoCopyToHost(const float* src, size_t n,
   return stream_.Synchronize();
 }
 
-absl::Status CudaBackend::CopyToHostAsync(const DeviceBuffer& src,
-                                          size_t src_offset,
-                                          absl::Span<float> dst,
-                                          cuda::CudaEvent* done) {
-  if (done == nullptr || done->get() == nullptr) {
-    return absl::InvalidArgumentError("CopyToHostAsync: done event is empty");
-  }
-  if (src_offset > src.size() || dst.size() > src.size() - src_offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CopyToHostAsync: range [", src_offset, ", ", src_offset, "+",
-        dst.size(), ") is outside a buffer of ", src.size(), " elements"));
-  }
+absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::DoAllocateHost(
+    size_t n) {
   RETURN_IF_ERROR(Activate());
-  if (!dst.empty()) {
-    RETURN_IF_ERROR(compute_mark_.Record(stream_.get()));
-    RETURN_IF_ERROR(copy_stream_.Wait(compute_mark_));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-        dst.data(), src.data() + src_offset, dst.size() * sizeof(float),
-        cudaMemcpyDeviceToHost, copy_stream_.get()));
-  }
-  return done->Record(copy_stream_.get());
+  ASSIGN_OR_RETURN(cuda::PinnedBuffer<float> memory,
+                   cuda::PinnedBuffer<float>::Create(std::max<size_t>(n, 1)));
+  std::memset(memory.data(), 0, memory.bytes());
+  return std::unique_ptr<HostBuffer>(new PinnedHostBuffer(std::move(memory), n));
+}
+
+absl::StatusOr<std::unique_ptr<Fence>> CudaBackend::DoCopyToHostAsync(
+    const float* src, size_t n, float* dst) {
+  RETURN_IF_ERROR(Activate());
+  ASSIGN_OR_RETURN(cuda::CudaEvent copied, cuda::CudaEvent::Create());
+  RETURN_IF_ERROR(compute_mark_.Record(stream_.get()));
+  RETURN_IF_ERROR(copy_stream_.Wait(compute_mark_));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n * sizeof(float),
+                                       cudaMemcpyDeviceToHost,
+                                       copy_stream_.get()));
+  RETURN_IF_ERROR(copied.Record(copy_stream_.get()));
+  return std::unique_ptr<Fence>(new EventFence(std::move(copied)));
 }
 
 absl::Status CudaBackend::DoSynchronize() {

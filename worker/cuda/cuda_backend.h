@@ -7,6 +7,8 @@
 // work is queued, except those documented in backend.h as blocking
 // (CopyToHost, SoftmaxCrossEntropy, ArgmaxCorrect, Synchronize). Host memory
 // passed to CopyFromHost may be reused as soon as the call returns.
+// CopyToHostAsync runs on a second stream, so gradient copies to pinned host
+// memory overlap the backward kernels queued after them.
 //
 // GEMM precision is an option: exact fp32 (the default, which matches the CPU
 // backend to ~1e-6 relative), TF32 tensor cores, or BF16 tensor cores with fp32
@@ -72,22 +74,9 @@ class CudaBackend final : public Backend {
   absl::string_view Name() const override { return "cuda"; }
   const CudaBackendOptions& options() const { return options_; }
 
-  // The stream all of this backend's work is queued on. Code that wants to
-  // overlap its own copies must order them against it with events.
+  // The stream all of this backend's work is queued on. Code that queues
+  // its own work (e.g. NCCL) must order it against this stream with events.
   cudaStream_t stream() const { return stream_.get(); }
-  // A second stream used by CopyToHostAsync.
-  cudaStream_t copy_stream() const { return copy_stream_.get(); }
-
-  // Queues a copy of src[src_offset, src_offset + dst.size()) to dst on
-  // copy_stream(), after all work queued on stream() so far (e.g. the backward
-  // step that wrote a gradient), and records `done` after it; compute queued
-  // later overlaps with the copy. INVALID_ARGUMENT if the range is outside
-  // src or done is empty.
-  // REQUIRES: dst is page-locked (cuda::PinnedBuffer) for the copy to be
-  // asynchronous; dst and src stay alive and src is not written until `done`
-  // has completed (done->Synchronize()).
-  absl::Status CopyToHostAsync(const DeviceBuffer& src, size_t src_offset,
-                               absl::Span<float> dst, cuda::CudaEvent* done);
 
  protected:
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> DoAllocate(size_t n) override;
@@ -97,6 +86,15 @@ class CudaBackend final : public Backend {
   absl::Status DoCopyLabelsFromHost(const int32_t* src, size_t n,
                                     int32_t* dst) override;
   absl::Status DoCopyToHost(const float* src, size_t n, float* dst) override;
+  // Page-locked memory (cudaMallocHost), so copies into it are truly
+  // asynchronous.
+  absl::StatusOr<std::unique_ptr<HostBuffer>> DoAllocateHost(
+      size_t n) override;
+  // Queued on copy_stream_ behind an event recorded on stream_, so the copy
+  // waits for the work that wrote src and overlaps whatever is queued on
+  // stream_ afterwards; the fence is an event recorded after the copy.
+  absl::StatusOr<std::unique_ptr<Fence>> DoCopyToHostAsync(
+      const float* src, size_t n, float* dst) override;
   absl::Status DoSynchronize() override;
   absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                       float alpha, const float* a, const float* b, float beta,
@@ -133,7 +131,7 @@ class CudaBackend final : public Backend {
   // Declared before everything that queues work on them, so they are
   // destroyed last.
   cuda::CudaStream stream_;
-  cuda::CudaStream copy_stream_;
+  cuda::CudaStream copy_stream_;              // CopyToHostAsync's copies.
   cuda::CublasHandle blas_;                    // Bound to stream_.
   cuda::CudaEvent compute_mark_;               // Orders copy_stream_ after stream_.
   cuda::DeviceMemory<float> row_loss_;         // SoftmaxCrossEntropy per-row loss.

@@ -15,7 +15,6 @@
 
 #include "gtest/gtest.h"
 #include "worker/cpu/cpu_backend.h"
-#include "worker/cuda/device_memory.h"
 #include "worker/mlp.h"
 #include "worker/model_spec.h"
 
@@ -273,29 +272,52 @@ TEST_F(BackendParity, ArgmaxCorrectFirstMaximumWinsTies) {
   EXPECT_EQ(counts[1], counts[0]);
 }
 
-TEST_F(BackendParity, CopyToHostAsyncIntoPinnedMemory) {
-  auto backend = CudaBackend::Create(CudaBackendOptions());
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  const std::vector<float> values = RandomVector(4096, 15);
-  auto buffer = (*backend)->Allocate(values.size());
-  ASSERT_TRUE(buffer.ok());
-  ASSERT_TRUE((*backend)->CopyFromHost(values, buffer->get(), 0).ok());
-  auto pinned = cuda::PinnedBuffer<float>::Create(1000);
-  ASSERT_TRUE(pinned.ok()) << pinned.status();
-  auto done = cuda::CudaEvent::Create();
-  ASSERT_TRUE(done.ok());
-  ASSERT_TRUE((*backend)
-                  ->CopyToHostAsync(**buffer, 100,
-                                    absl::MakeSpan(pinned->data(), 1000), &*done)
-                  .ok());
-  ASSERT_TRUE(done->Synchronize().ok());
-  EXPECT_TRUE(std::equal(pinned->data(), pinned->data() + 1000,
-                         values.begin() + 100));
-  EXPECT_EQ((*backend)
-                ->CopyToHostAsync(**buffer, 4000,
-                                  absl::MakeSpan(pinned->data(), 1000), &*done)
-                .code(),
+// The asynchronous copy must wait for the GEMM that wrote its source (it runs
+// on another stream) and must not be disturbed by work queued after it.
+TEST_F(BackendParity, CopyToHostAsyncSeesEarlierWorkOnly) {
+  const int m = 257, n = 129, k = 67;
+  const std::vector<float> a = RandomVector(size_t(m) * k, 15);
+  const std::vector<float> b = RandomVector(size_t(k) * n, 16);
+  std::vector<std::vector<float>> results;
+  for (Side* side : {&cpu_, &gpu_}) {
+    Backend& backend = *side->backend;
+    auto da = side->Upload(a);
+    auto db = side->Upload(b);
+    auto dc = backend.Allocate(size_t(m) * n);
+    auto scratch = backend.Allocate(size_t(m) * n);
+    ASSERT_TRUE(dc.ok() && scratch.ok());
+    ASSERT_TRUE(backend.Gemm(Trans::kNo, Trans::kNo, m, n, k, 1.0f, da->data(),
+                             db->data(), 0.0f, (*dc)->data())
+                    .ok());
+    auto host = backend.AllocateHost(size_t(m) * n - 7);
+    ASSERT_TRUE(host.ok()) << host.status();
+    auto copied = backend.CopyToHostAsync(
+        **dc, 7, absl::MakeSpan((*host)->data(), (*host)->size()));
+    ASSERT_TRUE(copied.ok()) << copied.status();
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(backend.Gemm(Trans::kNo, Trans::kNo, m, n, k, 1.0f,
+                               da->data(), db->data(), 0.0f,
+                               (*scratch)->data())
+                      .ok());
+    }
+    ASSERT_TRUE((*copied)->Wait().ok());
+    ASSERT_TRUE((*copied)->Wait().ok());  // Waiting again is allowed.
+    results.emplace_back((*host)->data(), (*host)->data() + (*host)->size());
+    ASSERT_TRUE(backend.Synchronize().ok());
+  }
+  EXPECT_LE(RelativeError(results[1], results[0]), kFp32Tolerance);
+}
+
+TEST_F(BackendParity, CopyToHostAsyncRejectsRangesOutsideTheSource) {
+  auto buffer = gpu_.backend->Allocate(4096);
+  auto host = gpu_.backend->AllocateHost(1000);
+  ASSERT_TRUE(buffer.ok() && host.ok());
+  const absl::Span<float> dst((*host)->data(), (*host)->size());
+  EXPECT_EQ(gpu_.backend->CopyToHostAsync(**buffer, 4000, dst).status().code(),
             absl::StatusCode::kInvalidArgument);
+  auto empty = gpu_.backend->CopyToHostAsync(**buffer, 4096, dst.subspan(0, 0));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE((*empty)->Wait().ok());
 }
 
 // A whole model: same parameters and batches on both backends, then the

@@ -209,6 +209,7 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
         "PipelineModel: the transport factory gave no transport, or one for "
         "a different number of stages");
   }
+  model->staging_ = GradStaging(model->params_.size());
   return model;
 }
 
@@ -261,6 +262,14 @@ absl::Status PipelineModel::GetGrad(int index,
   const Stage& stage = *stages_[param_stage_[index]];
   return stage.backend->CopyToHost(
       *stage.grad_sums[index - stage.first_param], 0, host_out);
+}
+
+absl::StatusOr<PendingGrad> PipelineModel::StartGradCopy(int index) {
+  const bool valid = index >= 0 && index < static_cast<int>(params_.size());
+  RETURN_IF_ERROR(CheckIndex(index, valid ? NumElements(params_[index]) : 0));
+  Stage& stage = *stages_[param_stage_[index]];
+  return staging_.Start(index, *stage.backend,
+                        *stage.grad_sums[index - stage.first_param]);
 }
 
 absl::Status PipelineModel::CheckBatch(const float* x, const int32_t* labels,
@@ -319,6 +328,8 @@ absl::StatusOr<float> PipelineModel::ForwardBackward(
   }
   transport_->Reset();
   RETURN_IF_ERROR(RunSchedule(step));
+  // Asynchronous (GPU) stages have only queued their last backward steps.
+  for (auto& stage : stages_) RETURN_IF_ERROR(stage->backend->Synchronize());
   return static_cast<float>(stages_.back()->weighted_loss);
 }
 

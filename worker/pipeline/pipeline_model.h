@@ -38,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "worker/backend.h"
+#include "worker/grad_staging.h"
 #include "worker/mlp.h"
 #include "worker/model.h"
 #include "worker/model_spec.h"
@@ -112,13 +113,16 @@ class PipelineModel : public Model {
   // the gradient of that mean. on_grad_ready(i) fires once per parameter as
   // soon as its gradient is final, i.e. after its stage's last backward
   // microbatch; with concurrent stages it runs on that stage's thread, but
-  // never two calls at once. Inside it GetGrad(i) is allowed, nothing else.
+  // never two calls at once. Inside it GetGrad(i) and StartGradCopy(i) are
+  // allowed, nothing else.
   absl::StatusOr<float> ForwardBackward(
       const float* x, const int32_t* labels, int batch,
       const std::function<void(int)>& on_grad_ready = nullptr) override;
 
   // As Mlp::GetGrad.
   absl::Status GetGrad(int index, absl::Span<float> host_out) const override;
+  // As Mlp::StartGradCopy, from the stage that holds the parameter.
+  absl::StatusOr<PendingGrad> StartGradCopy(int index) override;
 
   // As Mlp::CountCorrect: forward only, any batch >= 1, chunked.
   absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels,
@@ -153,6 +157,8 @@ class PipelineModel : public Model {
   std::unique_ptr<StageTransport> transport_;
   std::vector<ParamInfo> params_;
   std::vector<int> param_stage_;  // Parallel to params_.
+
+  GradStaging staging_{0};  // One slot per parameter.
 
   // Serialises on_grad_ready calls coming from different stage threads.
   absl::Mutex callback_mu_;
