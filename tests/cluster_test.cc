@@ -4,6 +4,7 @@
 // process is stopped when the test ends, pass or fail.
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -14,99 +15,52 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/payload.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "tests/cluster_util.h"
+#include "tests/local_cluster.h"
 
 namespace shardtrain {
 namespace {
 
 using testing::ProcessGroup;
 
-constexpr char kDataDir[] = "/usr/share/datasets/fashion-mnist";
 constexpr int kShards = 2;
 constexpr int kWorkers = 2;
 
-std::string Bin(const std::string& name) {
-  return absl::StrCat(SHARDTRAIN_BIN_DIR, "/", name);
+// 2 shards and 2 workers with run-local.sh's flags, on a subset.
+absl::StatusOr<testing::LocalCluster> StartCluster(ProcessGroup& group,
+                                                   const std::string& mode) {
+  testing::LocalClusterOptions options;
+  options.bin_dir = SHARDTRAIN_BIN_DIR;
+  options.mode = mode;
+  options.shards = kShards;
+  options.workers = kWorkers;
+  options.server_flags = {"--optimizer=adam", "--lr=0.002", "--max_staleness=4"};
+  options.worker_flags = {"--epochs=3", "--batch=32", "--max_train_examples=8000",
+                          "--max_test_examples=2000", "--linger_s=60"};
+  return testing::StartLocalCluster(group, options);
 }
 
-struct Cluster {
-  std::string dir;
-  std::vector<std::string> servers;
-  std::vector<int> shard_metrics_ports;
-  std::vector<int> worker_metrics_ports;
-  std::vector<pid_t> workers;
-};
-
-// Starts the shards and workers with the flags scripts/run-local.sh uses.
-void StartCluster(ProcessGroup& group, const std::string& mode, Cluster* cluster) {
-  cluster->dir = testing::MakeTempDir("shardtrain-cluster-");
-  ASSERT_FALSE(cluster->dir.empty());
-  for (int s = 0; s < kShards; ++s) {
-    const std::string port_file = absl::StrCat(cluster->dir, "/shard", s, ".ports");
-    ASSERT_TRUE(group
-                    .Start({Bin("ps-server"), absl::StrCat("--shard_index=", s),
-                            absl::StrCat("--num_shards=", kShards),
-                            absl::StrCat("--num_workers=", kWorkers),
-                            "--mode=" + mode, "--optimizer=adam", "--lr=0.002",
-                            "--max_staleness=4", "--port_file=" + port_file},
-                           absl::StrCat(cluster->dir, "/shard", s, ".log"))
-                    .ok());
-  }
-  for (int s = 0; s < kShards; ++s) {
-    auto ports = testing::ReadPortFile(absl::StrCat(cluster->dir, "/shard", s, ".ports"),
-                                       absl::Seconds(30));
-    ASSERT_TRUE(ports.ok()) << ports.status();
-    ASSERT_EQ(ports->size(), 2u);
-    cluster->servers.push_back(absl::StrCat("127.0.0.1:", (*ports)[0]));
-    cluster->shard_metrics_ports.push_back((*ports)[1]);
-  }
-  for (int w = 0; w < kWorkers; ++w) {
-    auto pid = group.Start(
-        {Bin("ps-worker"), "--servers=" + absl::StrJoin(cluster->servers, ","),
-         absl::StrCat("--worker_index=", w), absl::StrCat("--num_workers=", kWorkers),
-         "--epochs=3", "--batch=32", "--max_train_examples=8000",
-         "--max_test_examples=2000", "--linger_s=60",
-         absl::StrCat("--results=", cluster->dir, "/results.json"),
-         absl::StrCat("--port_file=", cluster->dir, "/worker", w, ".port")},
-        absl::StrCat(cluster->dir, "/worker", w, ".log"));
-    ASSERT_TRUE(pid.ok()) << pid.status();
-    cluster->workers.push_back(*pid);
-  }
-  for (int w = 0; w < kWorkers; ++w) {
-    auto ports = testing::ReadPortFile(absl::StrCat(cluster->dir, "/worker", w, ".port"),
-                                       absl::Seconds(30));
-    ASSERT_TRUE(ports.ok()) << ports.status();
-    cluster->worker_metrics_ports.push_back((*ports)[0]);
-  }
-}
-
-// Waits for the chief's results file; meanwhile records the most live
-// workers any shard reported.
-double WaitForResults(const Cluster& cluster, double* max_live_workers) {
-  const std::string results = cluster.dir + "/results.json";
-  const absl::Time deadline = absl::Now() + absl::Minutes(4);
-  while (absl::Now() < deadline && access(results.c_str(), F_OK) != 0) {
-    for (int port : cluster.shard_metrics_ports) {
-      auto body = testing::HttpGet(port, "/metrics");
-      if (body.ok()) {
-        *max_live_workers = std::max(
-            *max_live_workers, testing::SumByName(*body)["shardtrain_live_workers"]);
-      }
-    }
-    absl::SleepFor(absl::Milliseconds(200));
-  }
-  const std::string json = testing::ReadFile(results);
-  const size_t at = json.find("\"final_test_accuracy\": ");
-  if (at == std::string::npos) {
-    ADD_FAILURE() << "no results; chief log:\n"
-                  << testing::ReadFile(cluster.dir + "/worker0.log");
+// Waits for the chief's results; meanwhile records the most live workers
+// any shard reported.
+double WaitForResults(const testing::LocalCluster& cluster, double* max_live_workers) {
+  absl::StatusOr<double> accuracy =
+      testing::WaitForFinalAccuracy(cluster, absl::Minutes(4), [&] {
+        for (int port : cluster.shard_metrics_ports) {
+          auto body = testing::HttpGet(port, "/metrics");
+          if (body.ok()) {
+            *max_live_workers = std::max(
+                *max_live_workers, testing::SumByName(*body)["shardtrain_live_workers"]);
+          }
+        }
+      });
+  if (!accuracy.ok()) {
+    ADD_FAILURE() << accuracy.status();
     return 0;
   }
-  return std::stod(json.substr(at + 23));
+  return *accuracy;
 }
 
 void ExpectNonZero(const std::map<std::string, double>& sums,
@@ -120,9 +74,9 @@ void ExpectNonZero(const std::map<std::string, double>& sums,
 
 TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   ProcessGroup group;
-  Cluster cluster;
-  StartCluster(group, "async", &cluster);
-  if (HasFatalFailure()) return;
+  auto started = StartCluster(group, "async");
+  ASSERT_TRUE(started.ok()) << started.status();
+  const testing::LocalCluster& cluster = *started;
   double max_live = 0;
   const double accuracy = WaitForResults(cluster, &max_live);
   EXPECT_GE(accuracy, 0.75) << "3 epochs on 8000 examples";
@@ -162,9 +116,9 @@ TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
 
 TEST(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
   ProcessGroup group;
-  Cluster cluster;
-  StartCluster(group, "sync", &cluster);
-  if (HasFatalFailure()) return;
+  auto started = StartCluster(group, "sync");
+  ASSERT_TRUE(started.ok()) << started.status();
+  const testing::LocalCluster& cluster = *started;
   double max_live = 0;
   const double accuracy = WaitForResults(cluster, &max_live);
   EXPECT_GE(accuracy, 0.75);
@@ -205,7 +159,9 @@ TEST(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (access((std::string(shardtrain::kDataDir) + "/train-images-idx3-ubyte.gz").c_str(),
+  if (access((std::string(shardtrain::testing::kFashionMnistDir) +
+              "/train-images-idx3-ubyte.gz")
+                 .c_str(),
              R_OK) != 0) {
     std::fprintf(stderr, "Fashion-MNIST is not installed (dataset-fashion-mnist)\n");
     return 1;
