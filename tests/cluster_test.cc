@@ -45,9 +45,10 @@ absl::StatusOr<testing::LocalCluster> StartCluster(ProcessGroup& group,
 
 // Waits for the chief's results; meanwhile records the most live workers
 // any shard reported.
-double WaitForResults(const testing::LocalCluster& cluster, double* max_live_workers) {
+double WaitForResults(ProcessGroup& group, const testing::LocalCluster& cluster,
+                      double* max_live_workers) {
   absl::StatusOr<double> accuracy =
-      testing::WaitForFinalAccuracy(cluster, absl::Minutes(4), [&] {
+      testing::WaitForFinalAccuracy(group, cluster, absl::Minutes(4), [&] {
         for (int port : cluster.shard_metrics_ports) {
           auto body = testing::HttpGet(port, "/metrics");
           if (body.ok()) {
@@ -78,7 +79,7 @@ TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   ASSERT_TRUE(started.ok()) << started.status();
   const testing::LocalCluster& cluster = *started;
   double max_live = 0;
-  const double accuracy = WaitForResults(cluster, &max_live);
+  const double accuracy = WaitForResults(group, cluster, &max_live);
   EXPECT_GE(accuracy, 0.75) << "3 epochs on 8000 examples";
   EXPECT_EQ(max_live, kWorkers);  // as seen by the busiest shard
 
@@ -120,7 +121,7 @@ TEST(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
   ASSERT_TRUE(started.ok()) << started.status();
   const testing::LocalCluster& cluster = *started;
   double max_live = 0;
-  const double accuracy = WaitForResults(cluster, &max_live);
+  const double accuracy = WaitForResults(group, cluster, &max_live);
   EXPECT_GE(accuracy, 0.75);
 
   // A gradient for step 0, long finished, must be dropped and counted.

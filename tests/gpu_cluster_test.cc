@@ -30,7 +30,7 @@ absl::StatusOr<double> Train(const std::string& device, std::vector<std::string>
   options.worker_flags.insert(options.worker_flags.end(), extra.begin(), extra.end());
   absl::StatusOr<testing::LocalCluster> cluster = testing::StartLocalCluster(group, options);
   if (!cluster.ok()) return cluster.status();
-  return testing::WaitForFinalAccuracy(*cluster, absl::Minutes(8));
+  return testing::WaitForFinalAccuracy(group, *cluster, absl::Minutes(8));
 }
 
 class GpuCluster : public ::testing::Test {

@@ -6,6 +6,28 @@
 #include "absl/strings/str_join.h"
 
 namespace shardtrain::testing {
+namespace {
+
+// The ports `pid` writes to `port_file` once it serves; fails at once,
+// with the process's log, if it exits first.
+absl::StatusOr<std::vector<int>> WaitForPorts(ProcessGroup& group, pid_t pid,
+                                              const std::string& port_file,
+                                              const std::string& log) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<int>> ports = ReadPortFile(port_file, absl::Milliseconds(250));
+    if (ports.ok()) return ports;
+    absl::StatusOr<int> exited = group.Wait(pid, absl::ZeroDuration());
+    if (exited.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "process ", pid, " exited with ", *exited, " before serving; its log:\n", ReadFile(log)));
+    }
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no ports in ", port_file, " after 30 s; log:\n", ReadFile(log)));
+}
+
+}  // namespace
 
 absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
                                                const LocalClusterOptions& options) {
@@ -14,6 +36,7 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
   if (cluster.dir.empty()) return absl::InternalError("cannot make a temporary directory");
   const std::string server_bin = absl::StrCat(options.bin_dir, "/ps-server");
   const std::string worker_bin = absl::StrCat(options.bin_dir, "/ps-worker");
+  std::vector<pid_t> shard_pids;
   for (int s = 0; s < options.shards; ++s) {
     std::vector<std::string> argv = {
         server_bin, absl::StrCat("--shard_index=", s),
@@ -23,10 +46,12 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
     argv.insert(argv.end(), options.server_flags.begin(), options.server_flags.end());
     absl::StatusOr<pid_t> pid = group.Start(argv, absl::StrCat(cluster.dir, "/shard", s, ".log"));
     if (!pid.ok()) return pid.status();
+    shard_pids.push_back(*pid);
   }
   for (int s = 0; s < options.shards; ++s) {
     absl::StatusOr<std::vector<int>> ports =
-        ReadPortFile(absl::StrCat(cluster.dir, "/shard", s, ".ports"), absl::Seconds(30));
+        WaitForPorts(group, shard_pids[s], absl::StrCat(cluster.dir, "/shard", s, ".ports"),
+                     absl::StrCat(cluster.dir, "/shard", s, ".log"));
     if (!ports.ok()) return ports.status();
     if (ports->size() != 2) return absl::InternalError("a shard's port file needs 2 ports");
     cluster.servers.push_back(absl::StrCat("127.0.0.1:", (*ports)[0]));
@@ -45,33 +70,32 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
   }
   for (int w = 0; w < options.workers; ++w) {
     absl::StatusOr<std::vector<int>> ports =
-        ReadPortFile(absl::StrCat(cluster.dir, "/worker", w, ".port"), absl::Seconds(30));
-    if (!ports.ok()) {
-      return absl::Status(ports.status().code(),
-                          absl::StrCat("worker ", w, ": ", ports.status().message(), "; its log:\n",
-                                       ReadFile(absl::StrCat(cluster.dir, "/worker", w, ".log"))));
-    }
+        WaitForPorts(group, cluster.workers[w], absl::StrCat(cluster.dir, "/worker", w, ".port"),
+                     absl::StrCat(cluster.dir, "/worker", w, ".log"));
+    if (!ports.ok()) return ports.status();
     cluster.worker_metrics_ports.push_back((*ports)[0]);
   }
   return cluster;
 }
 
-absl::StatusOr<double> WaitForFinalAccuracy(const LocalCluster& cluster,
+absl::StatusOr<double> WaitForFinalAccuracy(ProcessGroup& group, const LocalCluster& cluster,
                                             absl::Duration timeout,
                                             const std::function<void()>& while_waiting) {
   const std::string results = cluster.dir + "/results.json";
   const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline && access(results.c_str(), F_OK) != 0) {
+  bool chief_exited = false;
+  while (absl::Now() < deadline && !chief_exited && access(results.c_str(), F_OK) != 0) {
     if (while_waiting) while_waiting();
-    absl::SleepFor(absl::Milliseconds(200));
+    chief_exited = group.Wait(cluster.workers[0], absl::Milliseconds(200)).ok();
   }
   const std::string json = ReadFile(results);
   constexpr char kKey[] = "\"final_test_accuracy\": ";
   const size_t at = json.find(kKey);
   if (at == std::string::npos) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("no results within ", absl::FormatDuration(timeout), "; chief log:\n",
-                     ReadFile(cluster.dir + "/worker0.log")));
+    return absl::DeadlineExceededError(absl::StrCat(
+        chief_exited ? "the chief exited without results"
+                     : absl::StrCat("no results within ", absl::FormatDuration(timeout)),
+        "; chief log:\n", ReadFile(cluster.dir + "/worker0.log")));
   }
   return std::stod(json.substr(at + sizeof(kKey) - 1));
 }

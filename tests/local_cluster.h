@@ -40,15 +40,17 @@ struct LocalCluster {
 };
 
 // Starts the shards, waits for their ports, then starts the workers and
-// waits for their metrics ports (30 s each at most).
+// waits for their metrics ports (30 s each at most; a process that exits
+// first fails the start at once, with its log).
 absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
                                                const LocalClusterOptions& options);
 
 // Waits up to `timeout` for the chief's results.json and returns its final
-// test accuracy; on failure the message includes the chief's log. Until
-// then, `while_waiting` (if set) runs every 200 ms.
+// test accuracy; fails at once if the chief exits without it, and the
+// message then includes the chief's log. Until then, `while_waiting` (if
+// set) runs about every 200 ms.
 absl::StatusOr<double> WaitForFinalAccuracy(
-    const LocalCluster& cluster, absl::Duration timeout,
+    ProcessGroup& group, const LocalCluster& cluster, absl::Duration timeout,
     const std::function<void()>& while_waiting = nullptr);
 
 }  // namespace shardtrain::testing
