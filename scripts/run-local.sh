@@ -9,14 +9,16 @@
 #       [--lr X] [--lr-schedule cosine|constant] [--batch N]
 #       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
-#       [--device cpu|cuda] [--results FILE] [--logs DIR] [--no-build]
+#       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
+#       [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
 max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
-stages=1 microbatches=1 pipe_schedule=1f1b device=cpu results="" logs="" build=1
+stages=1 microbatches=1 pipe_schedule=1f1b device=cpu gemm_precision=fp32
+results="" logs="" build=1
 server_extra=()
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -36,6 +38,7 @@ while [ $# -gt 0 ]; do
     --microbatches) microbatches=$2; shift 2 ;;
     --schedule) pipe_schedule=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
+    --gemm-precision) gemm_precision=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
     --no-build) build=0; shift ;;
@@ -106,7 +109,8 @@ log "training $model with $workers workers, $shards shards, $mode mode, $optimiz
 worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
-        --model="$model" --batch="$batch" --epochs="$epochs" --device="$device"
+        --model="$model" --batch="$batch" --epochs="$epochs"
+        --device="$device" --gemm_precision="$gemm_precision"
         --overlap="$overlap" --pipeline_stages="$stages"
         --microbatches="$microbatches" --schedule="$pipe_schedule"
         --port_file="$run_dir/ports/worker$w")

@@ -39,6 +39,9 @@ ABSL_FLAG(int, max_train_examples, -1, "Use only this many training examples");
 ABSL_FLAG(int, max_test_examples, -1, "Use only this many test examples");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads for the cpu device");
+ABSL_FLAG(std::string, gemm_precision, "fp32",
+          "GEMM compute on cuda: fp32, tf32 or bf16 (tensor cores, fp32 "
+          "accumulation)");
 ABSL_FLAG(std::string, wire_dtype, "f32", "Dtype on the wire: f32, f16 or bf16");
 ABSL_FLAG(int64_t, max_partition_elements,
           shardtrain::common::kDefaultMaxPartitionElements,
@@ -83,6 +86,7 @@ absl::Status RunWorker() {
                    worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
   model_options.device = absl::GetFlag(FLAGS_device);
   model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  model_options.gemm_precision = absl::GetFlag(FLAGS_gemm_precision);
   model_options.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
   model_options.microbatches = absl::GetFlag(FLAGS_microbatches);
   model_options.schedule = absl::GetFlag(FLAGS_schedule);

@@ -66,19 +66,34 @@ int VisibleGpus() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device,
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ModelOptions& options,
                                                      int gpu_index) {
-  if (device == "cpu") return MakeCpuBackend();
-  if (device == "cuda") {
+  const std::string& precision = options.gemm_precision;
+  if (precision != "fp32" && precision != "tf32" && precision != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gemm_precision must be fp32, tf32 or bf16, got ", precision));
+  }
+  if (options.device == "cpu") {
+    if (precision != "fp32") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--gemm_precision=", precision,
+          " needs --device=cuda: the cpu backend multiplies in fp32"));
+    }
+    return MakeCpuBackend();
+  }
+  if (options.device == "cuda") {
 #if SHARDTRAIN_WITH_CUDA
     if (!CudaDeviceAvailable()) {
       return absl::FailedPreconditionError(
           "--device=cuda: this build has CUDA, but no CUDA device is present "
           "(no GPU visible or no driver loaded)");
     }
-    CudaBackendOptions options;
-    options.device = gpu_index;
-    return MakeCudaBackend(options);
+    CudaBackendOptions cuda_options;
+    cuda_options.device = gpu_index;
+    cuda_options.gemm_precision = precision == "tf32"   ? GemmPrecision::kTf32
+                                  : precision == "bf16" ? GemmPrecision::kBf16
+                                                        : GemmPrecision::kFp32;
+    return MakeCudaBackend(cuda_options);
 #else
     (void)gpu_index;
     return absl::FailedPreconditionError(
@@ -87,18 +102,18 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device,
 #endif
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--device must be cpu or cuda, got ", device));
+      absl::StrCat("--device must be cpu or cuda, got ", options.device));
 }
 
 absl::StatusOr<ModelFactory> MakeModelFactory(const ModelOptions& options) {
   if (options.device == "cpu") SetCpuMathThreads(options.cpu_threads);
   // Fail now, with the device's own message, rather than inside training.
-  RETURN_IF_ERROR(MakeBackend(options.device).status());
+  RETURN_IF_ERROR(MakeBackend(options).status());
   if (options.pipeline_stages <= 1) {
     // The backend outlives every model the factory makes.
     std::shared_ptr<Backend> backend;
     {
-      ASSIGN_OR_RETURN(std::unique_ptr<Backend> owned, MakeBackend(options.device));
+      ASSIGN_OR_RETURN(std::unique_ptr<Backend> owned, MakeBackend(options));
       backend = std::move(owned);
     }
     const ModelSpec spec = options.spec;
@@ -128,7 +143,7 @@ absl::StatusOr<ModelFactory> MakeModelFactory(const ModelOptions& options) {
     const int gpus = VisibleGpus();
     std::vector<std::unique_ptr<Backend>> backends;
     for (int s = 0; s < copy.pipeline_stages; ++s) {
-      ASSIGN_OR_RETURN(backends.emplace_back(), MakeBackend(copy.device, s % gpus));
+      ASSIGN_OR_RETURN(backends.emplace_back(), MakeBackend(copy, s % gpus));
     }
     ASSIGN_OR_RETURN(
         auto model,

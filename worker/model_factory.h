@@ -20,6 +20,9 @@ struct ModelOptions {
   std::string device = "cpu";
   // OpenBLAS threads for the cpu device.
   int cpu_threads = 1;
+  // How GEMMs multiply on cuda: "fp32" (exact, matches the CPU), "tf32" or
+  // "bf16" (tensor cores, fp32 accumulation). The cpu device takes only fp32.
+  std::string gemm_precision = "fp32";
   // Contiguous pipeline stages (1: no pipeline), one device each; GPU
   // stages go round-robin over the visible GPUs.
   int pipeline_stages = 1;
@@ -29,9 +32,11 @@ struct ModelOptions {
   std::string schedule = "1f1b";
 };
 
-// One backend of `device`. cuda needs a CUDA build and a visible GPU; the
-// FAILED_PRECONDITION says which is missing.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device,
+// One backend of options.device (GPU `gpu_index` for cuda) with its GEMM
+// precision. cuda needs a CUDA build and a visible GPU; the
+// FAILED_PRECONDITION says which is missing. INVALID_ARGUMENT for an
+// unknown device or precision, or a reduced precision on the cpu.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const ModelOptions& options,
                                                      int gpu_index = 0);
 
 // Checks `options` (the device exists, the stages fit the model) and returns
