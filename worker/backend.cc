@@ -105,6 +105,15 @@ absl::Status Backend::Gemm(Trans trans_a, Trans trans_b, int m, int n, int k,
   return DoGemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
 
+absl::Status Backend::Axpby(int64_t n, float alpha, const float* x, float beta,
+                            float* y) {
+  RETURN_IF_ERROR(CheckNonNegative("Axpby", "n", n));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckNotNull("Axpby", "x", x));
+  RETURN_IF_ERROR(CheckNotNull("Axpby", "y", y));
+  return DoAxpby(n, alpha, x, beta, y);
+}
+
 absl::Status Backend::AddBias(int rows, int cols, const float* bias, float* x) {
   RETURN_IF_ERROR(CheckShape("AddBias", rows, cols));
   if (rows == 0 || cols == 0) return absl::OkStatus();

@@ -134,6 +134,12 @@ class Backend {
                     float alpha, const float* a, const float* b, float beta,
                     float* c);
 
+  // y = alpha * x + beta * y elementwise over n values, in fp32 on every
+  // backend whatever the GEMM precision. With beta == 0, y is overwritten
+  // even if it held NaNs. REQUIRES: x and y are the same or do not overlap.
+  absl::Status Axpby(int64_t n, float alpha, const float* x, float beta,
+                     float* y);
+
   // x[r,c] += bias[c] for x of shape [rows, cols].
   absl::Status AddBias(int rows, int cols, const float* bias, float* x);
 
@@ -187,6 +193,8 @@ class Backend {
   virtual absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                               float alpha, const float* a, const float* b,
                               float beta, float* c) = 0;
+  virtual absl::Status DoAxpby(int64_t n, float alpha, const float* x,
+                               float beta, float* y) = 0;
   virtual absl::Status DoAddBias(int rows, int cols, const float* bias,
                                  float* x) = 0;
   virtual absl::Status DoColumnSum(int rows, int cols, const float* x,

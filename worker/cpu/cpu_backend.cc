@@ -126,6 +126,15 @@ class CpuBackend final : public Backend {
   absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                       float alpha, const float* a, const float* b, float beta,
                       float* c) override;
+  absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
+                       float* y) override {
+    if (beta == 0.0f) {
+      for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta * y[i];
+    }
+    return absl::OkStatus();
+  }
   absl::Status DoAddBias(int rows, int cols, const float* bias,
                          float* x) override;
   absl::Status DoColumnSum(int rows, int cols, const float* x,

@@ -171,6 +171,23 @@ TEST_F(CpuBackendTest, RejectsNegativeShapesAndNullPointers) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(CpuBackendTest, AxpbyAccumulatesAndOverwritesNaNsWithZeroBeta) {
+  const auto x = RandomVector(11, 7);
+  auto dx = Upload(x);
+  auto dy = Upload(std::vector<float>(11, std::numeric_limits<float>::quiet_NaN()));
+  ASSERT_TRUE(backend_->Axpby(11, 0.5f, dx->data(), 0.0f, dy->data()).ok());
+  ASSERT_TRUE(backend_->Axpby(11, 2.0f, dx->data(), 1.0f, dy->data()).ok());
+  const auto got = Download(*dy);
+  for (int i = 0; i < 11; ++i) EXPECT_FLOAT_EQ(got[i], 2.5f * x[i]);
+  ASSERT_TRUE(backend_->Axpby(11, 1.0f, dy->data(), 1.0f, dy->data()).ok());  // y += y
+  EXPECT_FLOAT_EQ(Download(*dy)[3], 5.0f * x[3]);
+  EXPECT_TRUE(backend_->Axpby(0, 1.0f, nullptr, 1.0f, nullptr).ok());
+  EXPECT_EQ(backend_->Axpby(-1, 1.0f, dx->data(), 1.0f, dy->data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->Axpby(3, 1.0f, nullptr, 1.0f, dy->data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuBackendTest, AddBiasAndColumnSumOddShapes) {
   const int rows = 7, cols = 13;
   const auto x = RandomVector(rows * cols, 4);

@@ -6,7 +6,9 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/cuda/internal/kernels.h"
@@ -46,14 +48,25 @@ class PinnedHostBuffer final : public HostBuffer {
 };
 
 // Passes when the work captured by an event has finished. cudaEventSynchronize
-// needs no current device, so any thread may wait.
+// needs no current device, so any thread may wait; the first answer is kept,
+// so a later, unrelated failure cannot change it.
 class EventFence final : public Fence {
  public:
   explicit EventFence(cuda::CudaEvent event) : event_(std::move(event)) {}
-  absl::Status Wait() override { return event_.Synchronize(); }
+  absl::Status Wait() override {
+    absl::MutexLock lock(&mu_);
+    if (!waited_) {
+      status_ = event_.Synchronize();
+      waited_ = true;
+    }
+    return status_;
+  }
 
  private:
   const cuda::CudaEvent event_;
+  absl::Mutex mu_;
+  bool waited_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 cublasComputeType_t ComputeType(GemmPrecision precision) {
@@ -168,9 +181,13 @@ absl::Status CudaBackend::DoCopyFromHost(const float* src, size_t n,
                                          float* dst) {
   RETURN_IF_ERROR(Activate());
   // From pageable memory the runtime stages the data before returning, so
-  // the caller may reuse src at once.
+  // the caller may reuse src at once. From page-locked memory the copy is
+  // truly asynchronous: wait for it to keep that promise.
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n * sizeof(float),
                                        cudaMemcpyHostToDevice, stream_.get()));
+  cudaPointerAttributes attributes{};
+  CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, src));
+  if (attributes.type == cudaMemoryTypeHost) return stream_.Synchronize();
   return absl::OkStatus();
 }
 
@@ -202,7 +219,8 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::DoAllocateHost(
 absl::StatusOr<std::unique_ptr<Fence>> CudaBackend::DoCopyToHostAsync(
     const float* src, size_t n, float* dst) {
   RETURN_IF_ERROR(Activate());
-  ASSIGN_OR_RETURN(cuda::CudaEvent copied, cuda::CudaEvent::Create());
+  // Another thread waits on it: let that thread sleep rather than spin.
+  ASSIGN_OR_RETURN(cuda::CudaEvent copied, cuda::CudaEvent::CreateBlocking());
   RETURN_IF_ERROR(compute_mark_.Record(stream_.get()));
   RETURN_IF_ERROR(copy_stream_.Wait(compute_mark_));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n * sizeof(float),
@@ -244,6 +262,14 @@ absl::Status CudaBackend::DoGemm(Trans trans_a, Trans trans_b, int m, int n,
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::DoAxpby(int64_t n, float alpha, const float* x,
+                                  float beta, float* y) {
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(
+      cuda::internal::LaunchAxpby(n, alpha, x, beta, y, stream_.get()));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::DoAddBias(int rows, int cols, const float* bias,
                                     float* x) {
   RETURN_IF_ERROR(Activate());
@@ -281,8 +307,13 @@ absl::Status CudaBackend::ReserveRows(int rows) {
   const size_t size = std::max<size_t>(rows, 2 * row_loss_.size());
   // The old buffers may still be read by queued work.
   RETURN_IF_ERROR(stream_.Synchronize());
-  ASSIGN_OR_RETURN(row_loss_, cuda::DeviceMemory<float>::Create(size));
-  ASSIGN_OR_RETURN(host_row_loss_, cuda::PinnedBuffer<float>::Create(size));
+  // Both or neither: the two must stay the same size.
+  ASSIGN_OR_RETURN(cuda::DeviceMemory<float> device,
+                   cuda::DeviceMemory<float>::Create(size));
+  ASSIGN_OR_RETURN(cuda::PinnedBuffer<float> host,
+                   cuda::PinnedBuffer<float>::Create(size));
+  row_loss_ = std::move(device);
+  host_row_loss_ = std::move(host);
   return absl::OkStatus();
 }
 

@@ -99,6 +99,8 @@ class CudaBackend final : public Backend {
   absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                       float alpha, const float* a, const float* b, float beta,
                       float* c) override;
+  absl::Status DoAxpby(int64_t n, float alpha, const float* x, float beta,
+                       float* y) override;
   absl::Status DoAddBias(int rows, int cols, const float* bias,
                          float* x) override;
   absl::Status DoColumnSum(int rows, int cols, const float* x,

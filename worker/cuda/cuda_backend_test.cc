@@ -176,6 +176,41 @@ TEST_F(BackendParity, AddBiasAndColumnSum) {
   }
 }
 
+TEST_F(BackendParity, AxpbyInAndOutOfPlace) {
+  const int64_t n = 100003;
+  const std::vector<float> x = RandomVector(n, 17);
+  const std::vector<float> y = RandomVector(n, 18);
+  std::vector<std::vector<float>> out, doubled;
+  for (Side* side : {&cpu_, &gpu_}) {
+    auto dx = side->Upload(x);
+    auto dy = side->Upload(y);
+    auto dz = side->Upload(std::vector<float>(n, std::nanf("")));
+    ASSERT_TRUE(side->backend->Axpby(n, 0.25f, dx->data(), 1.0f, dy->data()).ok());
+    ASSERT_TRUE(side->backend->Axpby(n, 3.0f, dx->data(), 0.0f, dz->data()).ok());
+    ASSERT_TRUE(side->backend->Axpby(n, 1.0f, dz->data(), 1.0f, dz->data()).ok());
+    out.push_back(side->Download(*dy));
+    doubled.push_back(side->Download(*dz));
+  }
+  EXPECT_LE(RelativeError(out[1], out[0]), kFp32Tolerance);
+  EXPECT_LE(RelativeError(doubled[1], doubled[0]), kFp32Tolerance);
+}
+
+// Pipeline gradient accumulation goes through Axpby, which must stay fp32
+// when the GEMMs are tf32/bf16.
+TEST(CudaBackendPrecision, AxpbyIsFp32UnderReducedPrecisionGemms) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  CudaBackendOptions options;
+  options.gemm_precision = GemmPrecision::kBf16;
+  auto backend = MakeCudaBackend(options);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  Side gpu{std::move(backend).value()};
+  const std::vector<float> x = {1.0f + 1.0f / 1024, 3.14159265f, 1e-3f + 1e-7f};
+  auto dx = gpu.Upload(x);
+  auto dy = gpu.Upload(std::vector<float>(3, 0.0f));
+  ASSERT_TRUE(gpu.backend->Axpby(3, 1.0f, dx->data(), 0.0f, dy->data()).ok());
+  EXPECT_EQ(gpu.Download(*dy), x);  // bf16 would round every one of these.
+}
+
 TEST_F(BackendParity, ColumnSumOfNoRowsIsZero) {
   auto out = gpu_.Upload({1, 2, 3});
   ASSERT_TRUE(gpu_.backend->ColumnSum(0, 3, nullptr, out->data()).ok());

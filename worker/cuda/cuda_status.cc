@@ -46,6 +46,10 @@ absl::StatusCode CodeFor(cublasStatus_t code) {
 absl::Status CudaStatus(cudaError_t code, const char* expr, const char* file,
                         int line) {
   if (code == cudaSuccess) return absl::OkStatus();
+  // The runtime also keeps the error as the thread's "last error", which the
+  // next kernel launch's cudaGetLastError() would report as its own. The
+  // error is handled here, so clear it (sticky errors stay regardless).
+  cudaGetLastError();
   return absl::Status(
       CodeFor(code),
       absl::StrCat(expr, " failed: ", cudaGetErrorName(code), " (",

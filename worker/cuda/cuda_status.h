@@ -26,7 +26,9 @@
 namespace shardtrain::worker::cuda {
 
 // Ok for cudaSuccess, otherwise an error whose message holds `expr`,
-// cudaGetErrorName/String and file:line.
+// cudaGetErrorName/String and file:line. Clears the thread's last-error
+// state, so a handled failure (say, an allocation) does not resurface as
+// the error of a later kernel launch.
 absl::Status CudaStatus(cudaError_t code, const char* expr, const char* file,
                         int line);
 // Ok for CUBLAS_STATUS_SUCCESS, otherwise as above with cuBLAS's strings.

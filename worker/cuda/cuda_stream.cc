@@ -42,6 +42,13 @@ absl::StatusOr<CudaEvent> CudaEvent::Create(bool timing) {
   return event;
 }
 
+absl::StatusOr<CudaEvent> CudaEvent::CreateBlocking() {
+  CudaEvent event;
+  CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(
+      &event.event_, cudaEventDisableTiming | cudaEventBlockingSync));
+  return event;
+}
+
 CudaEvent::~CudaEvent() {
   if (event_ == nullptr) return;
   const cudaError_t code = cudaEventDestroy(event_);

@@ -60,6 +60,10 @@ class CudaEvent {
   // timing: whether ElapsedMs works; events without timing are cheaper to
   // record and wait on.
   static absl::StatusOr<CudaEvent> Create(bool timing = false);
+  // Without timing, and a host thread in Synchronize() sleeps until the
+  // event passes instead of spinning (cudaEventBlockingSync): for events a
+  // thread that has other work to share the CPU with waits on.
+  static absl::StatusOr<CudaEvent> CreateBlocking();
 
   CudaEvent() = default;  // Empty: not usable until assigned from Create().
   CudaEvent(CudaEvent&& other) noexcept

@@ -40,6 +40,14 @@ __global__ void ScaleKernel(int64_t n, float beta, float* __restrict__ x) {
   }
 }
 
+// x and y may be the same array, so neither is __restrict__.
+__global__ void AxpbyKernel(int64_t n, float alpha, const float* x, float beta,
+                            float* y) {
+  for (int64_t i = GlobalIndex(); i < n; i += GridStride()) {
+    y[i] = beta == 0.0f ? alpha * x[i] : alpha * x[i] + beta * y[i];
+  }
+}
+
 __global__ void AddBiasKernel(int64_t n, int cols,
                               const float* __restrict__ bias,
                               float* __restrict__ x) {
@@ -174,6 +182,13 @@ __global__ void ArgmaxCorrectKernel(int rows, int cols,
 cudaError_t LaunchScale(int64_t n, float beta, float* x, cudaStream_t stream) {
   const Launch l = LinearLaunch(n);
   ScaleKernel<<<l.blocks, l.threads, 0, stream>>>(n, beta, x);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAxpby(int64_t n, float alpha, const float* x, float beta,
+                        float* y, cudaStream_t stream) {
+  const Launch l = LinearLaunch(n);
+  AxpbyKernel<<<l.blocks, l.threads, 0, stream>>>(n, alpha, x, beta, y);
   return cudaGetLastError();
 }
 

@@ -57,9 +57,13 @@ TEST(NcclCommTest, AllReduceAcrossTheLocalGpus) {
     auto stream = CudaStream::Create();
     ASSERT_TRUE(buffer.ok() && stream.ok());
     std::vector<float> host(kN, static_cast<float>(d + 1));
-    ASSERT_EQ(cudaMemcpy(buffer->data(), host.data(), buffer->bytes(),
-                         cudaMemcpyHostToDevice),
+    // On the stream the all-reduce runs on, so it is ordered before it (a
+    // plain cudaMemcpy runs on the legacy stream, which non-blocking
+    // streams do not wait for).
+    ASSERT_EQ(cudaMemcpyAsync(buffer->data(), host.data(), buffer->bytes(),
+                              cudaMemcpyHostToDevice, stream->get()),
               cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream->get()), cudaSuccess);
     buffers.push_back(std::move(buffer).value());
     streams.push_back(std::move(stream).value());
   }

@@ -1,7 +1,6 @@
 #include "worker/pipeline/pipeline_model.h"
 
 #include <algorithm>
-#include <climits>
 #include <thread>
 #include <utility>
 
@@ -25,7 +24,6 @@ struct PipelineModel::Stage {
   std::vector<std::pair<int, int>> param_slots;
   // Per local parameter: the gradient summed over the step's microbatches.
   std::vector<std::unique_ptr<DeviceBuffer>> grad_sums;
-  std::unique_ptr<DeviceBuffer> one;  // A single 1.0f, for Accumulate.
   int widest = 0;                     // Widest activation of the stage.
 
   // Activation slots, each holding one microbatch's activations:
@@ -159,10 +157,6 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
           backend->Allocate(stage->layers[layer]->grad(local)->size()));
       stage->grad_sums.push_back(std::move(sum));
     }
-    ASSIGN_OR_RETURN(stage->one, backend->Allocate(1));
-    const float one = 1.0f;
-    RETURN_IF_ERROR(
-        backend->CopyFromHost(absl::MakeConstSpan(&one, 1), stage->one.get(), 0));
 
     stage->widest = stage->in_dim();
     for (const auto& layer : stage->layers) {
@@ -510,21 +504,14 @@ absl::Status PipelineModel::RunBackward(int s, int mb, StepState& step) {
   for (int l = static_cast<int>(stage.layers.size()) - 1; l >= 0; --l) {
     Layer& layer = *stage.layers[l];
     const int first_local = next_local - layer.num_params();
-    // sum = weight * grad + beta * sum, as a [1,1]x[1,n] GEMM: the Backend
-    // has no axpy, and this keeps the accumulation on the device.
+    // sum = weight * grad + beta * sum on the device, in fp32 whatever the
+    // GEMM precision.
     auto accumulate = [&](int j) {
       if (!accumulate_status.ok()) return;
       const int local = first_local + j;
-      const float* grad = layer.grad(j)->data();
-      float* sum = stage.grad_sums[local]->data();
-      const int64_t n = static_cast<int64_t>(layer.grad(j)->size());
-      for (int64_t start = 0; start < n && accumulate_status.ok();
-           start += INT_MAX) {
-        const int chunk = static_cast<int>(std::min<int64_t>(INT_MAX, n - start));
-        accumulate_status = backend.Gemm(Trans::kNo, Trans::kNo, 1, chunk, 1,
-                                         weight, stage.one->data(),
-                                         grad + start, beta, sum + start);
-      }
+      accumulate_status = backend.Axpby(
+          static_cast<int64_t>(layer.grad(j)->size()), weight,
+          layer.grad(j)->data(), beta, stage.grad_sums[local]->data());
       if (accumulate_status.ok() && final_microbatch &&
           step.on_grad_ready != nullptr) {
         absl::MutexLock lock(&callback_mu_);

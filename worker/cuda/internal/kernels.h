@@ -17,6 +17,11 @@ namespace shardtrain::worker::cuda::internal {
 // x[i] = beta == 0 ? 0 : beta * x[i] for i < n (NaNs cleared when beta == 0).
 cudaError_t LaunchScale(int64_t n, float beta, float* x, cudaStream_t stream);
 
+// y[i] = alpha * x[i] + beta * y[i] for i < n (y[i] = alpha * x[i] when
+// beta == 0); x may equal y.
+cudaError_t LaunchAxpby(int64_t n, float alpha, const float* x, float beta,
+                        float* y, cudaStream_t stream);
+
 // x[r, c] += bias[c].
 cudaError_t LaunchAddBias(int rows, int cols, const float* bias, float* x,
                           cudaStream_t stream);
