@@ -6,7 +6,10 @@
 // backward, no parameter server) and its communication alone (push then
 // pull of every tensor, no compute). Overlap is working when a step takes
 // about max(compute, communication) rather than their sum; the table prints
-// step / max(compute, communication).
+// step / max(compute, communication). The baselines and both kinds of step
+// run in rounds, one of each per round, and every figure is the median over
+// --steps rounds, so a machine whose speed drifts during the run (shared
+// cores) still compares like with like.
 //
 //   step_bench --model=mlp:784-4096-4096-10 --batch=64 --shards=1,2 --steps=20
 #include <algorithm>
@@ -45,11 +48,17 @@ namespace {
 
 using namespace shardtrain;  // NOLINT: a benchmark's main file
 
-struct Row {
-  int shards = 0;
-  std::string mode;
-  double compute = 0, push = 0, pull = 0, wait = 0, step = 0;
-};
+template <typename Fn>
+double TimeSeconds(Fn run) {
+  const absl::Time start = absl::Now();
+  run();
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+double Median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
 
 std::string CpuModel() {
   std::ifstream in("/proc/cpuinfo");
@@ -63,6 +72,19 @@ std::string CpuModel() {
 struct Cluster {
   std::vector<std::unique_ptr<server::PsServer>> servers;
   std::vector<std::string> addresses;
+};
+
+// One way of stepping (sequential or overlapped): a trainer, its client and
+// shards of its own, and its timings. Members are destroyed bottom-up, so
+// the trainer goes before its client and shards.
+struct Arm {
+  bool overlap = false;
+  Cluster cluster;
+  std::unique_ptr<worker::PsClient> client;
+  std::unique_ptr<worker::Trainer> trainer;
+  worker::EpochResult before;  // Phase totals before the measured steps.
+  std::vector<double> step_s;
+  double drain_s = 0;  // Overlap: waiting for exchanges after each step.
 };
 
 Cluster StartShards(int shards) {
@@ -138,21 +160,17 @@ int main(int argc, char** argv) {
     for (worker::PendingGrad& grad : grads) (void)grad.ready->Wait();
   };
   for (int i = 0; i < 2; ++i) compute_step();
-  absl::Time t0 = absl::Now();
-  for (int i = 0; i < steps; ++i) compute_step();
-  const double compute_alone = absl::ToDoubleSeconds(absl::Now() - t0) / steps;
-  absl::StrAppendFormat(&report, "compute alone: %.1f ms/step (%.1fM parameters)\n",
-                        compute_alone * 1e3, parameters / 1e6);
-  absl::StrAppendFormat(&report, "%-7s %-11s %9s %9s %9s %9s %9s %9s %12s\n", "shards",
-                        "mode", "comm_ms", "compute", "push", "pull", "wait", "step",
-                        "step/max");
+  absl::StrAppendFormat(&report, "%.1fM parameters\n", parameters / 1e6);
+  absl::StrAppendFormat(&report, "%-7s %-11s %9s %9s | %9s %9s %9s %9s %9s | %8s\n", "shards",
+                        "mode", "compute1", "comm1", "compute", "push", "pull", "wait",
+                        "step", "step/max");
 
   for (absl::string_view count : absl::StrSplit(absl::GetFlag(FLAGS_shards), ',')) {
     const int shards = std::stoi(std::string(count));
-    // Baseline 2: communication alone, against the same shards.
-    Cluster cluster = StartShards(shards);
+    // Baseline 2: communication alone, against shards of its own.
+    Cluster comm_cluster = StartShards(shards);
     worker::PsClientOptions client_options;
-    client_options.servers = cluster.addresses;
+    client_options.servers = comm_cluster.addresses;
     auto client = worker::PsClient::Create(client_options, nullptr).value();
     if (!client->Register(worker::TensorSpecsFor(model->params(), 1)).ok()) return 1;
     std::vector<std::vector<float>> params, grads;
@@ -168,65 +186,84 @@ int main(int argc, char** argv) {
     }
     worker::PushStats push_stats;
     worker::PullStats pull_stats;
-    for (int i = 0; i < 2; ++i) {
-      (void)client->Push(i + 1, grad_spans, &push_stats);
-      (void)client->Pull(i + 1, 0, param_spans, &pull_stats);
-    }
-    t0 = absl::Now();
-    for (int i = 0; i < steps; ++i) {
-      (void)client->Push(i + 3, grad_spans, &push_stats);
-      (void)client->Pull(i + 3, 0, param_spans, &pull_stats);
-    }
-    const double comm_alone = absl::ToDoubleSeconds(absl::Now() - t0) / steps;
-    client.reset();
-    cluster = Cluster();
+    int64_t comm_clock = 0;
+    auto comm_step = [&] {
+      ++comm_clock;
+      (void)client->Push(comm_clock, grad_spans, &push_stats);
+      (void)client->Pull(comm_clock, 0, param_spans, &pull_stats);
+    };
+    for (int i = 0; i < 2; ++i) comm_step();
 
-    for (bool overlap : {false, true}) {
-      Cluster shards_now = StartShards(shards);
+    // The two ways of stepping, each a trainer with shards of its own.
+    std::vector<Arm> arms(2);
+    for (int a = 0; a < 2; ++a) {
+      Arm& arm = arms[a];
+      arm.overlap = a == 1;
+      arm.cluster = StartShards(shards);
       worker::PsClientOptions options;
-      options.servers = shards_now.addresses;
-      auto trainer_client = worker::PsClient::Create(options, nullptr).value();
+      options.servers = arm.cluster.addresses;
+      arm.client = worker::PsClient::Create(options, nullptr).value();
       worker::TrainerOptions trainer_options;
       trainer_options.batch = batch;
-      trainer_options.overlap = overlap;
-      auto trainer =
-          worker::Trainer::Create(trainer_options, *make_model, trainer_client.get(), nullptr)
+      trainer_options.overlap = arm.overlap;
+      arm.trainer =
+          worker::Trainer::Create(trainer_options, *make_model, arm.client.get(), nullptr)
               .value();
-      if (!trainer->Initialize().ok()) return 1;
-      for (int i = 0; i < 3; ++i) (void)trainer->Step(x.data(), labels.data(), batch);
-      const worker::EpochResult before = trainer->PhaseTotals();
-      t0 = absl::Now();
-      for (int i = 0; i < steps; ++i) {
-        auto loss = trainer->Step(x.data(), labels.data(), batch);
-        if (!loss.ok()) {
-          std::cerr << loss.status() << "\n";
+      if (!arm.trainer->Initialize().ok()) return 1;
+      for (int i = 0; i < 3; ++i) (void)arm.trainer->Step(x.data(), labels.data(), batch);
+      if (!arm.trainer->Drain().ok()) return 1;
+      arm.before = arm.trainer->PhaseTotals();
+    }
+
+    // Round robin, one of each per round, so that drift in the machine's
+    // speed affects every column alike.
+    std::vector<double> compute_s, comm_s;
+    for (int i = 0; i < steps; ++i) {
+      compute_s.push_back(TimeSeconds(compute_step));
+      comm_s.push_back(TimeSeconds(comm_step));
+      for (Arm& arm : arms) {
+        absl::Status status;
+        arm.step_s.push_back(TimeSeconds([&] {
+          status = arm.trainer->Step(x.data(), labels.data(), batch).status();
+          // What overlap left in flight is part of this step: the next one
+          // would wait for it before computing.
+          if (status.ok() && arm.overlap) {
+            const absl::Time drain_start = absl::Now();
+            status = arm.trainer->Drain();
+            arm.drain_s += absl::ToDoubleSeconds(absl::Now() - drain_start);
+          }
+        }));
+        if (!status.ok()) {
+          std::cerr << status << "\n";
           return 1;
         }
       }
-      (void)trainer->Drain();
-      const double step = absl::ToDoubleSeconds(absl::Now() - t0) / steps;
-      const worker::EpochResult after = trainer->PhaseTotals();
-      Row row;
-      row.shards = shards;
-      row.mode = overlap ? "overlap" : "sequential";
-      row.compute = (after.compute_seconds - before.compute_seconds) / steps;
-      row.push = (after.push_seconds - before.push_seconds) / steps;
-      row.pull = (after.pull_seconds - before.pull_seconds) / steps;
-      row.wait = (after.wait_seconds - before.wait_seconds) / steps;
-      absl::StrAppendFormat(&report,
-                            "%-7d %-11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %12.2f\n",
-                            row.shards, row.mode, comm_alone * 1e3, row.compute * 1e3,
-                            row.push * 1e3, row.pull * 1e3, row.wait * 1e3, step * 1e3,
-                            step / std::max(compute_alone, comm_alone));
-      trainer.reset();
-      trainer_client.reset();
+    }
+    const double compute_alone = Median(compute_s);
+    const double comm_alone = Median(comm_s);
+    for (Arm& arm : arms) {
+      const worker::EpochResult after = arm.trainer->PhaseTotals();
+      auto per_step_ms = [&](double total) { return total / steps * 1e3; };
+      const double step = Median(arm.step_s);
+      absl::StrAppendFormat(
+          &report, "%-7d %-11s %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.2f\n", shards,
+          arm.overlap ? "overlap" : "sequential", compute_alone * 1e3, comm_alone * 1e3,
+          per_step_ms(after.compute_seconds - arm.before.compute_seconds),
+          per_step_ms(after.push_seconds - arm.before.push_seconds),
+          per_step_ms(after.pull_seconds - arm.before.pull_seconds + arm.drain_s),
+          per_step_ms(after.wait_seconds - arm.before.wait_seconds), step * 1e3,
+          step / std::max(compute_alone, comm_alone));
     }
   }
   report +=
-      "times in ms per step; comm_ms = push+pull of every tensor with no compute;\n"
-      "step/max = step time / max(compute alone, comm alone): 1.0 is perfect overlap,\n"
-      "(compute+comm)/max is no overlap. On a machine whose cores are shared by the\n"
-      "shards and the worker, compute and communication also compete for CPU.\n";
+      "times in ms per step. compute1 = forward+backward+gradient copies alone,\n"
+      "comm1 = push+pull of every tensor alone; step = a trainer step (overlap: until\n"
+      "its exchanges have landed); all three medians over rounds that run one of\n"
+      "each. compute/push/pull/wait = means of the trainer's phases (overlap: pull\n"
+      "is what was still in flight after compute). step/max = step / max(compute1,\n"
+      "comm1): 1.0 is perfect overlap, (compute1+comm1)/max is none. Where the\n"
+      "shards and the worker share the cores, compute and communication also\n"
+      "compete for CPU.\n";
   std::cout << report;
   if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << report;
   return 0;

@@ -97,7 +97,11 @@ absl::Status Trainer::Drain() {
   exchanges_pending_ = false;
   PushStats push;
   PullStats pull;
-  return client_->FinishExchanges(&push, &pull);
+  RETURN_IF_ERROR(client_->FinishExchanges(&push, &pull));
+  // The exchanges pulled what the next step needs (in sync mode, the
+  // version of the step they pushed for).
+  params_ready_ = true;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
