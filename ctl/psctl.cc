@@ -3,6 +3,7 @@
 //   psctl status --servers=host:7000,host:7001     shards, workers, staleness
 //   psctl checkpoint --servers=host:7000,...       checkpoint every shard now
 //   psctl health --server=host:7000                exit 0 iff SERVING
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -17,6 +18,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/client_security_flags.h"
+#include "common/metrics.h"
 #include "ctl/status_table.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/shardtrain.grpc.pb.h"
@@ -42,9 +45,21 @@ std::vector<std::string> Servers() {
   return absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
 }
 
+// A channel secured as the --tls_*/--auth_token_file flags say; exits with
+// status 2 if they are inconsistent or their files unreadable.
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  grpc::ChannelArguments args;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      common::MakeChannelCredentials(common::ClientSecurityFromFlags(), &args);
+  if (!credentials.ok()) {
+    std::cerr << credentials.status() << "\n";
+    std::exit(2);
+  }
+  return grpc::CreateCustomChannel(address, *credentials, args);
+}
+
 std::unique_ptr<ParameterServer::Stub> Stub(const std::string& address) {
-  return ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  return ParameterServer::NewStub(Channel(address));
 }
 
 int Status() {
@@ -98,14 +113,16 @@ int Health() {
     std::cerr << "health needs --server\n";
     return 2;
   }
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+  auto stub = grpc::health::v1::Health::NewStub(Channel(server));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(Context().get(), request, &response);
   if (!status.ok()) {
-    std::cout << "UNREACHABLE: " << status.error_message() << "\n";
+    // e.g. UNAVAILABLE (not listening, or a failed TLS handshake) or
+    // UNAUTHENTICATED (no or a wrong auth token).
+    std::cout << common::StatusCodeName(status.error_code()) << ": "
+              << status.error_message() << "\n";
     return 1;
   }
   std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())

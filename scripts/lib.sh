@@ -11,7 +11,7 @@ SHARDTRAIN_PACKAGES=(
   libopenblas-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
-  curl
+  curl openssl
 )
 
 log() { printf '[shardtrain] %s\n' "$*" >&2; }

@@ -10,7 +10,7 @@
 #       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
-#       [--results FILE] [--logs DIR] [--no-build]
+#       [--secure] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
 max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
 stages=1 microbatches=1 pipe_schedule=1f1b device=cpu gemm_precision=fp32
-results="" logs="" build=1
+results="" logs="" build=1 secure=0
 server_extra=()
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -42,6 +42,7 @@ while [ $# -gt 0 ]; do
     --results) results=$2; shift 2 ;;
     --logs) logs=$2; shift 2 ;;
     --no-build) build=0; shift ;;
+    --secure) secure=1; shift ;;
     --) shift; server_extra=("$@"); break ;;
     -h|--help) usage 0 ;;
     *) echo "unknown option: $1" >&2; usage 2 ;;
@@ -69,7 +70,7 @@ cleanup() {
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$run_dir/ports"
+  rm -rf "$run_dir/ports" "$run_dir/certs"
   exit "$status"
 }
 trap cleanup EXIT
@@ -82,13 +83,26 @@ steps_per_worker=$(( epochs * (train_examples / workers / batch) ))
 total_updates=$steps_per_worker
 [ "$mode" = async ] && total_updates=$(( steps_per_worker * workers ))
 
+# --secure: a private CA, certificates and a token made for this run; every
+# connection is mutual TLS and every call carries the token.
+server_security=() client_security=()
+if [ "$secure" = 1 ]; then
+  certs="$run_dir/certs"
+  "$SHARDTRAIN_ROOT/scripts/make-certs.sh" "$certs" >/dev/null
+  server_security=(--tls_cert="$certs/server.pem" --tls_key="$certs/server.key"
+                   --tls_client_ca="$certs/ca.pem" --auth_token_file="$certs/token")
+  client_security=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/client.pem"
+                   --tls_key="$certs/client.key" --auth_token_file="$certs/token")
+  log "secure: mutual TLS and an auth token (certificates in $certs)"
+fi
+
 mkdir -p "$run_dir/ports"
 for ((s = 0; s < shards; s++)); do
   "$bin/ps-server" --shard_index="$s" --num_shards="$shards" \
     --num_workers="$workers" --mode="$mode" --optimizer="$optimizer" \
     --lr="$lr" --max_staleness="$max_staleness" \
     --lr_schedule="$schedule" --lr_total_steps="$total_updates" \
-    --port_file="$run_dir/ports/shard$s" "${server_extra[@]}" \
+    --port_file="$run_dir/ports/shard$s" "${server_security[@]}" "${server_extra[@]}" \
     2>"$logs/shard$s.log" &
   pids+=($!)
 done
@@ -113,7 +127,7 @@ for ((w = 0; w < workers; w++)); do
         --device="$device" --gemm_precision="$gemm_precision"
         --overlap="$overlap" --pipeline_stages="$stages"
         --microbatches="$microbatches" --schedule="$pipe_schedule"
-        --port_file="$run_dir/ports/worker$w")
+        --port_file="$run_dir/ports/worker$w" "${client_security[@]}")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then
     "$bin/ps-worker" "${args[@]}" 2>"$logs/worker$w.log" &

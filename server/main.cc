@@ -57,6 +57,13 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
 ABSL_FLAG(double, checkpoint_interval_s, 60,
           "Seconds between periodic checkpoints (one is also written on "
           "SIGTERM/SIGINT)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain to serve TLS with (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates it signed (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding the shared token every call must carry (needs TLS)");
 ABSL_FLAG(double, heartbeat_timeout_s, 10.0,
           "Forget a worker silent for this many seconds");
 ABSL_FLAG(double, max_pull_wait_s, 120.0,
@@ -71,6 +78,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  options.security.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  options.security.key_file = absl::GetFlag(FLAGS_tls_key);
+  options.security.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  options.security.token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.checkpoint_interval =
       absl::Seconds(absl::GetFlag(FLAGS_checkpoint_interval_s));
   shardtrain::server::ShardOptions& shard = options.shard;

@@ -5,6 +5,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
+#include <prometheus/counter.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
@@ -40,11 +41,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   ParameterServerService* service = server->service_.get();
   server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
 
+  prometheus::Counter& auth_failures =
+      prometheus::BuildCounter()
+          .Name("shardtrain_rpc_unauthenticated_total")
+          .Help("Calls refused before any handler for a missing or wrong auth token")
+          .Register(registry)
+          .Add({});
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   common::MakeServerCredentials(options.security, &auth_failures));
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.RegisterService(service);

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/credentials.h"
 #include "common/metrics.h"
 #include "server/checkpoint.h"
 #include "server/service.h"
@@ -40,6 +41,9 @@ struct PsServerOptions {
   // at start, one is written every checkpoint_interval and at shutdown.
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::Seconds(60);
+  // TLS, mutual TLS and the auth token (common/credentials.h); all off by
+  // default.
+  common::ServerSecurity security;
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
 };

@@ -14,12 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/metrics.h"
-#include "common/malloc_tuning.h"
 #include "common/atomic_file.h"
+#include "common/client_security_flags.h"
+#include "common/malloc_tuning.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
-#include "worker/model_factory.h"
 #include "worker/dataset.h"
+#include "worker/model_factory.h"
 #include "worker/ps_client.h"
 #include "worker/results.h"
 #include "worker/trainer.h"
@@ -113,6 +114,7 @@ absl::Status RunWorker() {
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  client_options.security = common::ClientSecurityFromFlags();
   ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics));
 
   // The shards own the consistency mode; ask rather than trust a flag.

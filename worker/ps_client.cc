@@ -63,13 +63,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   if (common::DTypeSize(options.wire_dtype) == 0) {
     return absl::InvalidArgumentError("wire dtype must be f32, f16 or bf16");
   }
-  std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   common::MakeChannelCredentials(options.security, &args));
+  std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics));
   for (const std::string& server : options.servers) {
-    auto channel = grpc::CreateCustomChannel(
-        server, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(server, credentials, args);
     client->stubs_.push_back(ParameterServer::NewStub(channel));
     client->channels_.push_back(std::move(channel));
   }

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/credentials.h"
 #include "common/metrics.h"
 #include "common/partition.h"
 #include "proto/shardtrain.grpc.pb.h"
@@ -47,6 +48,9 @@ struct PsClientOptions {
   // Deadline of a Pull, which may wait for a step or the staleness bound.
   absl::Duration pull_timeout = absl::Seconds(300);
   int max_message_bytes = 256 << 20;
+  // TLS, mutual TLS and the auth token (common/credentials.h); all off by
+  // default.
+  common::ClientSecurity security;
 };
 
 struct PushStats {

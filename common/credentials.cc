@@ -1,0 +1,194 @@
+#include "common/credentials.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include <grpcpp/security/auth_metadata_processor.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::common {
+namespace {
+
+constexpr char kAuthorization[] = "authorization";
+constexpr char kBearer[] = "Bearer ";
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int error = errno;
+    const std::string message =
+        absl::StrCat("cannot read the ", what, " file ", path, ": ", std::strerror(error));
+    if (error == EACCES) return absl::PermissionDeniedError(message);
+    return absl::NotFoundError(message);
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+// The token, without surrounding whitespace; it travels as an HTTP/2 header
+// value, so it must be printable ASCII.
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string token, ReadWholeFile(path, "auth token"));
+  absl::StripAsciiWhitespace(&token);
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the auth token file ", path, " is empty"));
+  }
+  for (const char c : token) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the auth token in ", path, " must be printable ASCII without spaces"));
+    }
+  }
+  return token;
+}
+
+// Compares in time that depends only on the lengths, so a wrong token does
+// not reveal how much of it was right.
+bool ConstantTimeEquals(grpc::string_ref a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff |= static_cast<unsigned char>(a.data()[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+// Refuses every call whose "authorization" header is not the bearer token.
+class TokenChecker final : public grpc::AuthMetadataProcessor {
+ public:
+  TokenChecker(const std::string& token, prometheus::Counter* failures)
+      : expected_(absl::StrCat(kBearer, token)), failures_(failures) {}
+
+  // Cheap: run inline on the transport rather than on a separate thread.
+  bool IsBlocking() const override { return false; }
+
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* /*context*/,
+                       OutputMetadata* consumed, OutputMetadata* /*response*/) override {
+    const auto it = metadata.find(kAuthorization);
+    if (it == metadata.end() || !ConstantTimeEquals(it->second, expected_)) {
+      if (failures_ != nullptr) failures_->Increment();
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          it == metadata.end() ? "no auth token" : "wrong auth token");
+    }
+    // Handlers never see the token.
+    consumed->insert(std::make_pair(std::string(it->first.data(), it->first.size()),
+                                    std::string(it->second.data(), it->second.size())));
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string expected_;
+  prometheus::Counter* const failures_;
+};
+
+// Adds the bearer token to every call.
+class TokenSender final : public grpc::MetadataCredentialsPlugin {
+ public:
+  explicit TokenSender(const std::string& token) : header_(absl::StrCat(kBearer, token)) {}
+
+  bool IsBlocking() const override { return false; }
+  const char* GetType() const override { return "shardtrain-token"; }
+
+  grpc::Status GetMetadata(grpc::string_ref /*service_url*/, grpc::string_ref /*method_name*/,
+                           const grpc::AuthContext& /*channel_auth_context*/,
+                           std::multimap<std::string, std::string>* metadata) override {
+    metadata->insert({kAuthorization, header_});
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string header_;
+};
+
+absl::Status CheckServer(const ServerSecurity& s) {
+  if (s.cert_file.empty() != s.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (!s.tls() && !s.client_ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca (mutual TLS) needs --tls_cert and --tls_key");
+  }
+  if (!s.tls() && !s.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file needs --tls_cert and --tls_key: a token must not travel in "
+        "plaintext");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckClient(const ClientSecurity& s) {
+  if (s.cert_file.empty() != s.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  if (!s.tls() && !s.cert_file.empty()) {
+    return absl::InvalidArgumentError("--tls_cert (mutual TLS) needs --tls_ca");
+  }
+  if (!s.tls() && !s.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--auth_token_file needs --tls_ca: a token must not travel in plaintext");
+  }
+  if (!s.tls() && !s.server_name.empty()) {
+    return absl::InvalidArgumentError("--tls_server_name needs --tls_ca");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerSecurity& security, prometheus::Counter* auth_failures) {
+  RETURN_IF_ERROR(CheckServer(security));
+  if (!security.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadWholeFile(security.cert_file, "TLS certificate"));
+  ASSIGN_OR_RETURN(pair.private_key, ReadWholeFile(security.key_file, "TLS key"));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!security.client_ca_file.empty()) {
+    ASSIGN_OR_RETURN(options.pem_root_certs,
+                     ReadWholeFile(security.client_ca_file, "client CA"));
+    options.client_certificate_request =
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::SslServerCredentials(options);
+  if (!security.token_file.empty()) {
+    ASSIGN_OR_RETURN(const std::string token, ReadToken(security.token_file));
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<TokenChecker>(token, auth_failures));
+  }
+  return credentials;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientSecurity& security, grpc::ChannelArguments* args) {
+  RETURN_IF_ERROR(CheckClient(security));
+  if (!security.tls()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions options;
+  ASSIGN_OR_RETURN(options.pem_root_certs, ReadWholeFile(security.ca_file, "TLS CA"));
+  if (!security.cert_file.empty()) {
+    ASSIGN_OR_RETURN(options.pem_cert_chain,
+                     ReadWholeFile(security.cert_file, "TLS certificate"));
+    ASSIGN_OR_RETURN(options.pem_private_key, ReadWholeFile(security.key_file, "TLS key"));
+  }
+  if (!security.server_name.empty()) {
+    if (args == nullptr) {
+      return absl::InvalidArgumentError("--tls_server_name needs channel arguments");
+    }
+    args->SetSslTargetNameOverride(security.server_name);
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);
+  if (security.token_file.empty()) return credentials;
+  ASSIGN_OR_RETURN(const std::string token, ReadToken(security.token_file));
+  return grpc::CompositeChannelCredentials(
+      credentials, grpc::MetadataCredentialsFromPlugin(std::make_unique<TokenSender>(token)));
+}
+
+}  // namespace shardtrain::common

@@ -1,0 +1,237 @@
+// Security: a shard serving TLS, demanding client certificates from its CA
+// (mutual TLS) and a shared token on every call. A worker with the right
+// CA, certificate and token trains against it; every other client is
+// refused with the right code (UNAVAILABLE for a failed handshake,
+// UNAUTHENTICATED for a missing or wrong token), is counted, and changes
+// nothing. Certificates come from scripts/make-certs.sh, run here twice: the
+// cluster's CA and a stranger's.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/credentials.h"
+#include "gtest/gtest.h"
+#include "proto/health.grpc.pb.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "server/ps_server.h"
+#include "tests/cluster_util.h"
+#include "worker/ps_client.h"
+
+namespace shardtrain {
+namespace {
+
+constexpr int64_t kElements = 100;
+
+class Security : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(testing::MakeTempDir("shardtrain-certs-"));
+    for (const char* which : {"cluster", "stranger"}) {
+      const std::string command = absl::StrCat(SHARDTRAIN_SOURCE_DIR, "/scripts/make-certs.sh ",
+                                               *dir_, "/", which, " >/dev/null");
+      ASSERT_EQ(std::system(command.c_str()), 0) << command;
+    }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string File(const std::string& which, const std::string& name) {
+    return absl::StrCat(*dir_, "/", which, "/", name);
+  }
+
+  // What a correctly configured worker uses.
+  static common::ClientSecurity GoodClient() {
+    common::ClientSecurity security;
+    security.ca_file = File("cluster", "ca.pem");
+    security.cert_file = File("cluster", "client.pem");
+    security.key_file = File("cluster", "client.key");
+    security.token_file = File("cluster", "token");
+    return security;
+  }
+
+  void SetUp() override {
+    server::PsServerOptions options;
+    options.security.cert_file = File("cluster", "server.pem");
+    options.security.key_file = File("cluster", "server.key");
+    options.security.client_ca_file = File("cluster", "ca.pem");
+    options.security.token_file = File("cluster", "token");
+    auto server = server::PsServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+
+  std::string Address(const std::string& host = "127.0.0.1") const {
+    return absl::StrCat(host, ":", server_->port());
+  }
+
+  // A Status call with `security`; its gRPC status.
+  grpc::Status CallStatus(const common::ClientSecurity& security,
+                          const std::string& host = "127.0.0.1") {
+    grpc::ChannelArguments args;
+    auto credentials = common::MakeChannelCredentials(security, &args);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    if (!credentials.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "no credentials");
+    auto stub =
+        ParameterServer::NewStub(grpc::CreateCustomChannel(Address(host), *credentials, args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    StatusResponse response;
+    return stub->Status(&context, StatusRequest(), &response);
+  }
+
+  // A grpc.health.v1 check with `security`; its gRPC status.
+  grpc::Status CallHealth(const common::ClientSecurity& security) {
+    grpc::ChannelArguments args;
+    auto credentials = common::MakeChannelCredentials(security, &args);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    if (!credentials.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "no credentials");
+    auto stub = grpc::health::v1::Health::NewStub(
+        grpc::CreateCustomChannel(Address(), *credentials, args));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckResponse response;
+    return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
+  }
+
+  double UnauthenticatedCount() {
+    auto body = testing::HttpGet(server_->metrics_port(), "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
+    return body.ok() ? testing::SumByName(*body)["shardtrain_rpc_unauthenticated_total"] : -1;
+  }
+
+  static std::string* dir_;
+  std::unique_ptr<server::PsServer> server_;
+};
+
+std::string* Security::dir_ = nullptr;
+
+TEST_F(Security, AWorkerWithTheRightCredentialsTrains) {
+  worker::PsClientOptions options;
+  options.servers = {Address()};
+  options.security = GoodClient();
+  auto client = worker::PsClient::Create(options, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TensorSpec spec;
+  spec.set_name("w");
+  spec.add_shape(kElements);
+  spec.set_dtype(DTYPE_F32);
+  ASSERT_TRUE((*client)->Register({spec}).ok());
+  std::vector<float> grad(kElements, 1.0f), params(kElements, 7.0f);
+  worker::PushStats push;
+  worker::PullStats pull;
+  ASSERT_TRUE((*client)->Push(1, {absl::MakeConstSpan(grad)}, &push).ok());
+  ASSERT_TRUE((*client)->Pull(1, 1, {absl::MakeSpan(params)}, &pull).ok());
+  EXPECT_EQ(pull.min_version, 1);
+  EXPECT_FLOAT_EQ(params[0], -0.01f);  // sgd, lr 0.01, from zeros
+  EXPECT_EQ(UnauthenticatedCount(), 0);
+}
+
+TEST_F(Security, TheServerNameIsChecked) {
+  EXPECT_TRUE(CallStatus(GoodClient(), "localhost").ok());  // in the certificate
+  common::ClientSecurity renamed = GoodClient();
+  renamed.server_name = "shard-7.example";  // not in it
+  EXPECT_EQ(CallStatus(renamed).error_code(), grpc::StatusCode::UNAVAILABLE);
+  renamed.server_name = "localhost";
+  EXPECT_TRUE(CallStatus(renamed).ok());
+}
+
+TEST_F(Security, FailedHandshakesAreUnavailable) {
+  common::ClientSecurity plaintext;  // no TLS at all
+  EXPECT_EQ(CallStatus(plaintext).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  common::ClientSecurity no_client_cert = GoodClient();
+  no_client_cert.cert_file.clear();
+  no_client_cert.key_file.clear();
+  EXPECT_EQ(CallStatus(no_client_cert).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  common::ClientSecurity stranger_cert = GoodClient();
+  stranger_cert.cert_file = File("stranger", "client.pem");
+  stranger_cert.key_file = File("stranger", "client.key");
+  EXPECT_EQ(CallStatus(stranger_cert).error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  common::ClientSecurity distrusts_server = GoodClient();
+  distrusts_server.ca_file = File("stranger", "ca.pem");
+  EXPECT_EQ(CallStatus(distrusts_server).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(Security, MissingOrWrongTokensAreUnauthenticatedAndChangeNothing) {
+  common::ClientSecurity no_token = GoodClient();
+  no_token.token_file.clear();
+  const grpc::Status missing = CallStatus(no_token);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(missing.error_message(), "no auth token");
+
+  common::ClientSecurity wrong_token = GoodClient();
+  wrong_token.token_file = File("stranger", "token");
+  EXPECT_EQ(CallStatus(wrong_token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+
+  // A registration with the wrong token must not register anything.
+  worker::PsClientOptions options;
+  options.servers = {Address()};
+  options.security = wrong_token;
+  auto client = worker::PsClient::Create(options, nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  TensorSpec spec;
+  spec.set_name("w");
+  spec.add_shape(kElements);
+  spec.set_dtype(DTYPE_F32);
+  EXPECT_EQ((*client)->Register({spec}).code(), absl::StatusCode::kUnauthenticated);
+  StatusResponse status;
+  server_->shard().FillStatus(&status);
+  EXPECT_EQ(status.partitions_size(), 0);
+
+  // The health service is behind the token too.
+  EXPECT_EQ(CallHealth(no_token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(CallHealth(GoodClient()).ok());
+  EXPECT_EQ(UnauthenticatedCount(), 4);
+}
+
+TEST(SecurityOptions, InconsistentSettingsAreRejectedAtStart) {
+  common::ServerSecurity token_without_tls;
+  token_without_tls.token_file = "token";
+  EXPECT_EQ(common::MakeServerCredentials(token_without_tls, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  common::ServerSecurity key_without_cert;
+  key_without_cert.key_file = "server.key";
+  EXPECT_EQ(common::MakeServerCredentials(key_without_cert, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  common::ServerSecurity missing_files;
+  missing_files.cert_file = "/nonexistent/server.pem";
+  missing_files.key_file = "/nonexistent/server.key";
+  EXPECT_EQ(common::MakeServerCredentials(missing_files, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+
+  common::ClientSecurity client_token_without_tls;
+  client_token_without_tls.token_file = "token";
+  EXPECT_EQ(common::MakeChannelCredentials(client_token_without_tls, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  common::ClientSecurity cert_without_ca;
+  cert_without_ca.cert_file = "client.pem";
+  cert_without_ca.key_file = "client.key";
+  EXPECT_EQ(common::MakeChannelCredentials(cert_without_ca, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  const std::string dir = testing::MakeTempDir("shardtrain-token-");
+  for (const char* bad : {"", "  \n", "two words"}) {
+    const std::string path = dir + "/token";
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(bad, f);
+    std::fclose(f);
+    common::ClientSecurity bad_token;
+    bad_token.ca_file = path;  // readable; its contents are not checked here
+    bad_token.token_file = path;
+    EXPECT_EQ(common::MakeChannelCredentials(bad_token, nullptr).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "token \"" << bad << "\"";
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain
