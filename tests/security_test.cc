@@ -6,7 +6,6 @@
 // nothing. Certificates come from scripts/make-certs.sh, run here twice: the
 // cluster's CA and a stranger's.
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -190,47 +189,6 @@ TEST_F(Security, MissingOrWrongTokensAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(CallHealth(no_token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(CallHealth(GoodClient()).ok());
   EXPECT_EQ(UnauthenticatedCount(), 4);
-}
-
-TEST(SecurityOptions, InconsistentSettingsAreRejectedAtStart) {
-  common::ServerSecurity token_without_tls;
-  token_without_tls.token_file = "token";
-  EXPECT_EQ(common::MakeServerCredentials(token_without_tls, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  common::ServerSecurity key_without_cert;
-  key_without_cert.key_file = "server.key";
-  EXPECT_EQ(common::MakeServerCredentials(key_without_cert, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  common::ServerSecurity missing_files;
-  missing_files.cert_file = "/nonexistent/server.pem";
-  missing_files.key_file = "/nonexistent/server.key";
-  EXPECT_EQ(common::MakeServerCredentials(missing_files, nullptr).status().code(),
-            absl::StatusCode::kNotFound);
-
-  common::ClientSecurity client_token_without_tls;
-  client_token_without_tls.token_file = "token";
-  EXPECT_EQ(common::MakeChannelCredentials(client_token_without_tls, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  common::ClientSecurity cert_without_ca;
-  cert_without_ca.cert_file = "client.pem";
-  cert_without_ca.key_file = "client.key";
-  EXPECT_EQ(common::MakeChannelCredentials(cert_without_ca, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
-
-  const std::string dir = testing::MakeTempDir("shardtrain-token-");
-  for (const char* bad : {"", "  \n", "two words"}) {
-    const std::string path = dir + "/token";
-    FILE* f = std::fopen(path.c_str(), "w");
-    ASSERT_NE(f, nullptr);
-    std::fputs(bad, f);
-    std::fclose(f);
-    common::ClientSecurity bad_token;
-    bad_token.ca_file = path;  // readable; its contents are not checked here
-    bad_token.token_file = path;
-    EXPECT_EQ(common::MakeChannelCredentials(bad_token, nullptr).status().code(),
-              absl::StatusCode::kInvalidArgument)
-        << "token \"" << bad << "\"";
-  }
 }
 
 }  // namespace
