@@ -9,7 +9,12 @@
 //   - envFrom / configMapKeyRef naming a ConfigMap that is not rendered;
 //   - a $(VAR) in command/args that no env entry defines (Kubernetes then
 //     passes the text "$(VAR)" through unchanged);
-//   - a StatefulSet whose serviceName is not a headless Service.
+//   - a StatefulSet whose serviceName is not a headless Service;
+//   - a volumeMount naming no volume of its pod (nor a StatefulSet's
+//     volumeClaimTemplate), or a file flag (--tls_cert,
+//     --tls_key, --tls_ca, --tls_client_ca, --auth_token_file) in a
+//     container's command, args or exec probes whose path lies under none of
+//     that container's mounts (the process then fails at start).
 // usage: node k8s-refs.mjs rendered.yaml
 import fs from 'node:fs';
 import YAML from 'yaml';
@@ -78,6 +83,21 @@ for (const p of pods) {
         errs.push(`${where}: ${probe} port ${port} is not a container port`);
       }
     }
+    const volumes = new Set([...(p.spec.volumes ?? []).map(v => v.name),
+                             ...(p.owner.spec.volumeClaimTemplates ?? []).map(v => v.metadata?.name)]);
+    const mounts = c.volumeMounts ?? [];
+    for (const m of mounts) {
+      if (!volumes.has(m.name)) errs.push(`${where}: volumeMount "${m.name}" names no volume of the pod`);
+    }
+    const words = [...(c.command ?? []), ...(c.args ?? []),
+                   ...['startupProbe', 'readinessProbe', 'livenessProbe'].flatMap(q => c[q]?.exec?.command ?? [])];
+    for (const w of words) {
+      for (const [, flag, path] of w.matchAll(/--(tls_cert|tls_key|tls_ca|tls_client_ca|auth_token_file)=(\S+)/g)) {
+        if (!mounts.some(m => path.startsWith(m.mountPath.replace(/\/$/, '') + '/'))) {
+          errs.push(`${where}: --${flag}=${path} is under none of the container's volumeMounts`);
+        }
+      }
+    }
   }
 }
 
@@ -86,6 +106,6 @@ for (const o of objs.filter(o => o.kind === 'StatefulSet')) {
   if (!svc || svc.spec.clusterIP !== 'None') errs.push(`${id(o)}: serviceName "${o.spec.serviceName}" is not a headless Service`);
 }
 
-console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps and $(VARS) resolve`);
+console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps, $(VARS), volumes and file flags resolve`);
 errs.forEach(e => console.log(`     ${e}`));
 process.exit(errs.length ? 1 : 0);

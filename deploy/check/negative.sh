@@ -35,6 +35,10 @@ case $name in
   k8s-selector-typo) c=(k8s-cpu k8s/base/shards.yaml
     $'  selector:\n    app.kubernetes.io/name: ps-server' $'  selector:\n    app.kubernetes.io/name: ps-sever'
     'Service/ps-server: selector .* matches no pod template') ;;
+  k8s-tls-mount-name) c=(k8s-cpu-tls k8s/components/tls/shards-tls.yaml
+    '  value: {name: tls, mountPath' '  value: {name: certs, mountPath' 'volumeMount "certs" names no volume of the pod') ;;
+  k8s-tls-path-outside-mount) c=(k8s-cpu-tls k8s/components/tls/workers-tls.yaml
+    '  value: --tls_ca=/etc/shardtrain/tls/ca.pem' '  value: --tls_ca=/etc/shardtrain/ca.pem' 'container ps-worker: --tls_ca=/etc/shardtrain/ca.pem is under none') ;;
   flag-parity-epochs) c=(flag-parity k8s/base/training.env
     'EPOCHS=10' 'EPOCHS=20' 'worker flags: compose vs .*--epochs is 10 vs 20') ;;
   prom-config-duration) c=(prom-config prometheus/prometheus.yml
