@@ -10,7 +10,7 @@
 #       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
-#       [--secure] [--results FILE] [--logs DIR] [--no-build]
+#       [--secure] [--topk RATIO] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -18,7 +18,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
 max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
 stages=1 microbatches=1 pipe_schedule=1f1b device=cpu gemm_precision=fp32
-results="" logs="" build=1 secure=0
+results="" logs="" build=1 secure=0 topk=0
 server_extra=()
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -43,6 +43,7 @@ while [ $# -gt 0 ]; do
     --logs) logs=$2; shift 2 ;;
     --no-build) build=0; shift ;;
     --secure) secure=1; shift ;;
+    --topk) topk=$2; shift 2 ;;
     --) shift; server_extra=("$@"); break ;;
     -h|--help) usage 0 ;;
     *) echo "unknown option: $1" >&2; usage 2 ;;
@@ -124,7 +125,7 @@ worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
         --model="$model" --batch="$batch" --epochs="$epochs"
-        --device="$device" --gemm_precision="$gemm_precision"
+        --device="$device" --gemm_precision="$gemm_precision" --topk_ratio="$topk"
         --overlap="$overlap" --pipeline_stages="$stages"
         --microbatches="$microbatches" --schedule="$pipe_schedule"
         --port_file="$run_dir/ports/worker$w" "${client_security[@]}")

@@ -12,26 +12,18 @@
 #include <future>
 #include <limits>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "server/ps_server.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/mlp.h"
-#include "worker/ps_client.h"
-#include "worker/trainer.h"
+#include "tests/one_worker_job.h"
+#include "worker/model.h"
 
 namespace shardtrain {
 namespace {
 
-constexpr int kShards = 2;
-constexpr int kBatch = 8;
-constexpr int kSteps = 6;
-constexpr int64_t kPartition = 200;  // Small, so tensors span both shards.
 
 // Passes when a copy running on its own thread has landed.
 class LateFence final : public worker::Fence {
@@ -44,39 +36,39 @@ class LateFence final : public worker::Fence {
   std::shared_future<absl::Status> landed_;
 };
 
-// An Mlp whose StartGradCopy lands its copy 3 ms later on another thread,
+// A model whose StartGradCopy lands its copy 3 ms later on another thread,
 // or fails with `copy_error` when that is not OK.
 class LateCopyModel final : public worker::Model {
  public:
-  LateCopyModel(std::unique_ptr<worker::Mlp> mlp, absl::Status copy_error)
-      : mlp_(std::move(mlp)),
+  LateCopyModel(std::unique_ptr<worker::Model> inner, absl::Status copy_error)
+      : inner_(std::move(inner)),
         copy_error_(std::move(copy_error)),
-        host_(mlp_->params().size()) {}
+        host_(inner_->params().size()) {}
 
-  const std::vector<worker::ParamInfo>& params() const override { return mlp_->params(); }
+  const std::vector<worker::ParamInfo>& params() const override { return inner_->params(); }
   absl::Status SetParam(int index, absl::Span<const float> values) override {
-    return mlp_->SetParam(index, values);
+    return inner_->SetParam(index, values);
   }
   absl::Status GetParam(int index, absl::Span<float> out) const override {
-    return mlp_->GetParam(index, out);
+    return inner_->GetParam(index, out);
   }
   absl::StatusOr<float> ForwardBackward(const float* x, const int32_t* labels, int batch,
                                         const std::function<void(int)>& on_grad_ready) override {
-    return mlp_->ForwardBackward(x, labels, batch, on_grad_ready);
+    return inner_->ForwardBackward(x, labels, batch, on_grad_ready);
   }
   absl::Status GetGrad(int index, absl::Span<float> out) const override {
-    return mlp_->GetGrad(index, out);
+    return inner_->GetGrad(index, out);
   }
   absl::StatusOr<int> CountCorrect(const float* x, const int32_t* labels, int batch) override {
-    return mlp_->CountCorrect(x, labels, batch);
+    return inner_->CountCorrect(x, labels, batch);
   }
 
   absl::StatusOr<worker::PendingGrad> StartGradCopy(int index) override {
     std::vector<float>& host = host_[index];
-    host.assign(worker::NumElements(mlp_->params()[index]),
+    host.assign(worker::NumElements(inner_->params()[index]),
                 std::numeric_limits<float>::quiet_NaN());
     std::vector<float> grad(host.size());
-    absl::Status got = mlp_->GetGrad(index, absl::MakeSpan(grad));
+    absl::Status got = inner_->GetGrad(index, absl::MakeSpan(grad));
     if (!got.ok()) return got;
     std::future<absl::Status> landed = std::async(
         std::launch::async, [&host, grad = std::move(grad), error = copy_error_] {
@@ -89,81 +81,28 @@ class LateCopyModel final : public worker::Model {
   }
 
  private:
-  std::unique_ptr<worker::Mlp> mlp_;
+  std::unique_ptr<worker::Model> inner_;
   const absl::Status copy_error_;
   std::vector<std::vector<float>> host_;  // Per parameter; sized once.
 };
 
 class LateGradCopy : public ::testing::TestWithParam<bool> {
  protected:
-  void SetUp() override {
-    std::mt19937 rng(3);
-    std::normal_distribution<float> normal;
-    x_.resize(size_t{kSteps} * kBatch * 30);
-    for (float& v : x_) v = normal(rng);
-    for (int i = 0; i < kSteps * kBatch; ++i) labels_.push_back(static_cast<int32_t>(rng() % 4));
-  }
-
-  // Fresh sync shards for one worker.
-  absl::StatusOr<std::vector<std::unique_ptr<server::PsServer>>> StartShards() {
-    std::vector<std::unique_ptr<server::PsServer>> shards;
-    for (int s = 0; s < kShards; ++s) {
-      server::PsServerOptions options;
-      options.shard.shard_index = s;
-      options.metrics_address = "";
-      options.shard.partitioning = {kPartition, kShards};
-      options.shard.mode = server::ConsistencyMode::kSync;
-      options.shard.num_workers = 1;
-      options.shard.optimizer.name = "momentum";
-      options.shard.optimizer.learning_rate = 0.05f;
-      auto shard = server::PsServer::Start(options);
-      if (!shard.ok()) return shard.status();
-      shards.push_back(std::move(*shard));
-    }
-    return shards;
-  }
-
-  // Trains kSteps with one worker; `late` wraps the model in LateCopyModel.
-  // Returns the parameters afterwards, or the first error.
+  // Trains one worker; `late` wraps its model in LateCopyModel. Returns the
+  // parameters afterwards, or the first error.
   absl::StatusOr<std::vector<std::vector<float>>> Train(bool late, absl::Status copy_error) {
-    auto shards = StartShards();
-    if (!shards.ok()) return shards.status();
-    worker::PsClientOptions client_options;
-    for (const auto& shard : *shards) {
-      client_options.servers.push_back("127.0.0.1:" + std::to_string(shard->port()));
+    testing::OneWorkerJob job;
+    job.overlap = GetParam();
+    if (late) {
+      job.wrap_model = [copy_error](std::unique_ptr<worker::Model> model) {
+        return std::unique_ptr<worker::Model>(
+            std::make_unique<LateCopyModel>(std::move(model), copy_error));
+      };
     }
-    client_options.max_partition_elements = kPartition;
-    client_options.pull_timeout = absl::Seconds(30);
-    auto client = worker::PsClient::Create(client_options, nullptr);
-    if (!client.ok()) return client.status();
-    worker::TrainerOptions options;
-    options.sync = true;
-    options.overlap = GetParam();
-    options.batch = kBatch;
-    const worker::ModelSpec spec = worker::ModelSpec::Parse("mlp:30-20-12-4").value();
-    worker::ModelFactory make_model =
-        [&, late, copy_error](int max_batch) -> absl::StatusOr<std::unique_ptr<worker::Model>> {
-      auto mlp = worker::Mlp::Create(spec, backend_.get(), max_batch);
-      if (!mlp.ok()) return mlp.status();
-      if (!late) return std::unique_ptr<worker::Model>(std::move(*mlp));
-      return std::unique_ptr<worker::Model>(
-          std::make_unique<LateCopyModel>(std::move(*mlp), copy_error));
-    };
-    auto trainer = worker::Trainer::Create(options, make_model, client->get(), nullptr);
-    if (!trainer.ok()) return trainer.status();
-    if (absl::Status s = (*trainer)->Initialize(); !s.ok()) return s;
-    for (int step = 0; step < kSteps; ++step) {
-      absl::StatusOr<float> loss = (*trainer)->Step(
-          &x_[size_t{30} * kBatch * step], &labels_[size_t{kBatch} * step], kBatch);
-      if (!loss.ok()) return loss.status();
-    }
-    if (absl::Status s = (*trainer)->PullParameters(kSteps); !s.ok()) return s;
-    return (*trainer)->params();
+    absl::StatusOr<testing::OneWorkerResult> result = testing::RunOneWorkerJob(job);
+    if (!result.ok()) return result.status();
+    return result->params;
   }
-
-  std::unique_ptr<worker::Backend> backend_ = worker::MakeCpuBackend();
-  std::vector<float> x_;
-  std::vector<int32_t> labels_;
 };
 
 TEST_P(LateGradCopy, SendsEachGradientOnlyOnceItsCopyHasLanded) {

@@ -44,6 +44,10 @@ ABSL_FLAG(std::string, gemm_precision, "fp32",
           "GEMM compute on cuda: fp32, tf32 or bf16 (tensor cores, fp32 "
           "accumulation)");
 ABSL_FLAG(std::string, wire_dtype, "f32", "Dtype on the wire: f32, f16 or bf16");
+ABSL_FLAG(double, topk_ratio, 0,
+          "0: push gradients dense; in (0, 1]: push only this fraction of each "
+          "partition's largest entries, carrying the rest to the next step "
+          "(top-k with error feedback)");
 ABSL_FLAG(int64_t, max_partition_elements,
           shardtrain::common::kDefaultMaxPartitionElements,
           "Largest partition in elements; must match the shards'");
@@ -115,6 +119,7 @@ absl::Status RunWorker() {
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
+  client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics));
 
   // The shards own the consistency mode; ask rather than trust a flag.

@@ -63,6 +63,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   if (common::DTypeSize(options.wire_dtype) == 0) {
     return absl::InvalidArgumentError("wire dtype must be f32, f16 or bf16");
   }
+  if (!(options.topk_ratio >= 0 && options.topk_ratio <= 1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the top-k ratio must be 0 (dense) or in (0, 1], got %g", options.topk_ratio));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -132,9 +136,23 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
       groups[t][group].slices.push_back(slice);
     }
   }
+  exchange_.reset();  // It may point into the old topk_.
+  topk_.reset();
+  if (options_.topk_ratio > 0) {
+    std::vector<int64_t> partition_sizes(versions_.size());
+    for (const ShardCalls& calls : calls_) {
+      for (const PartitionSlice& slice : calls.slices) {
+        partition_sizes[slice.version_index] = slice.size;
+      }
+    }
+    ASSIGN_OR_RETURN(common::TopKCompressor topk,
+                     common::TopKCompressor::Create(options_.topk_ratio, partition_sizes));
+    topk_ = std::make_unique<common::TopKCompressor>(std::move(topk));
+  }
   TensorExchange::Options exchange_options;
   exchange_options.worker_index = options_.worker_index;
   exchange_options.wire_dtype = options_.wire_dtype;
+  exchange_options.topk = topk_.get();
   exchange_options.push_timeout = options_.rpc_timeout;
   exchange_options.pull_timeout = options_.pull_timeout;
   std::vector<ParameterServer::Stub*> stubs;
@@ -182,8 +200,12 @@ absl::Status PsClient::EncodePush(
       const PartitionSlice& slice = calls.slices[i];
       GradientPart* part = push.mutable_parts(static_cast<int>(i));
       part->set_version(versions_[slice.version_index]);
-      common::EncodeDense(grads[slice.tensor].subspan(slice.offset, slice.size),
-                          options_.wire_dtype, part->mutable_grad()->mutable_data());
+      const absl::Span<const float> grad = grads[slice.tensor].subspan(slice.offset, slice.size);
+      if (topk_ != nullptr) {
+        topk_->Encode(slice.version_index, grad, options_.wire_dtype, part->mutable_grad());
+      } else {
+        common::EncodeDense(grad, options_.wire_dtype, part->mutable_grad()->mutable_data());
+      }
     }
   }
   return absl::OkStatus();

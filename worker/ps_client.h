@@ -30,6 +30,7 @@
 #include "common/credentials.h"
 #include "common/metrics.h"
 #include "common/partition.h"
+#include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "worker/tensor_exchange.h"
 
@@ -51,6 +52,9 @@ struct PsClientOptions {
   // TLS, mutual TLS and the auth token (common/credentials.h); all off by
   // default.
   common::ClientSecurity security;
+  // 0: send gradients dense. In (0, 1]: send the top ratio of each
+  // partition's entries with error feedback (common/topk_compressor.h).
+  double topk_ratio = 0;
 };
 
 struct PushStats {
@@ -155,6 +159,9 @@ class PsClient {
   // Version of each partition as last pulled; PartitionSlice::version_index
   // points here. Written by at most one in-flight pull per partition.
   std::vector<int64_t> versions_;
+  // Set when options_.topk_ratio > 0: one residual per partition, indexed
+  // like versions_. Before exchange_, which uses it, so it outlives it.
+  std::unique_ptr<common::TopKCompressor> topk_;
   std::unique_ptr<TensorExchange> exchange_;
   std::vector<ShardCalls> calls_;
 };

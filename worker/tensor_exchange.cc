@@ -117,8 +117,13 @@ void TensorExchange::Send(const Task& task) {
       const PartitionSlice& slice = call->group.slices[i];
       GradientPart* part = call->push.mutable_parts(static_cast<int>(i));
       part->set_version((*versions_)[slice.version_index]);
-      common::EncodeDense(task.grad.subspan(slice.offset, slice.size),
-                          options_.wire_dtype, part->mutable_grad()->mutable_data());
+      const absl::Span<const float> grad = task.grad.subspan(slice.offset, slice.size);
+      if (options_.topk != nullptr) {
+        options_.topk->Encode(slice.version_index, grad, options_.wire_dtype,
+                              part->mutable_grad());
+      } else {
+        common::EncodeDense(grad, options_.wire_dtype, part->mutable_grad()->mutable_data());
+      }
     }
     call->context = std::make_unique<grpc::ClientContext>();
     call->context->set_deadline(absl::ToChronoTime(absl::Now() + options_.push_timeout));

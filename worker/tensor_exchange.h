@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "worker/fence.h"
 
@@ -53,6 +54,8 @@ class TensorExchange {
   struct Options {
     uint32_t worker_index = 0;
     DType wire_dtype = DTYPE_F32;
+    // Not owned; null sends gradients dense. Must outlive the exchange.
+    common::TopKCompressor* topk = nullptr;
     absl::Duration push_timeout = absl::Seconds(30);
     absl::Duration pull_timeout = absl::Seconds(300);
   };
