@@ -98,6 +98,23 @@ class Security : public ::testing::Test {
     return stub->Check(&context, grpc::health::v1::HealthCheckRequest(), &response);
   }
 
+  // A worker's client with `security` and a small tensor to register.
+  std::unique_ptr<worker::PsClient> Client(const common::ClientSecurity& security) {
+    worker::PsClientOptions options;
+    options.servers = {Address()};
+    options.security = security;
+    auto client = worker::PsClient::Create(options, nullptr);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(client).value() : nullptr;
+  }
+  static TensorSpec SmallTensor() {
+    TensorSpec spec;
+    spec.set_name("w");
+    spec.add_shape(kElements);
+    spec.set_dtype(DTYPE_F32);
+    return spec;
+  }
+
   double UnauthenticatedCount() {
     auto body = testing::HttpGet(server_->metrics_port(), "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
@@ -111,21 +128,14 @@ class Security : public ::testing::Test {
 std::string* Security::dir_ = nullptr;
 
 TEST_F(Security, AWorkerWithTheRightCredentialsTrains) {
-  worker::PsClientOptions options;
-  options.servers = {Address()};
-  options.security = GoodClient();
-  auto client = worker::PsClient::Create(options, nullptr);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TensorSpec spec;
-  spec.set_name("w");
-  spec.add_shape(kElements);
-  spec.set_dtype(DTYPE_F32);
-  ASSERT_TRUE((*client)->Register({spec}).ok());
+  std::unique_ptr<worker::PsClient> client = Client(GoodClient());
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->Register({SmallTensor()}).ok());
   std::vector<float> grad(kElements, 1.0f), params(kElements, 7.0f);
   worker::PushStats push;
   worker::PullStats pull;
-  ASSERT_TRUE((*client)->Push(1, {absl::MakeConstSpan(grad)}, &push).ok());
-  ASSERT_TRUE((*client)->Pull(1, 1, {absl::MakeSpan(params)}, &pull).ok());
+  ASSERT_TRUE(client->Push(1, {absl::MakeConstSpan(grad)}, &push).ok());
+  ASSERT_TRUE(client->Pull(1, 1, {absl::MakeSpan(params)}, &pull).ok());
   EXPECT_EQ(pull.min_version, 1);
   EXPECT_FLOAT_EQ(params[0], -0.01f);  // sgd, lr 0.01, from zeros
   EXPECT_EQ(UnauthenticatedCount(), 0);
@@ -171,16 +181,9 @@ TEST_F(Security, MissingOrWrongTokensAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(CallStatus(wrong_token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 
   // A registration with the wrong token must not register anything.
-  worker::PsClientOptions options;
-  options.servers = {Address()};
-  options.security = wrong_token;
-  auto client = worker::PsClient::Create(options, nullptr);
-  ASSERT_TRUE(client.ok()) << client.status();
-  TensorSpec spec;
-  spec.set_name("w");
-  spec.add_shape(kElements);
-  spec.set_dtype(DTYPE_F32);
-  EXPECT_EQ((*client)->Register({spec}).code(), absl::StatusCode::kUnauthenticated);
+  std::unique_ptr<worker::PsClient> client = Client(wrong_token);
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->Register({SmallTensor()}).code(), absl::StatusCode::kUnauthenticated);
   StatusResponse status;
   server_->shard().FillStatus(&status);
   EXPECT_EQ(status.partitions_size(), 0);
