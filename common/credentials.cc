@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -20,6 +21,11 @@ constexpr char kAuthorization[] = "authorization";
 constexpr char kBearer[] = "Bearer ";
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* what) {
+  std::error_code error_code;
+  if (std::filesystem::is_directory(path, error_code)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", what, " file ", path, " is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     const int error = errno;

@@ -64,7 +64,10 @@ TopKCompressor::TopKCompressor(double ratio, const std::vector<int64_t>& partiti
 }
 
 int64_t TopKCompressor::KeptFor(int64_t size) const {
-  const auto k = static_cast<int64_t>(std::ceil(ratio_ * static_cast<double>(size)));
+  // ceil(ratio * size), without letting a product like 0.07 * 100 =
+  // 7.000000000000001 round up to 8.
+  const double exact = ratio_ * static_cast<double>(size);
+  const auto k = static_cast<int64_t>(std::ceil(exact - 1e-9 * std::max(1.0, exact)));
   return std::clamp<int64_t>(k, std::min<int64_t>(1, size), size);
 }
 

@@ -100,6 +100,10 @@ TEST(TopKCompressorTest, KeepsAtLeastOneAndAtMostAll) {
   auto topk = TopKCompressor::Create(0.001, {5, 1});
   ASSERT_TRUE(topk.ok());
   EXPECT_EQ(topk->KeptFor(5), 1);
+  auto seven = TopKCompressor::Create(0.07, {100});
+  ASSERT_TRUE(seven.ok());
+  EXPECT_EQ(seven->KeptFor(100), 7);  // not 8 from 0.07 * 100 = 7.000000000000001
+  EXPECT_EQ(seven->KeptFor(101), 8);
   EXPECT_EQ(topk->KeptFor(0), 0);
   auto all = TopKCompressor::Create(1.0, {4});
   ASSERT_TRUE(all.ok());

@@ -85,7 +85,8 @@ total_updates=$steps_per_worker
 [ "$mode" = async ] && total_updates=$(( steps_per_worker * workers ))
 
 # --secure: a private CA, certificates and a token made for this run; every
-# connection is mutual TLS and every call carries the token.
+# gRPC connection is mutual TLS and every call carries the token (the
+# /metrics endpoints stay plain HTTP).
 server_security=() client_security=()
 if [ "$secure" = 1 ]; then
   certs="$run_dir/certs"

@@ -7,6 +7,7 @@
 // cluster's CA and a stranger's.
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,7 +39,11 @@ class Security : public ::testing::Test {
       ASSERT_EQ(std::system(command.c_str()), 0) << command;
     }
   }
-  static void TearDownTestSuite() { delete dir_; }
+  static void TearDownTestSuite() {
+    // Private keys and tokens: leave none behind.
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
 
   static std::string File(const std::string& which, const std::string& name) {
     return absl::StrCat(*dir_, "/", which, "/", name);

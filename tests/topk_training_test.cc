@@ -76,6 +76,8 @@ TEST_P(TopKTraining, FivePercentStillLearnsOnAFractionOfTheBytes) {
             << sparse_last << "; push bytes dense " << PushedBytes(dense_registry)
             << ", top-5% " << PushedBytes(sparse_registry) << std::endl;
   EXPECT_LT(sparse_last, 0.9 * sparse_first);
+  // And about as well as dense pushes do on the same batches.
+  EXPECT_LT(sparse_last, 1.05 * mean(dense->losses, 50, 60));
   // 5% of the values plus as many 4-byte indices is a tenth of dense; the
   // tensor names, keys and versions of every part (the same either way) add
   // a few hundred bytes a step to both, a lot for this 924-parameter model.

@@ -90,6 +90,9 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
 }
 
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
+  // Nothing may still write into versions_ or read topk_ while they are
+  // rebuilt below.
+  exchange_.reset();
   RegisterRequest request;
   for (const TensorSpec& spec : tensors) *request.add_tensors() = spec;
   std::vector<RegisterResponse> responses(stubs_.size());
@@ -136,7 +139,6 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
       groups[t][group].slices.push_back(slice);
     }
   }
-  exchange_.reset();  // It may point into the old topk_.
   topk_.reset();
   if (options_.topk_ratio > 0) {
     std::vector<int64_t> partition_sizes(versions_.size());

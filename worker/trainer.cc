@@ -148,9 +148,17 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
     };
   }
   absl::StatusOr<float> loss = model_->ForwardBackward(x, labels, batch, on_grad_ready);
+  if (!loss.ok() || !grad_status.ok()) {
+    // Some tensors may have started their exchange and others not: wait for
+    // those in flight (they use this step's buffers) and pull afresh next time.
+    if (options_.overlap) {
+      PushStats ignored_push;
+      PullStats ignored_pull;
+      (void)client_->FinishExchanges(&ignored_push, &ignored_pull);
+    }
+    return loss.ok() ? grad_status : loss.status();
+  }
   if (options_.overlap) exchanges_pending_ = true;
-  RETURN_IF_ERROR(loss.status());
-  RETURN_IF_ERROR(grad_status);
   const absl::Time computed = absl::Now();
 
   if (!options_.overlap) {

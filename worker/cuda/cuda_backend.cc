@@ -47,16 +47,20 @@ class PinnedHostBuffer final : public HostBuffer {
   const size_t size_;
 };
 
-// Passes when the work captured by an event has finished. cudaEventSynchronize
-// needs no current device, so any thread may wait; the first answer is kept,
-// so a later, unrelated failure cannot change it.
+// Passes when the work captured by an event has finished. Any thread may
+// wait: it first makes the event's device current, so the runtime does not
+// set up a context on device 0 for a thread that never chose one. The first
+// answer is kept, so a later, unrelated failure cannot change it.
 class EventFence final : public Fence {
  public:
-  explicit EventFence(cuda::CudaEvent event) : event_(std::move(event)) {}
+  EventFence(cuda::CudaEvent event, int device) : event_(std::move(event)), device_(device) {}
   absl::Status Wait() override {
     absl::MutexLock lock(&mu_);
     if (!waited_) {
-      status_ = event_.Synchronize();
+      const cudaError_t selected = cudaSetDevice(device_);
+      status_ = selected == cudaSuccess
+                    ? event_.Synchronize()
+                    : cuda::CudaStatus(selected, "cudaSetDevice", __FILE__, __LINE__);
       waited_ = true;
     }
     return status_;
@@ -64,6 +68,7 @@ class EventFence final : public Fence {
 
  private:
   const cuda::CudaEvent event_;
+  const int device_;
   absl::Mutex mu_;
   bool waited_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -227,7 +232,7 @@ absl::StatusOr<std::unique_ptr<Fence>> CudaBackend::DoCopyToHostAsync(
                                        cudaMemcpyDeviceToHost,
                                        copy_stream_.get()));
   RETURN_IF_ERROR(copied.Record(copy_stream_.get()));
-  return std::unique_ptr<Fence>(new EventFence(std::move(copied)));
+  return std::unique_ptr<Fence>(new EventFence(std::move(copied), options_.device));
 }
 
 absl::Status CudaBackend::DoSynchronize() {
