@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -73,11 +74,21 @@ void ExpectNonZero(const std::map<std::string, double>& sums,
   }
 }
 
-TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
+// Keeps the cluster's logs only when the test failed.
+class ClusterTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (!HasFailure() && !dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   ProcessGroup group;
   auto started = StartCluster(group, "async");
   ASSERT_TRUE(started.ok()) << started.status();
   const testing::LocalCluster& cluster = *started;
+  dir_ = cluster.dir;
   double max_live = 0;
   const double accuracy = WaitForResults(group, cluster, &max_live);
   EXPECT_GE(accuracy, 0.75) << "3 epochs on 8000 examples";
@@ -115,11 +126,12 @@ TEST(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   }
 }
 
-TEST(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
+TEST_F(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
   ProcessGroup group;
   auto started = StartCluster(group, "sync");
   ASSERT_TRUE(started.ok()) << started.status();
   const testing::LocalCluster& cluster = *started;
+  dir_ = cluster.dir;
   double max_live = 0;
   const double accuracy = WaitForResults(group, cluster, &max_live);
   EXPECT_GE(accuracy, 0.75);

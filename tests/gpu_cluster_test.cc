@@ -5,6 +5,7 @@
 // float rounding. Skips itself on a machine without a CUDA device.
 #include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -30,7 +31,10 @@ absl::StatusOr<double> Train(const std::string& device, std::vector<std::string>
   options.worker_flags.insert(options.worker_flags.end(), extra.begin(), extra.end());
   absl::StatusOr<testing::LocalCluster> cluster = testing::StartLocalCluster(group, options);
   if (!cluster.ok()) return cluster.status();
-  return testing::WaitForFinalAccuracy(group, *cluster, absl::Minutes(8));
+  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, *cluster, absl::Minutes(8));
+  group.StopAll();
+  if (accuracy.ok()) std::filesystem::remove_all(cluster->dir);  // logs only of failures
+  return accuracy;
 }
 
 class GpuCluster : public ::testing::Test {
