@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/partition.h"
 #include "server/optimizer.h"
+#include "server/resource_limits.h"
 
 namespace shardtrain::server {
 
@@ -36,6 +37,19 @@ struct ShardOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   // The longest a pull may wait for a step or the staleness bound.
   absl::Duration max_pull_wait = absl::Seconds(120);
+  // A worker never seen this long after the shard started no longer holds
+  // back sync steps or the staleness bound; it joins whenever it arrives.
+  absl::Duration join_timeout = absl::Seconds(60);
+
+  // sync: each partition's state is copied as its version reaches a
+  // multiple of this, and the shard's copies of one step form a
+  // checkpoint; every shard uses the same steps, so their checkpoints
+  // agree (server/step_snapshot.h). 0: no step checkpoints.
+  int64_t checkpoint_every_steps = 0;
+
+  // What one shard holds and one request may ask for; checked before any
+  // allocation (server/resource_limits.h).
+  ResourceLimits limits;
 };
 
 }  // namespace shardtrain::server
