@@ -114,7 +114,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
     StatusResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  shard_->FillStatus(response);
+  shard_->FillStatus(*request, response);
   response->set_seconds_since_checkpoint(-1);
   if (checkpointer_ != nullptr) {
     response->set_checkpoint_dir(checkpointer_->dir());

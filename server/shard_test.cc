@@ -113,7 +113,7 @@ TEST_F(ShardTest, SyncRejectsLateAndDuplicateGradientsWithoutChange) {
   EXPECT_THAT(late.message(), HasSubstr("finished"));
   EXPECT_EQ(shard_->Checksum(), after_step);
   StatusResponse status;
-  shard_->FillStatus(&status);
+  shard_->FillStatus(StatusRequest(), &status);
   EXPECT_EQ(status.dropped_gradients(), 1);
 }
 
