@@ -53,6 +53,7 @@ ParameterServerService::ParameterServerService(Shard* shard,
   SetMessageAllocatorFor_Push(&push_pool_);
   SetMessageAllocatorFor_Pull(&pull_pool_);
   SetMessageAllocatorFor_PushPull(&push_pull_pool_);
+  SetMessageAllocatorFor_Register(&register_arena_);
 }
 
 ParameterServerService::~ParameterServerService() { CancelAllWaiters(); }
