@@ -390,6 +390,7 @@ bool Shard::MaybeFinishStep(Partition& part) {
 
 absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
   response->set_incarnation(incarnation_);
+  response->set_duplicate(false);
   RETURN_IF_ERROR(CheckWorker(request.worker()));
   RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
   if (request.clock() < 0 || request.clock() > kMaxClock) {
@@ -397,8 +398,18 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
         "clock %d is not in [0, %d]", request.clock(), kMaxClock));
   }
   const uint64_t sequence = request.sequence();
-  if (sequence == 0) return ApplyPush(request, response);
+  if (sequence == 0) {
+    RETURN_IF_ERROR(ApplyPush(request, response));
+    NotifyProgress();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(DedupedPush(request, response));
+  if (!response->duplicate()) NotifyProgress();
+  return absl::OkStatus();
+}
 
+absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* response) {
+  const uint64_t sequence = request.sequence();
   // The worker's log stays locked from the duplicate check until the push
   // is recorded, so a retry arriving meanwhile waits and is then answered
   // as a duplicate. Taken before any partition lock.
@@ -547,7 +558,6 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
                          request.clock(), false, absl::Now());
   CountJoin(update.join);
   UpdateMembershipMetrics();
-  NotifyProgress();
   return absl::OkStatus();
 }
 

@@ -139,7 +139,10 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::StatusOr<std::vector<DecodedPart>> DecodePush(
       const PushRequest& request) const;
-  // Decodes, checks and applies a push (no duplicate check).
+  // Applies a push with a sequence at most once (see PushLog).
+  absl::Status DedupedPush(const PushRequest& request, PushResponse* response);
+  // Decodes, checks and applies a push (no duplicate check); the caller
+  // notifies progress.
   absl::Status ApplyPush(const PushRequest& request, PushResponse* response);
   int RequiredGradients(int64_t step) const;
   // Applies `grad` to `part` as update number part->version.
