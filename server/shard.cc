@@ -489,6 +489,21 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
   return absl::OkStatus();
 }
 
+std::vector<int64_t> Shard::WorkerClocks() const {
+  std::vector<int64_t> clocks(static_cast<size_t>(options_.num_workers), 0);
+  for (const WorkerState& state : membership_.Snapshot(absl::Now())) {
+    if (state.worker() < clocks.size()) clocks[state.worker()] = state.clock();
+  }
+  return clocks;
+}
+
+void Shard::RestoreWorkerClocks(const std::vector<int64_t>& clocks) {
+  const absl::Time now = absl::Now();
+  for (size_t w = 0; w < clocks.size() && w < static_cast<size_t>(options_.num_workers); ++w) {
+    if (clocks[w] > 0) membership_.Update(static_cast<int>(w), clocks[w], false, now);
+  }
+}
+
 uint64_t Shard::Checksum() const {
   uint64_t hash = 14695981039346656037ull;
   for (const Partition* part : store_.All()) {

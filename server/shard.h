@@ -82,6 +82,11 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
 
+  // The clock this shard last recorded for each worker index (for
+  // checkpoints), and restoring them from one.
+  std::vector<int64_t> WorkerClocks() const;
+  void RestoreWorkerClocks(const std::vector<int64_t>& clocks);
+
  private:
   struct DecodedPart {
     Partition* partition = nullptr;
