@@ -33,6 +33,7 @@
 #include "server/optimizer.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
+#include "server/step_snapshot.h"
 #include "server/tensor_store.h"
 
 namespace shardtrain::server {
@@ -82,6 +83,10 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
 
+  // Sync mode: the copies of each partition at every
+  // options().checkpoint_every_steps-th step (server/step_snapshot.h).
+  StepSnapshot& step_snapshot() { return step_snapshot_; }
+
   // The clock this shard last recorded for each worker index (for
   // checkpoints), and restoring them from one.
   std::vector<int64_t> WorkerClocks() const;
@@ -123,6 +128,9 @@ class Shard {
 
   mutable absl::Mutex callback_mu_;
   std::function<void()> progress_callback_ ABSL_GUARDED_BY(callback_mu_);
+
+  // Filled by MaybeFinishStep; emptied by the checkpoint writer.
+  StepSnapshot step_snapshot_{options_.checkpoint_every_steps};
 };
 
 }  // namespace shardtrain::server

@@ -63,7 +63,7 @@ TEST(CheckpointRestart, StopWritesAndStartRestores) {
     ASSERT_TRUE(stub->Checkpoint(&context, CheckpointRequest(), &written).ok());
     EXPECT_EQ(written.partitions(), 1);
     checksum = (*server)->shard().Checksum();
-    (*server)->Shutdown();
+    ASSERT_TRUE((*server)->Shutdown().ok());
   }
   auto restarted = server::PsServer::Start(Options(dir));
   ASSERT_TRUE(restarted.ok()) << restarted.status();
