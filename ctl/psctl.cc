@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/client_security_flags.h"
+#include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "ctl/status_table.h"
 #include "proto/health.grpc.pb.h"
@@ -133,9 +134,9 @@ int Health() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::vector<char*> args = common::ParseFlags(
+      argc, argv,
       "psctl status|checkpoint --servers=a:7000,b:7000 | psctl health --server=a:7000");
-  const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   const std::string command = args.size() > 1 ? args[1] : "";
   if (command == "status") return Status();
   if (command == "checkpoint") return Checkpoint();
