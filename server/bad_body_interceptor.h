@@ -9,6 +9,7 @@
 // server sees the failure as a POST_RECV_MESSAGE interception whose message
 // is null; this interceptor remembers that and rewrites the status at
 // PRE_SEND_STATUS. Handlers never see the request, so no state changes.
+// Calls whose body parses pay only for the interceptor's bookkeeping.
 #ifndef SHARDTRAIN_SERVER_BAD_BODY_INTERCEPTOR_H_
 #define SHARDTRAIN_SERVER_BAD_BODY_INTERCEPTOR_H_
 
@@ -27,8 +28,9 @@ class BadBodyInterceptorFactory
 };
 
 // "shardtrain.PushRequest" for "/shardtrain.ParameterServer/Push" (from the
-// generated descriptor pool); "the request message" when unknown.
-std::string RequestTypeOf(const std::string& method);
+// generated descriptor pool); empty for a method it does not know or one
+// whose client streams (where a missing message is no error).
+std::string RequestTypeOf(const char* method);
 
 }  // namespace shardtrain::server
 

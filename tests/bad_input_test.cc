@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "server/bad_body_interceptor.h"
 #include "server/ps_server.h"
 
 namespace shardtrain {
@@ -272,6 +273,10 @@ TEST_P(BadInput, UnparsableBody) {
   EXPECT_EQ(CallRaw(server_->port(), "/shardtrain.ParameterServer/Nope", "").error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_TRUE(Push(GoodPush(1)).ok());
+  EXPECT_EQ(server::RequestTypeOf("/shardtrain.ParameterServer/Heartbeat"),
+            "shardtrain.HeartbeatRequest");
+  EXPECT_EQ(server::RequestTypeOf("/shardtrain.ParameterServer/Nope"), "");
+  EXPECT_EQ(server::RequestTypeOf(nullptr), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, BadInput,
