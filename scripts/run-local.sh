@@ -107,9 +107,11 @@ cleanup() {
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  # The run's directory goes, unless it holds the logs (no --logs).
-  if [ "$logs" = "$run_dir" ]; then
+  # The run's directory goes; without --logs it holds the logs, which are
+  # kept only when the run failed.
+  if [ "$logs" = "$run_dir" ] && [ "$status" != 0 ]; then
     rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out"
+    echo "logs kept in $run_dir" >&2
   else
     rm -rf "$run_dir"
   fi
@@ -200,12 +202,16 @@ describe_exit() {
 failed=0 remaining=$workers
 declare -A index_of
 for ((w = 0; w < workers; w++)); do index_of[${worker_pids[$w]}]=$w; done
+running=("${worker_pids[@]}")
 while [ "$remaining" -gt 0 ]; do
   ended="" status=0
-  wait -n -p ended "${worker_pids[@]}" || status=$?
+  wait -n -p ended "${running[@]}" || status=$?
   [ -n "$ended" ] || break
   remaining=$((remaining - 1))
   w=${index_of[$ended]}
+  still=()
+  for pid in "${running[@]}"; do [ "$pid" = "$ended" ] || still+=("$pid"); done
+  running=("${still[@]}")
   [ "$status" = 0 ] && continue
   failed=1
   if [ "$w" = 0 ]; then
@@ -226,4 +232,4 @@ if ! grep -q '^final test accuracy:' "$run_dir/chief.out"; then
 fi
 [ "$failed" = 0 ] || { echo "a worker failed (above); the chief finished the job" >&2; exit 1; }
 [ -z "$results" ] || log "results written to $results"
-log "logs in $logs"
+[ "$logs" = "$run_dir" ] || log "logs in $logs"
