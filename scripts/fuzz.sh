@@ -4,7 +4,7 @@
 # UndefinedBehaviorSanitizer; server/fuzz/) into build-fuzz/, replays the
 # crash reproducers in server/fuzz/regressions/, then fuzzes for SECONDS
 # (default 60) starting from a seed corpus of real requests. Fails on any
-# crash, sanitizer report, leak, hang (10 s per input), single allocation
+# crash, sanitizer report, leak, hang (25 s per input), single allocation
 # over 512 MB or RSS over 1 GB; the input that did it is kept in
 # build-fuzz/fuzz-artifacts/ (replay: build-fuzz/bin/shard_fuzz FILE).
 set -euo pipefail
@@ -27,7 +27,7 @@ fuzzer="$fuzz_dir/bin/shard_fuzz"
 seeds="$fuzz_dir/server/fuzz/seeds"
 artifacts="$fuzz_dir/fuzz-artifacts"
 mkdir -p "$artifacts"
-limits=(-rss_limit_mb=1024 -malloc_limit_mb=512 -timeout=10)
+limits=(-rss_limit_mb=1024 -malloc_limit_mb=512 -timeout=25)
 fuzz_log="$fuzz_dir/fuzz.log"
 
 # Prints the end of the log and fails.
@@ -48,6 +48,7 @@ log "fuzzing for ${seconds}s"
 corpus=$(mktemp -d)
 trap 'rm -rf "$corpus"' EXIT
 "$fuzzer" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 \
+  -dict="$SHARDTRAIN_ROOT/server/fuzz/shard_fuzz.dict" \
   -artifact_prefix="$artifacts/" "$corpus" "$seeds" >"$fuzz_log" 2>&1 \
   || fail "shard_fuzz found a crash"
 grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_log" >&2 || true

@@ -224,6 +224,30 @@ class SeedBuilder {
     return *this;
   }
 
+  // A Register of `count` tensors of `elements` elements each.
+  SeedBuilder& RegisterMany(int count, int64_t elements) {
+    RegisterRequest request;
+    for (int t = 0; t < count; ++t) {
+      TensorSpec* spec = request.add_tensors();
+      spec->set_name("t" + std::to_string(t));
+      spec->add_shape(elements);
+      spec->set_dtype(DTYPE_F32);
+    }
+    AppendOp(Op::kRegister, request.SerializeAsString(), &input_);
+    return *this;
+  }
+
+  // A pull naming every partition `times` times.
+  SeedBuilder& PullRepeated(uint32_t worker, int times) {
+    PullRequest request = MakePull(worker, 0, 0, DTYPE_F32);
+    const PullRequest once = request;
+    for (int t = 1; t < times; ++t) {
+      for (const PartitionKey& key : once.parts()) *request.add_parts() = key;
+    }
+    AppendOp(Op::kPull, request.SerializeAsString(), &input_);
+    return *this;
+  }
+
   const std::string& input() const { return input_; }
 
  private:
@@ -286,6 +310,15 @@ int Main(const std::string& dir) {
       .Push(0, 0, Grad::kF32).Pull(0, 0, 0, DTYPE_F32).Register(0).Push(0, 0, Grad::kNaN)
       .Push(0, 0, Grad::kShort).PushDuplicatePart(0).Push(0, 5, Grad::kF32)
       .RegisterConflict().Pull(0, 0, 9, DTYPE_F32).Heartbeat(7, 0, false).Status();
+  // Requests over the shard's ResourceLimits (FuzzLimits()): more elements
+  // than max_stored_elements, more tensors than max_tensors_per_request,
+  // more parts than max_parts_per_request.
+  const ResourceLimits limits = FuzzLimits();
+  add("over_limits", Flags(false, 0), Layout(1, 0))
+      .RegisterMany(1, limits.max_stored_elements + 1)
+      .RegisterMany(limits.max_tensors_per_request + 1, 1)
+      .Register(0)
+      .PullRepeated(0, static_cast<int>(limits.max_parts_per_request / 4 + 1));
   for (const auto& [name, seed] : seeds) {
     if (!Write(dir, name, seed.input())) return 1;
   }
