@@ -14,12 +14,14 @@
 //  - a PushPull whose pull was valid before the push is still valid after.
 // A broken promise aborts, which libFuzzer reports as a crash. Memory is
 // bounded by libFuzzer's -malloc_limit_mb / -rss_limit_mb (scripts/fuzz.sh)
-// and the shard's ResourceLimits (FuzzLimits()).
+// and the shard's ResourceLimits (FuzzLimits()). server/fuzz/regressions/
+// holds inputs that once broke it; scripts/fuzz.sh replays them first.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -32,6 +34,7 @@
 #include "common/payload.h"
 #include "proto/shardtrain.pb.h"
 #include "server/fuzz/fuzz_input.h"
+#include "server/fuzz/request_mutator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 
@@ -251,6 +254,21 @@ class Session {
 
 }  // namespace
 }  // namespace shardtrain::server::fuzz
+
+extern "C" size_t LLVMFuzzerMutate(uint8_t* data, size_t size, size_t max_size);
+
+// Half the mutations change one field of one request through protobuf
+// reflection (server/fuzz/request_mutator.h), the rest are libFuzzer's own.
+extern "C" size_t LLVMFuzzerCustomMutator(uint8_t* data, size_t size,
+                                          size_t max_size, unsigned int seed) {
+  std::minstd_rand rng(seed);
+  if (rng() % 2 == 0) {
+    const size_t mutated =
+        shardtrain::server::fuzz::MutateRequests(data, size, max_size, rng);
+    if (mutated > 0) return mutated;
+  }
+  return LLVMFuzzerMutate(data, size, max_size);
+}
 
 extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   // Rejections and unparseable requests are expected by the thousand; keep
