@@ -12,6 +12,7 @@ SHARDTRAIN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
   curl openssl
+  clang libclang-rt-14-dev libfuzzer-14-dev
 )
 
 log() { printf '[shardtrain] %s\n' "$*" >&2; }

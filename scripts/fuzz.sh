@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Usage: scripts/fuzz.sh [SECONDS]
+# Builds the shard_fuzz libFuzzer target (clang, AddressSanitizer,
+# UndefinedBehaviorSanitizer; server/fuzz/) into build-fuzz/, replays the
+# crash reproducers in server/fuzz/regressions/, then fuzzes for SECONDS
+# (default 60) starting from a seed corpus of real requests. Fails on any
+# crash, sanitizer report, leak, hang (25 s per input), single allocation
+# over 512 MB or RSS over 1 GB; the input that did it is kept in
+# build-fuzz/fuzz-artifacts/ (replay: build-fuzz/bin/shard_fuzz FILE).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+seconds=${1:-60}
+fuzz_dir="${FUZZ_BUILD_DIR:-$SHARDTRAIN_ROOT/build-fuzz}"
+ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
+
+log "building shard_fuzz (clang, sanitizers) into $fuzz_dir"
+CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$fuzz_dir" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS_RELEASE="-O1 -g" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g" \
+  -DSHARDTRAIN_FUZZ=ON -DSHARDTRAIN_WITH_CUDA=OFF \
+  -DSHARDTRAIN_BUILD_TESTS=OFF -DSHARDTRAIN_BUILD_BENCH=OFF >/dev/null
+# shard_fuzz depends on the seed generator and writes the seeds.
+cmake --build "$fuzz_dir" -j2 --target shard_fuzz
+
+fuzzer="$fuzz_dir/bin/shard_fuzz"
+seeds="$fuzz_dir/server/fuzz/seeds"
+artifacts="$fuzz_dir/fuzz-artifacts"
+mkdir -p "$artifacts"
+limits=(-rss_limit_mb=1024 -malloc_limit_mb=512 -timeout=25)
+fuzz_log="$fuzz_dir/fuzz.log"
+
+# Prints the end of the log and fails.
+fail() {
+  tail -n 60 "$fuzz_log" >&2
+  log "FAILED: $1 (log: $fuzz_log; inputs kept in $artifacts)"
+  exit 1
+}
+
+regressions=("$SHARDTRAIN_ROOT"/server/fuzz/regressions/*)
+if [ -e "${regressions[0]}" ]; then
+  log "replaying ${#regressions[@]} regression input(s)"
+  "$fuzzer" "${limits[@]}" "${regressions[@]}" >"$fuzz_log" 2>&1 \
+    || fail "a regression input crashes again"
+fi
+
+log "fuzzing for ${seconds}s"
+corpus=$(mktemp -d)
+trap 'rm -rf "$corpus"' EXIT
+"$fuzzer" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 \
+  -dict="$SHARDTRAIN_ROOT/server/fuzz/shard_fuzz.dict" \
+  -artifact_prefix="$artifacts/" "$corpus" "$seeds" >"$fuzz_log" 2>&1 \
+  || fail "shard_fuzz found a crash"
+grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_log" >&2 || true
+grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$fuzz_log" >&2 || true
+log "fuzzing passed"
