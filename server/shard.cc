@@ -296,10 +296,12 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
   for (int i = 0; i < request.parts_size(); ++i) {
     const GradientPart& part = request.parts(i);
     ASSIGN_OR_RETURN(Partition * partition, store_.Find(part.key()));
-    if (part.version() < 0) {
+    // Versions count updates, like clocks count steps: bounded, so that no
+    // version (a sync fast-forward included) can overflow.
+    if (part.version() < 0 || part.version() > kMaxClock) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "%s/%d: version %d is negative", partition->tensor, partition->index,
-          part.version()));
+          "%s/%d: version %d is not in [0, %d]", partition->tensor,
+          partition->index, part.version(), kMaxClock));
     }
     decoded.push_back(DecodedPart{partition, i, part.version(), {}, 0});
   }
@@ -420,12 +422,11 @@ absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* respon
   // as a duplicate. Taken before any partition lock.
   PushLog& log = *push_logs_[request.worker()];
   absl::MutexLock lock(&log.mu);
-  if (log.incarnation != request.worker_incarnation() || log.applied.empty()) {
-    log.incarnation = request.worker_incarnation();
-    log.highest = 0;
-    log.applied.assign(kPushWindow, -1);
-  }
-  if (sequence <= log.highest) {
+  // A new worker incarnation starts a new log, but only once its push is
+  // applied: a refused push changes nothing.
+  const bool fresh_log =
+      log.incarnation != request.worker_incarnation() || log.applied.empty();
+  if (!fresh_log && sequence <= log.highest) {
     if (log.highest - sequence >= static_cast<uint64_t>(kPushWindow)) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "push sequence %d is older than the last %d applied; cannot tell if "
@@ -444,11 +445,17 @@ absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* respon
     }
   }
   RETURN_IF_ERROR(ApplyPush(request, response));
+  if (fresh_log) {
+    log.incarnation = request.worker_incarnation();
+    log.highest = 0;
+    log.applied.assign(kPushWindow, -1);
+  }
   if (sequence > log.highest) {
     const uint64_t cleared =
         std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
-    for (uint64_t s = sequence - cleared + 1; s <= sequence; ++s) {
-      log.applied[s % kPushWindow] = -1;
+    // Counting down from `sequence` cannot wrap around at 2^64 - 1.
+    for (uint64_t i = 0; i < cleared; ++i) {
+      log.applied[(sequence - i) % kPushWindow] = -1;
     }
     log.highest = sequence;
   }
@@ -585,9 +592,9 @@ absl::Status Shard::ValidatePull(const PullRequest& request) const {
         "pull asks for dtype %d; use f32, f16 or bf16", request.dtype()));
   }
   if (request.clock() < 0 || request.clock() > kMaxClock ||
-      request.min_version() < 0) {
+      request.min_version() < 0 || request.min_version() > kMaxClock) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "pull clock must be in [0, %d] and min_version >= 0", kMaxClock));
+        "pull clock and min_version must be in [0, %d]", kMaxClock));
   }
   const int64_t width = common::DTypeSize(
       request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype());

@@ -295,6 +295,34 @@ TEST_F(ShardTest, ARetriedPushIsAppliedOnce) {
   EXPECT_EQ(metrics_.duplicate_pushes().Value(), 2);
 }
 
+TEST_F(ShardTest, ExtremeSequencesAndVersionsAreSafe) {
+  Start(ConsistencyMode::kAsync, 1);
+  // The largest sequence is applied once (the window's bookkeeping must not
+  // wrap around), then recognised.
+  PushRequest push = Push(0, 0, 1.0f);
+  push.set_worker_incarnation(7);
+  push.set_sequence(~uint64_t{0});
+  PushResponse response;
+  ASSERT_TRUE(shard_->Push(push, &response).ok());
+  EXPECT_FALSE(response.duplicate());
+  response.Clear();
+  ASSERT_TRUE(shard_->Push(push, &response).ok());
+  EXPECT_TRUE(response.duplicate());
+
+  // A refused push of a new worker incarnation does not reset the log.
+  const uint64_t before = shard_->Checksum();
+  PushRequest refused = Push(0, kMaxClock + 1, 1.0f);
+  refused.set_worker_incarnation(8);
+  refused.set_sequence(1);
+  absl::Status status = shard_->Push(refused, &response);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("is not in [0,"));
+  EXPECT_EQ(shard_->Checksum(), before);
+  response.Clear();
+  ASSERT_TRUE(shard_->Push(push, &response).ok());
+  EXPECT_TRUE(response.duplicate());
+}
+
 TEST_F(ShardTest, ConcurrentRetriesApplyOnce) {
   Start(ConsistencyMode::kAsync, 1);
   constexpr int kPushes = 200;

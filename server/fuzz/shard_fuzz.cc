@@ -60,28 +60,11 @@ struct Digest {
   bool operator!=(const Digest& other) const { return !(*this == other); }
 };
 
-// Shard::FillStatus as of issue 8 takes the StatusRequest (it bounds the
-// listing); before, it took only the response. Either builds.
-template <typename S>
-auto FillStatus(const S& shard, const StatusRequest& request,
-                StatusResponse* response, int)
-    -> decltype(shard.FillStatus(request, response)) {
-  return shard.FillStatus(request, response);
-}
-template <typename S>
-void FillStatus(const S& shard, const StatusRequest&, StatusResponse* response, long) {
-  shard.FillStatus(response);
-}
-void FillStatus(const Shard& shard, const StatusRequest& request,
-                StatusResponse* response) {
-  FillStatus(shard, request, response, 0);
-}
-
 Digest TakeDigest(const Shard& shard) {
   StatusRequest all;
   all.set_max_partitions(~0u);
   StatusResponse status;
-  FillStatus(shard, all, &status);
+  shard.FillStatus(all, &status);
   StatusResponse kept;
   for (const PartitionInfo& info : status.partitions()) *kept.add_partitions() = info;
   for (const WorkerState& worker : status.workers()) {
@@ -136,7 +119,7 @@ class Session {
         StatusRequest request;
         if (!request.ParseFromArray(data, static_cast<int>(size))) return;
         StatusResponse response;
-        FillStatus(*shard_, request, &response);
+        shard_->FillStatus(request, &response);
         if (response.partitions_size() < static_cast<int>(sizes_.size()) &&
             !response.partitions_truncated()) {
           Fail("status lists fewer partitions than were registered", absl::OkStatus());
