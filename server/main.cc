@@ -68,6 +68,18 @@ ABSL_FLAG(double, heartbeat_timeout_s, 10.0,
           "Forget a worker silent for this many seconds");
 ABSL_FLAG(double, max_pull_wait_s, 120.0,
           "Longest a pull waits for a step or the staleness bound");
+ABSL_FLAG(double, join_timeout_s, 60.0,
+          "A worker never seen this many seconds after the start no longer "
+          "holds back sync steps or the staleness bound (it joins on arrival)");
+ABSL_FLAG(int64_t, max_stored_elements, int64_t{1} << 30,
+          "Most parameter elements this shard stores (optimizer slots on top)");
+ABSL_FLAG(int64_t, max_tensors, 100000, "Most tensors registered on this shard");
+ABSL_FLAG(int, max_tensors_per_request, 10000,
+          "Most tensors in one Register request");
+ABSL_FLAG(int, max_parts_per_request, 65536,
+          "Most partitions in one Push or Pull request");
+ABSL_FLAG(int, max_partition_metrics, 256,
+          "Partitions that get their own version gauge in /metrics");
 
 namespace {
 
@@ -104,6 +116,13 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   shard.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_aware_lr);
   shard.heartbeat_timeout = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_timeout_s));
   shard.max_pull_wait = absl::Seconds(absl::GetFlag(FLAGS_max_pull_wait_s));
+  shard.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
+  shard.limits.max_stored_elements = absl::GetFlag(FLAGS_max_stored_elements);
+  shard.limits.max_tensors = absl::GetFlag(FLAGS_max_tensors);
+  shard.limits.max_tensors_per_request = absl::GetFlag(FLAGS_max_tensors_per_request);
+  shard.limits.max_parts_per_request = absl::GetFlag(FLAGS_max_parts_per_request);
+  shard.limits.max_partition_metrics = absl::GetFlag(FLAGS_max_partition_metrics);
+  shard.limits.max_response_bytes = options.max_message_bytes;
   shardtrain::server::OptimizerOptions& opt = shard.optimizer;
   opt.name = absl::GetFlag(FLAGS_optimizer);
   opt.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_lr));

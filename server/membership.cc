@@ -2,42 +2,120 @@
 
 #include <algorithm>
 
+#include <glog/logging.h>
+
 namespace shardtrain::server {
 
-Membership::Membership(int num_workers, absl::Duration timeout)
-    : num_workers_(num_workers), timeout_(timeout), workers_(num_workers) {}
+Membership::Membership(int num_workers, absl::Duration timeout,
+                       absl::Duration join_timeout, absl::Time start)
+    : num_workers_(num_workers),
+      timeout_(timeout),
+      join_timeout_(join_timeout),
+      start_(start),
+      workers_(num_workers) {}
 
-bool Membership::Update(int worker, int64_t clock, bool done, absl::Time now) {
-  absl::MutexLock lock(&mu_);
-  Worker& w = workers_[worker];
-  const bool changed = !w.seen || w.expired || clock > w.clock || done != w.done;
+Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
+                                    absl::Time now) {
+  Join join = Join::kNone;
+  if (!w.seen) {
+    join = Join::kFirst;
+    LOG(INFO) << "worker " << worker << " joined (incarnation " << incarnation
+              << ") " << absl::FormatDuration(now - start_)
+              << " after the shard started"
+              << (w.given_up ? ", after it had been given up on" : "");
+  } else if (incarnation != 0 && w.incarnation != 0 &&
+             incarnation != w.incarnation) {
+    join = Join::kRestart;
+    ++w.rejoins;
+    LOG(INFO) << "worker " << worker << " has a new incarnation " << incarnation
+              << " (was " << w.incarnation << ", clock " << w.clock
+              << "), last heard from " << absl::FormatDuration(now - w.last_seen)
+              << " ago; rejoin " << w.rejoins;
+  } else if (w.expired) {
+    join = Join::kRejoin;
+    ++w.rejoins;
+    LOG(INFO) << "worker " << worker << " rejoined after "
+              << absl::FormatDuration(now - w.last_seen) << " of silence (clock "
+              << w.clock << "); rejoin " << w.rejoins;
+  }
   w.seen = true;
   w.expired = false;
-  w.done = w.done || done;
-  w.clock = std::max(w.clock, clock);
+  w.given_up = false;
+  if (incarnation != 0) w.incarnation = incarnation;
   w.last_seen = now;
-  return changed;
+  return join;
 }
 
-bool Membership::Expire(absl::Time now) {
+Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
+                                            int64_t clock, bool done,
+                                            absl::Time now) {
+  clock = std::clamp<int64_t>(clock, 0, kMaxClock);
   absl::MutexLock lock(&mu_);
-  bool any = false;
-  for (Worker& w : workers_) {
+  Worker& w = workers_[worker];
+  const int64_t old_clock = w.clock;
+  const bool old_done = w.done;
+  UpdateResult result;
+  result.join = Revive(worker, w, incarnation, now);
+  if (result.join == Join::kFirst || result.join == Join::kRestart) {
+    // A new record: clock and done are the message's.
+    w.clock = clock;
+    w.done = done;
+  } else {
+    w.clock = std::max(w.clock, clock);
+    w.done = w.done || done;
+  }
+  if (w.done && !old_done) {
+    LOG(INFO) << "worker " << worker << " is done at clock " << w.clock;
+  }
+  result.changed = result.join != Join::kNone || w.clock != old_clock ||
+                   w.done != old_done;
+  return result;
+}
+
+int64_t Membership::Register(int worker, uint64_t incarnation, absl::Time now,
+                             Join* join) {
+  absl::MutexLock lock(&mu_);
+  Worker& w = workers_[worker];
+  const Join joined = Revive(worker, w, incarnation, now);
+  // The clock is kept (restored or the predecessor's): the new process
+  // resumes from it. It is training again, so not done.
+  if (joined == Join::kFirst || joined == Join::kRestart) w.done = false;
+  if (join != nullptr) *join = joined;
+  return w.clock;
+}
+
+Membership::ExpireResult Membership::Expire(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  ExpireResult result;
+  for (int i = 0; i < num_workers_; ++i) {
+    Worker& w = workers_[i];
     if (w.seen && !w.expired && !w.done && now - w.last_seen > timeout_) {
       w.expired = true;
-      any = true;
+      ++result.silent;
+      LOG(WARNING) << "worker " << i << " silent for "
+                   << absl::FormatDuration(now - w.last_seen)
+                   << " (heartbeat timeout " << absl::FormatDuration(timeout_)
+                   << "); dropped at clock " << w.clock
+                   << ": it no longer holds back steps or the staleness bound";
+    } else if (!w.seen && !w.given_up && now - start_ > join_timeout_) {
+      w.given_up = true;
+      ++result.never_joined;
+      LOG(WARNING) << "worker " << i << " never joined within "
+                   << absl::FormatDuration(join_timeout_)
+                   << " (join timeout; clock " << w.clock
+                   << "): it no longer holds back steps or the staleness "
+                      "bound, and joins when it arrives";
     }
   }
-  return any;
+  return result;
 }
 
 std::optional<int64_t> Membership::SlowestActiveClock() const {
   absl::MutexLock lock(&mu_);
   std::optional<int64_t> slowest;
   for (const Worker& w : workers_) {
-    if (w.expired || w.done) continue;
-    const int64_t clock = w.seen ? w.clock : 0;
-    if (!slowest || clock < *slowest) slowest = clock;
+    if (w.expired || w.given_up || w.done) continue;
+    if (!slowest || w.clock < *slowest) slowest = w.clock;
   }
   return slowest;
 }
@@ -53,25 +131,52 @@ int Membership::ContributorsForStep(int64_t step) const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(std::count_if(
       workers_.begin(), workers_.end(), [step](const Worker& w) {
-        return !w.expired && (!w.done || w.clock > step);
+        return !w.expired && !w.given_up && (!w.done || w.clock > step);
       }));
 }
 
 std::vector<WorkerState> Membership::Snapshot(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<WorkerState> states;
+  states.reserve(workers_.size());
   for (int i = 0; i < num_workers_; ++i) {
     const Worker& w = workers_[i];
-    if (!w.seen) continue;
     WorkerState state;
     state.set_worker(i);
     state.set_clock(w.clock);
-    state.set_live(!w.expired);
+    state.set_live(w.seen && !w.expired);
     state.set_done(w.done);
-    state.set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - w.last_seen));
+    state.set_seen(w.seen);
+    state.set_seconds_since_heartbeat(
+        absl::ToDoubleSeconds(now - (w.seen ? w.last_seen : start_)));
+    state.set_rejoins(w.rejoins);
+    state.set_incarnation(w.incarnation);
     states.push_back(std::move(state));
   }
   return states;
+}
+
+std::vector<int64_t> Membership::Clocks() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> clocks;
+  clocks.reserve(workers_.size());
+  for (const Worker& w : workers_) clocks.push_back(w.clock);
+  return clocks;
+}
+
+int64_t Membership::Clock(int worker) const {
+  absl::MutexLock lock(&mu_);
+  return workers_[worker].clock;
+}
+
+void Membership::SeedClocks(const std::vector<int64_t>& clocks) {
+  absl::MutexLock lock(&mu_);
+  const size_t n = std::min(clocks.size(), workers_.size());
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t clock = std::clamp<int64_t>(clocks[i], 0, kMaxClock);
+    Worker& w = workers_[i];
+    w.clock = w.seen ? std::max(w.clock, clock) : clock;
+  }
 }
 
 }  // namespace shardtrain::server

@@ -1,8 +1,16 @@
 // Membership: which workers are alive and how far each has got.
 //
-// Workers announce themselves with heartbeats and pushes, carrying their
-// clock (steps finished). A worker silent for longer than the timeout is
-// forgotten; a worker that says it is done no longer holds others back.
+// Workers announce themselves with heartbeats, pushes and registrations,
+// carrying their clock (steps finished) and their incarnation (a random id
+// per worker process). Within one incarnation a clock only grows and `done`
+// only goes from false to true; a different incarnation (a restarted worker,
+// or a spoof) replaces the record, so the real worker's next message heals a
+// spoofed one. Incarnation 0 (tools, old clients) never replaces a record.
+//
+// A worker silent for longer than the heartbeat timeout is forgotten; a
+// worker never seen within the join timeout of the start is given up on;
+// either comes back when it is heard from again. A worker that says it is
+// done no longer holds others back. Joins and departures are logged.
 // Thread-safe.
 #ifndef SHARDTRAIN_SERVER_MEMBERSHIP_H_
 #define SHARDTRAIN_SERVER_MEMBERSHIP_H_
@@ -17,46 +25,99 @@
 
 namespace shardtrain::server {
 
+// Largest clock (or step) a worker may report; larger ones are refused, so
+// sums like `clock + staleness bound` cannot overflow.
+inline constexpr int64_t kMaxClock = int64_t{1} << 40;
+
 class Membership {
  public:
-  Membership(int num_workers, absl::Duration timeout);
+  // How a message changed a worker's record.
+  enum class Join {
+    kNone,     // an already live worker, same incarnation
+    kFirst,    // first message from this index
+    kRejoin,   // same incarnation, back after being forgotten
+    kRestart,  // a new incarnation replaced the record
+  };
+  struct UpdateResult {
+    // The slowest active clock, the live set or a done flag changed.
+    bool changed = false;
+    Join join = Join::kNone;
+  };
+  struct ExpireResult {
+    int silent = 0;        // forgotten now for their silence
+    int never_joined = 0;  // given up on now: never seen within join_timeout
+    bool any() const { return silent + never_joined > 0; }
+  };
 
-  // Records that `worker` is alive at `now` with `clock` steps done; a
-  // clock never moves backwards. Returns true if the slowest live clock or
-  // the live set changed. REQUIRES: 0 <= worker < num_workers.
-  bool Update(int worker, int64_t clock, bool done, absl::Time now);
+  // `start` is when the join timeout starts counting.
+  Membership(int num_workers, absl::Duration timeout,
+             absl::Duration join_timeout = absl::InfiniteDuration(),
+             absl::Time start = absl::Now());
 
-  // Forgets workers silent since before now - timeout. Returns true if any
-  // was forgotten.
-  bool Expire(absl::Time now);
+  // Records that `worker` (process `incarnation`) is alive at `now` with
+  // `clock` steps done (clamped to [0, kMaxClock]).
+  // REQUIRES: 0 <= worker < num_workers.
+  UpdateResult Update(int worker, uint64_t incarnation, int64_t clock,
+                      bool done, absl::Time now);
+  // As above for incarnation 0: nothing is replaced, only moved forward.
+  UpdateResult Update(int worker, int64_t clock, bool done, absl::Time now) {
+    return Update(worker, 0, clock, done, now);
+  }
+  // A registration: a sign of life that keeps the recorded clock. A new
+  // incarnation replaces the record with that clock and done = false, so a
+  // restarted worker resumes where its predecessor was. Returns the clock.
+  int64_t Register(int worker, uint64_t incarnation, absl::Time now,
+                   Join* join = nullptr);
 
-  // The smallest clock among workers that may still push: those live and not
-  // done, plus those never seen (clock 0), so a late starter holds others
-  // back. nullopt when no such worker is left.
+  // Forgets workers silent since before now - timeout and gives up on those
+  // never seen within join_timeout of the start.
+  ExpireResult Expire(absl::Time now);
+
+  // The smallest clock among workers that may still push: live and not
+  // done, plus those never seen and not given up on (with their restored
+  // clock, else 0), so a late starter holds others back. nullopt when no
+  // such worker is left.
   std::optional<int64_t> SlowestActiveClock() const;
 
   // Workers seen and not yet forgotten or done.
   int LiveCount() const;
   // Workers that may still contribute a gradient to sync step `step`: not
-  // forgotten, and either not done or done after finishing that step.
-  // Workers never seen count, since they may simply start late.
+  // forgotten or given up on, and either not done or done after finishing
+  // that step. Workers never seen count while they may simply start late.
   int ContributorsForStep(int64_t step) const;
 
+  // Every expected worker, seen or not.
   std::vector<WorkerState> Snapshot(absl::Time now) const;
+
+  // The clock recorded for each worker index (0 where none).
+  std::vector<int64_t> Clocks() const;
+  int64_t Clock(int worker) const;
+  // Seeds the clocks of workers not seen yet (from a checkpoint); extra
+  // entries are ignored. A seen worker keeps the larger clock.
+  void SeedClocks(const std::vector<int64_t>& clocks);
 
   int num_workers() const { return num_workers_; }
 
  private:
   struct Worker {
     bool seen = false;
-    bool expired = false;
+    bool expired = false;   // silent past the timeout
+    bool given_up = false;  // never seen within the join timeout
     bool done = false;
     int64_t clock = 0;
+    uint64_t incarnation = 0;
+    int64_t rejoins = 0;
     absl::Time last_seen;
   };
 
+  // The record after a sign of life; returns how it joined.
+  Join Revive(int worker, Worker& w, uint64_t incarnation, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int num_workers_;
   const absl::Duration timeout_;
+  const absl::Duration join_timeout_;
+  const absl::Time start_;
   mutable absl::Mutex mu_;
   std::vector<Worker> workers_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,5 +1,8 @@
 #include "server/membership.h"
 
+#include <limits>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace shardtrain::server {
@@ -20,7 +23,7 @@ TEST(MembershipTest, UnseenWorkersHoldBackTheSlowestClock) {
 TEST(MembershipTest, ClocksNeverGoBackwards) {
   Membership members(1, absl::Seconds(10));
   members.Update(0, 5, false, absl::UnixEpoch());
-  EXPECT_FALSE(members.Update(0, 2, false, absl::UnixEpoch()));
+  EXPECT_FALSE(members.Update(0, 2, false, absl::UnixEpoch()).changed);
   EXPECT_EQ(members.SlowestActiveClock(), 5);
 }
 
@@ -29,12 +32,12 @@ TEST(MembershipTest, SilentWorkersExpireAndComeBack) {
   const absl::Time t0 = absl::UnixEpoch();
   members.Update(0, 1, false, t0);
   members.Update(1, 9, false, t0 + absl::Seconds(8));
-  EXPECT_FALSE(members.Expire(t0 + absl::Seconds(5)));
-  EXPECT_TRUE(members.Expire(t0 + absl::Seconds(11)));
+  EXPECT_FALSE(members.Expire(t0 + absl::Seconds(5)).any());
+  EXPECT_TRUE(members.Expire(t0 + absl::Seconds(11)).any());
   EXPECT_EQ(members.LiveCount(), 1);
   EXPECT_EQ(members.SlowestActiveClock(), 9);
   EXPECT_EQ(members.ContributorsForStep(3), 1);
-  EXPECT_TRUE(members.Update(0, 2, false, t0 + absl::Seconds(12)));
+  EXPECT_TRUE(members.Update(0, 2, false, t0 + absl::Seconds(12)).changed);
   EXPECT_EQ(members.LiveCount(), 2);
 }
 
@@ -48,6 +51,86 @@ TEST(MembershipTest, DoneWorkersCountOnlyForStepsTheyFinished) {
   members.Update(1, 10, true, absl::UnixEpoch());
   EXPECT_EQ(members.SlowestActiveClock(), std::nullopt);
   EXPECT_EQ(members.Snapshot(absl::UnixEpoch()).size(), 2u);
+}
+
+TEST(MembershipTest, ANewIncarnationReplacesTheRecordAndHealsASpoof) {
+  Membership members(2, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch();
+  constexpr uint64_t kReal = 11, kSpoof = 99;
+  EXPECT_EQ(members.Update(0, kReal, 4, false, t0).join, Membership::Join::kFirst);
+  members.Update(1, 7, 6, false, t0);
+  // Within an incarnation the clock only grows and done only turns on.
+  EXPECT_FALSE(members.Update(0, kReal, 2, false, t0).changed);
+  EXPECT_EQ(members.SlowestActiveClock(), 4);
+  // A spoof with another incarnation and done = true takes the record over.
+  const Membership::UpdateResult spoof =
+      members.Update(0, kSpoof, kMaxClock, true, t0 + absl::Seconds(1));
+  EXPECT_EQ(spoof.join, Membership::Join::kRestart);
+  EXPECT_TRUE(spoof.changed);
+  EXPECT_EQ(members.SlowestActiveClock(), 6);
+  // The real worker's next heartbeat takes it back: not done, its clock.
+  EXPECT_EQ(members.Update(0, kReal, 5, false, t0 + absl::Seconds(2)).join,
+            Membership::Join::kRestart);
+  EXPECT_EQ(members.SlowestActiveClock(), 5);
+  EXPECT_EQ(members.Clock(0), 5);
+  // Incarnation 0 never replaces: it cannot set done back or lower a clock.
+  members.Update(0, 0, 1, false, t0 + absl::Seconds(3));
+  EXPECT_EQ(members.Clock(0), 5);
+  // A clock beyond kMaxClock is clamped, so sums with it cannot overflow.
+  members.Update(1, 7, std::numeric_limits<int64_t>::max(), false, t0);
+  EXPECT_EQ(members.Clock(1), kMaxClock);
+  const std::vector<WorkerState> states = members.Snapshot(t0 + absl::Seconds(3));
+  ASSERT_EQ(states.size(), 2u);
+  EXPECT_EQ(states[0].rejoins(), 2);
+  EXPECT_EQ(states[0].incarnation(), kReal);
+  EXPECT_FALSE(states[0].done());
+}
+
+TEST(MembershipTest, RegisterKeepsTheClockForARestartedWorker) {
+  Membership members(2, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch();
+  members.SeedClocks({12, 30, 99});  // from a checkpoint; extra ignored
+  EXPECT_EQ(members.SlowestActiveClock(), 12);  // unseen count with it
+  Membership::Join join;
+  EXPECT_EQ(members.Register(0, 5, t0, &join), 12);
+  EXPECT_EQ(join, Membership::Join::kFirst);
+  members.Update(0, 5, 20, true, t0);
+  // A new process of worker 0 registers: same clock, training again.
+  EXPECT_EQ(members.Register(0, 6, t0 + absl::Seconds(1), &join), 20);
+  EXPECT_EQ(join, Membership::Join::kRestart);
+  EXPECT_EQ(members.ContributorsForStep(25), 2);  // not done any more
+  EXPECT_EQ(members.Clocks(), (std::vector<int64_t>{20, 30}));
+}
+
+TEST(MembershipTest, WorkersThatNeverJoinAreGivenUpAndMayStillJoin) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(3, absl::Seconds(10), absl::Seconds(60), t0);
+  members.Update(0, 1, 8, false, t0 + absl::Seconds(1));
+  members.Update(1, 2, 9, false, t0 + absl::Seconds(55));
+  EXPECT_EQ(members.SlowestActiveClock(), 0);  // worker 2 may start late
+  EXPECT_EQ(members.ContributorsForStep(0), 3);
+  std::vector<WorkerState> states = members.Snapshot(t0 + absl::Seconds(30));
+  ASSERT_EQ(states.size(), 3u);
+  EXPECT_FALSE(states[2].seen());
+  EXPECT_FALSE(states[2].live());
+  EXPECT_DOUBLE_EQ(states[2].seconds_since_heartbeat(), 30.0);
+
+  // At 61 s worker 2 is given up on, and worker 0 (silent since 1 s) is
+  // dropped; worker 1 is fine.
+  const Membership::ExpireResult expired = members.Expire(t0 + absl::Seconds(61));
+  EXPECT_EQ(expired.never_joined, 1);
+  EXPECT_EQ(expired.silent, 1);
+  EXPECT_EQ(members.SlowestActiveClock(), 9);
+  EXPECT_EQ(members.ContributorsForStep(0), 1);
+  EXPECT_FALSE(members.Expire(t0 + absl::Seconds(62)).any());  // counted once
+
+  EXPECT_EQ(members.Update(2, 3, 0, false, t0 + absl::Seconds(70)).join,
+            Membership::Join::kFirst);
+  EXPECT_EQ(members.Update(0, 1, 8, false, t0 + absl::Seconds(70)).join,
+            Membership::Join::kRejoin);
+  EXPECT_EQ(members.SlowestActiveClock(), 0);
+  EXPECT_EQ(members.LiveCount(), 3);
+  EXPECT_EQ(members.Snapshot(t0 + absl::Seconds(70))[0].rejoins(), 1);
 }
 
 }  // namespace

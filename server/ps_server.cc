@@ -1,5 +1,7 @@
 #include "server/ps_server.h"
 
+#include <algorithm>
+
 #include <glog/logging.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -22,8 +24,12 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   prometheus::Registry& registry = server->exposer_->registry();
   server->rpc_metrics_ = std::make_unique<common::RpcMetrics>(registry, "server");
   server->shard_metrics_ = std::make_unique<ShardMetrics>(registry);
+  ShardOptions shard_options = options.shard;
+  // A pull must fit in one response message.
+  shard_options.limits.max_response_bytes = std::min<int64_t>(
+      shard_options.limits.max_response_bytes, options.max_message_bytes);
   ASSIGN_OR_RETURN(server->shard_,
-                   Shard::Create(options.shard, server->shard_metrics_.get()));
+                   Shard::Create(shard_options, server->shard_metrics_.get()));
   if (!options.checkpoint_dir.empty()) {
     server->checkpoint_interval_ = options.checkpoint_interval;
     server->checkpointer_ = std::make_unique<Checkpointer>(

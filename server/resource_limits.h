@@ -23,6 +23,9 @@ struct ResourceLimits {
   // Partitions that get their own version gauge in /metrics; the rest are
   // summarised. --max_partition_metrics.
   int max_partition_metrics = 256;
+  // Bytes of parameters one Pull may ask for: a larger answer would not fit
+  // in a gRPC message. ps-server sets it from --max_message_mb.
+  int64_t max_response_bytes = int64_t{256} << 20;
 };
 
 }  // namespace shardtrain::server

@@ -53,6 +53,7 @@ ParameterServerService::ParameterServerService(Shard* shard,
   SetMessageAllocatorFor_Push(&push_pool_);
   SetMessageAllocatorFor_Pull(&pull_pool_);
   SetMessageAllocatorFor_PushPull(&push_pull_pool_);
+  SetMessageAllocatorFor_Register(&register_arena_);
 }
 
 ParameterServerService::~ParameterServerService() { CancelAllWaiters(); }
@@ -114,7 +115,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
     StatusResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  shard_->FillStatus(response);
+  shard_->FillStatus(*request, response);
   response->set_seconds_since_checkpoint(-1);
   if (checkpointer_ != nullptr) {
     response->set_checkpoint_dir(checkpointer_->dir());

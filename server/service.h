@@ -17,6 +17,7 @@
 #include "common/metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
+#include "server/internal/arena_messages.h"
 #include "server/internal/message_pool.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -91,6 +92,8 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   internal::MessagePool<PushRequest, PushResponse> push_pool_{16};
   internal::MessagePool<PullRequest, PullResponse> pull_pool_{16};
   internal::MessagePool<PushPullRequest, PushPullResponse> push_pull_pool_{16};
+  // A Register may carry a million tiny specs: its memory is given back.
+  internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;
 
   absl::Mutex mu_;
   std::list<WaitingReactor*> waiters_ ABSL_GUARDED_BY(mu_);

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <set>
+#include <limits>
+#include <random>
 
+#include <glog/logging.h>
+
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "common/float_env.h"
@@ -36,6 +40,15 @@ void DescribePartition(const Partition& part, PartitionInfo* info) {
   info->set_version(part.version.load());
 }
 
+uint64_t NewIncarnation() {
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) {
+    id = (static_cast<uint64_t>(random()) << 32) ^ static_cast<uint64_t>(random());
+  }
+  return id;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
@@ -59,6 +72,21 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
         "replicas_to_aggregate must be in [0, num_workers=%d], got %d",
         options.num_workers, options.replicas_to_aggregate));
   }
+  if (options.join_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("join_timeout must be >= 0");
+  }
+  const ResourceLimits& limits = options.limits;
+  if (limits.max_stored_elements < 1 || limits.max_tensors < 1 ||
+      limits.max_tensors_per_request < 1 || limits.max_parts_per_request < 1 ||
+      limits.max_partition_metrics < 0 || limits.max_response_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "resource limits must be >= 1 (--max_partition_metrics >= 0): "
+        "max_stored_elements=%d max_tensors=%d max_tensors_per_request=%d "
+        "max_parts_per_request=%d max_partition_metrics=%d max_response_bytes=%d",
+        limits.max_stored_elements, limits.max_tensors,
+        limits.max_tensors_per_request, limits.max_parts_per_request,
+        limits.max_partition_metrics, limits.max_response_bytes));
+  }
   if (metrics == nullptr) return absl::InvalidArgumentError("metrics is null");
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
                    Optimizer::Create(options.optimizer));
@@ -70,6 +98,8 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
     : options_(options),
       optimizer_(std::move(optimizer)),
       metrics_(metrics),
+      incarnation_(NewIncarnation()),
+      start_time_(absl::Now()),
       store_(options.partitioning, options.shard_index,
              [this] {
                TensorStore::SlotSpec slots;
@@ -80,12 +110,22 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
                return slots;
              }(),
              options.num_workers),
-      membership_(options.num_workers, options.heartbeat_timeout),
-      start_time_(absl::Now()) {
+      membership_(options.num_workers, options.heartbeat_timeout,
+                  options.join_timeout, start_time_) {
+  for (int w = 0; w < options.num_workers; ++w) {
+    push_logs_.push_back(std::make_unique<PushLog>());
+  }
   store_.SetOnCreate([this](Partition* part) {
-    part->version_gauge = &metrics_->PartitionVersion(part->tensor, part->index);
+    // Per-partition series only for the first partitions: /metrics stays
+    // bounded; the min/max gauges cover all.
+    if (part->id < options_.limits.max_partition_metrics) {
+      part->version_gauge = &metrics_->PartitionVersion(part->tensor, part->index);
+    }
     metrics_->parameters().Increment(static_cast<double>(part->range.size));
   });
+  metrics_->expected_workers().Set(options.num_workers);
+  metrics_->start_time().Set(absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch()));
+  LOG(INFO) << "shard " << options.shard_index << " incarnation " << incarnation_;
 }
 
 void Shard::SetProgressCallback(std::function<void()> callback) {
@@ -110,42 +150,146 @@ absl::Status Shard::CheckWorker(uint32_t worker) const {
   return absl::OkStatus();
 }
 
+absl::Status Shard::CheckIncarnation(uint64_t shard_incarnation) const {
+  if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
+    return absl::AbortedError(absl::StrFormat(
+        "shard %d restarted (request names incarnation %d, shard is %d): "
+        "re-register",
+        options_.shard_index, shard_incarnation, incarnation_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::Refuse(const char* limit, absl::Status status) const {
+  metrics_->requests_refused(limit).Increment();
+  return status;
+}
+
+void Shard::CountJoin(Membership::Join join) {
+  switch (join) {
+    case Membership::Join::kNone:
+      break;
+    case Membership::Join::kFirst:
+      metrics_->worker_joins("first").Increment();
+      break;
+    case Membership::Join::kRejoin:
+      metrics_->worker_joins("rejoin").Increment();
+      break;
+    case Membership::Join::kRestart:
+      metrics_->worker_joins("restart").Increment();
+      break;
+  }
+}
+
+std::vector<int64_t> Shard::WorkerClocks() const { return membership_.Clocks(); }
+
+void Shard::RestoreWorkerClocks(const std::vector<int64_t>& clocks) {
+  membership_.SeedClocks(clocks);
+  UpdateMembershipMetrics();
+}
+
+absl::Status Shard::CheckRegisterLimits(const RegisterRequest& request) const {
+  const ResourceLimits& limits = options_.limits;
+  int64_t new_tensors = 0;
+  int64_t new_elements = 0;  // each tensor has at most 2^32: no overflow
+  for (const TensorSpec& spec : request.tensors()) {
+    if (store_.Contains(spec.name())) continue;
+    ++new_tensors;
+    new_elements += store_.LocalElements(spec);
+  }
+  const int64_t tensors = store_.num_tensors();
+  if (new_tensors > limits.max_tensors - tensors) {
+    return Refuse("max_tensors",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "registering %d new tensors would make %d on this shard; "
+                      "the limit is %d (--max_tensors)",
+                      new_tensors, tensors + new_tensors, limits.max_tensors)));
+  }
+  const int64_t stored = store_.stored_elements();
+  if (new_elements > limits.max_stored_elements - stored) {
+    return Refuse("max_stored_elements",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "registering would add %d elements to the %d this shard "
+                      "stores; the limit is %d (--max_stored_elements)",
+                      new_elements, stored, limits.max_stored_elements)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Shard::Register(const RegisterRequest& request,
                              RegisterResponse* response) {
+  response->set_incarnation(incarnation_);
+  if (request.num_workers() != 0 &&
+      request.num_workers() != static_cast<uint32_t>(options_.num_workers)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %d was started with --num_workers=%d but shard %d has "
+        "--num_workers=%d; start every process of the job with the same value",
+        request.worker(), request.num_workers(), options_.shard_index,
+        options_.num_workers));
+  }
+  RETURN_IF_ERROR(CheckWorker(request.worker()));
   if (request.tensors().empty()) {
     return absl::InvalidArgumentError("register request names no tensors");
   }
-  std::set<std::string> names;
+  if (request.tensors_size() > options_.limits.max_tensors_per_request) {
+    return Refuse("max_tensors_per_request",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "register request has %d tensors; the limit is %d per "
+                      "request (--max_tensors_per_request)",
+                      request.tensors_size(),
+                      options_.limits.max_tensors_per_request)));
+  }
+  absl::flat_hash_set<absl::string_view> names;
+  names.reserve(request.tensors_size());
   for (const TensorSpec& spec : request.tensors()) {
     if (!names.insert(spec.name()).second) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "tensor %s appears twice in one register request", spec.name()));
     }
-    RETURN_IF_ERROR(store_.CheckRegistrable(spec));
-  }
-  for (const TensorSpec& spec : request.tensors()) {
-    ASSIGN_OR_RETURN(std::vector<Partition*> parts, store_.Register(spec));
-    for (const Partition* part : parts) {
-      DescribePartition(*part, response->add_partitions());
+    absl::Status valid = store_.CheckRegistrable(spec);
+    if (!valid.ok()) {
+      if (spec.shape_size() > kMaxTensorDims) return Refuse("max_dims", valid);
+      return valid;
     }
+  }
+  {
+    absl::MutexLock lock(&register_mu_);
+    RETURN_IF_ERROR(CheckRegisterLimits(request));
+    for (const TensorSpec& spec : request.tensors()) {
+      ASSIGN_OR_RETURN(std::vector<Partition*> parts, store_.Register(spec));
+      for (const Partition* part : parts) {
+        DescribePartition(*part, response->add_partitions());
+      }
+    }
+  }
+  if (request.worker_incarnation() != 0) {
+    Membership::Join join = Membership::Join::kNone;
+    response->set_worker_clock(membership_.Register(
+        static_cast<int>(request.worker()), request.worker_incarnation(),
+        absl::Now(), &join));
+    CountJoin(join);
+    UpdateMembershipMetrics();
+    if (join != Membership::Join::kNone) NotifyProgress();
+  } else {
+    response->set_worker_clock(membership_.Clock(static_cast<int>(request.worker())));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
     const PushRequest& request) const {
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
-  if (request.clock() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("clock %d is negative", request.clock()));
-  }
   if (request.parts().empty()) {
     return absl::InvalidArgumentError("push carries no gradients");
   }
-  std::vector<std::vector<float>>& scratch = GradScratch();
-  if (scratch.size() < static_cast<size_t>(request.parts_size())) {
-    scratch.resize(request.parts_size());
+  if (request.parts_size() > options_.limits.max_parts_per_request) {
+    return Refuse("max_parts_per_request",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "push has %d parts; the limit is %d per request "
+                      "(--max_parts_per_request)",
+                      request.parts_size(), options_.limits.max_parts_per_request)));
   }
+  // Every key is looked up and checked for repeats before anything is
+  // decoded, so a request naming one partition many times costs nothing.
   std::vector<DecodedPart> decoded;
   decoded.reserve(request.parts_size());
   for (int i = 0; i < request.parts_size(); ++i) {
@@ -156,31 +300,7 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
           "%s/%d: version %d is negative", partition->tensor, partition->index,
           part.version()));
     }
-    // Dense f32 is used where it lies in the request (which outlives the
-    // push); other encodings are decoded into scratch.
-    const Payload& payload = part.grad();
-    const std::string& bytes = payload.data();
-    absl::Span<const float> grad;
-    absl::Status status;
-    if (payload.encoding() == ENCODING_DENSE && payload.dtype() == DTYPE_F32 &&
-        payload.indices().empty() &&
-        bytes.size() == static_cast<size_t>(partition->range.size) * sizeof(float) &&
-        reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
-      grad = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
-                                 static_cast<size_t>(partition->range.size));
-    } else {
-      std::vector<float>& buffer = scratch[i];
-      buffer.resize(partition->range.size);
-      status = common::DecodePayload(payload, absl::MakeSpan(buffer));
-      grad = buffer;
-    }
-    if (status.ok()) status = common::CheckFinite(grad);
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrFormat("%s/%d: %s", partition->tensor,
-                                          partition->index, status.message()));
-    }
-    decoded.push_back(DecodedPart{partition, part.version(), grad});
+    decoded.push_back(DecodedPart{partition, i, part.version(), {}, 0});
   }
   std::sort(decoded.begin(), decoded.end(),
             [](const DecodedPart& a, const DecodedPart& b) {
@@ -191,6 +311,41 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s/%d appears twice in one push", decoded[i].partition->tensor,
           decoded[i].partition->index));
+    }
+  }
+  std::vector<std::vector<float>>& scratch = GradScratch();
+  if (scratch.size() < decoded.size()) scratch.resize(decoded.size());
+  for (size_t i = 0; i < decoded.size(); ++i) {
+    DecodedPart& d = decoded[i];
+    const Partition& partition = *d.partition;
+    // Dense f32 is used where it lies in the request (which outlives the
+    // push); other encodings are decoded into scratch.
+    const Payload& payload = request.parts(d.index).grad();
+    const std::string& bytes = payload.data();
+    absl::Status status;
+    if (payload.encoding() == ENCODING_DENSE && payload.dtype() == DTYPE_F32 &&
+        payload.indices().empty() &&
+        bytes.size() == static_cast<size_t>(partition.range.size) * sizeof(float) &&
+        reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      d.grad = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                                   static_cast<size_t>(partition.range.size));
+    } else if (payload.encoding() == ENCODING_SPARSE &&
+               payload.indices().size() / sizeof(uint32_t) >
+                   static_cast<size_t>(partition.range.size)) {
+      status = absl::InvalidArgumentError(absl::StrFormat(
+          "sparse payload names %d elements of a %d-element partition",
+          payload.indices().size() / sizeof(uint32_t), partition.range.size));
+    } else {
+      std::vector<float>& buffer = scratch[i];
+      buffer.resize(partition.range.size);
+      status = common::DecodePayload(payload, absl::MakeSpan(buffer));
+      d.grad = buffer;
+    }
+    if (status.ok()) status = common::CheckFinite(d.grad);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrFormat("%s/%d: %s", partition.tensor,
+                                          partition.index, status.message()));
     }
   }
   return decoded;
@@ -210,7 +365,9 @@ void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
   optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
                     absl::MakeConstSpan(grad, part.params.size()), slots);
   part.version.store(step + 1, std::memory_order_release);
-  part.version_gauge->Set(static_cast<double>(step + 1));
+  if (part.version_gauge != nullptr) {
+    part.version_gauge->Set(static_cast<double>(step + 1));
+  }
   metrics_->updates_applied().Increment();
   updates_applied_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -227,10 +384,74 @@ bool Shard::MaybeFinishStep(Partition& part) {
   std::fill(part.accum.begin(), part.accum.end(), 0.0f);
   std::fill(part.contributed.begin(), part.contributed.end(), false);
   part.contributions = 0;
+  part.resuming = false;
   return true;
 }
 
-absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
+absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
+  response->set_incarnation(incarnation_);
+  response->set_duplicate(false);
+  RETURN_IF_ERROR(CheckWorker(request.worker()));
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  if (request.clock() < 0 || request.clock() > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "clock %d is not in [0, %d]", request.clock(), kMaxClock));
+  }
+  const uint64_t sequence = request.sequence();
+  if (sequence == 0) {
+    RETURN_IF_ERROR(ApplyPush(request, response));
+    NotifyProgress();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(DedupedPush(request, response));
+  if (!response->duplicate()) NotifyProgress();
+  return absl::OkStatus();
+}
+
+absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* response) {
+  const uint64_t sequence = request.sequence();
+  // The worker's log stays locked from the duplicate check until the push
+  // is recorded, so a retry arriving meanwhile waits and is then answered
+  // as a duplicate. Taken before any partition lock.
+  PushLog& log = *push_logs_[request.worker()];
+  absl::MutexLock lock(&log.mu);
+  if (log.incarnation != request.worker_incarnation() || log.applied.empty()) {
+    log.incarnation = request.worker_incarnation();
+    log.highest = 0;
+    log.applied.assign(kPushWindow, -1);
+  }
+  if (sequence <= log.highest) {
+    if (log.highest - sequence >= static_cast<uint64_t>(kPushWindow)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "push sequence %d is older than the last %d applied; cannot tell if "
+          "it was applied",
+          sequence, kPushWindow));
+    }
+    const int64_t staleness = log.applied[sequence % kPushWindow];
+    if (staleness >= 0) {
+      response->set_duplicate(true);
+      response->set_max_staleness(staleness);
+      metrics_->duplicate_pushes().Increment();
+      duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
+      VLOG(1) << "push " << sequence << " of worker " << request.worker()
+              << " is a duplicate; not applied again";
+      return absl::OkStatus();
+    }
+  }
+  RETURN_IF_ERROR(ApplyPush(request, response));
+  if (sequence > log.highest) {
+    const uint64_t cleared =
+        std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
+    for (uint64_t s = sequence - cleared + 1; s <= sequence; ++s) {
+      log.applied[s % kPushWindow] = -1;
+    }
+    log.highest = sequence;
+  }
+  log.applied[sequence % kPushWindow] = response->max_staleness();
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response)
     ABSL_NO_THREAD_SAFETY_ANALYSIS {
   common::EnableFlushToZero();  // gRPC threads run the optimizer
   ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
@@ -241,10 +462,14 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
   // and the update together: either every part is applied or none is.
   for (DecodedPart& part : parts) part.partition->mu.Lock();
   absl::Status verdict;
-  for (const DecodedPart& part : parts) {
+  for (DecodedPart& part : parts) {
     const Partition& p = *part.partition;
     const int64_t version = p.version.load(std::memory_order_relaxed);
     if (part.version > version) {
+      if (sync && p.resuming && p.contributions == 0) {
+        part.skipped = part.version - version;  // fast-forward, see shard.h
+        continue;
+      }
       verdict = absl::OutOfRangeError(absl::StrFormat(
           "%s/%d: gradient computed from version %d, but the partition is at "
           "version %d",
@@ -266,11 +491,21 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
     }
   }
   int64_t max_staleness = 0;
+  int64_t lost = 0;
+  int fast_forwarded = 0;
   if (verdict.ok()) {
     for (DecodedPart& part : parts) {
       Partition& p = *part.partition;
       const absl::Span<const float> grad = part.grad;
       if (sync) {
+        if (part.skipped > 0) {
+          p.version.store(part.version, std::memory_order_release);
+          if (p.version_gauge != nullptr) {
+            p.version_gauge->Set(static_cast<double>(part.version));
+          }
+          lost += part.skipped;
+          ++fast_forwarded;
+        }
         if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
         float* __restrict accum = p.accum.data();
         const float* __restrict g = grad.data();
@@ -291,6 +526,11 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
     }
   }
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) it->partition->mu.Unlock();
+  // Large scratch is not kept past a request that needed it.
+  std::vector<std::vector<float>>& scratch = GradScratch();
+  size_t scratch_elements = 0;
+  for (const std::vector<float>& buffer : scratch) scratch_elements += buffer.capacity();
+  if (scratch_elements > (size_t{1} << 24)) scratch = {};
 
   if (!verdict.ok()) {
     if (verdict.code() == absl::StatusCode::kFailedPrecondition) {
@@ -299,39 +539,84 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response)
     }
     return verdict;
   }
+  if (lost > 0) {
+    metrics_->lost_updates().Increment(static_cast<double>(lost));
+    LOG(WARNING) << "shard " << options_.shard_index << ": a push of worker "
+                 << worker << " for step " << parts.front().version
+                 << " fast-forwarded " << fast_forwarded
+                 << " partition(s) restored at an earlier step; " << lost
+                 << " update(s) lost";
+  }
   metrics_->gradients_received().Increment(static_cast<double>(parts.size()));
   int64_t seen = max_staleness_seen_.load();
   while (max_staleness > seen &&
          !max_staleness_seen_.compare_exchange_weak(seen, max_staleness)) {
   }
   response->set_max_staleness(max_staleness);
-  membership_.Update(static_cast<int>(worker), request.clock(), false, absl::Now());
+  const Membership::UpdateResult update =
+      membership_.Update(static_cast<int>(worker), request.worker_incarnation(),
+                         request.clock(), false, absl::Now());
+  CountJoin(update.join);
   UpdateMembershipMetrics();
-  NotifyProgress();
   return absl::OkStatus();
 }
 
 absl::Status Shard::ValidatePull(const PullRequest& request) const {
   RETURN_IF_ERROR(CheckWorker(request.worker()));
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
   if (request.parts().empty()) {
     return absl::InvalidArgumentError("pull names no partitions");
+  }
+  if (request.parts_size() > options_.limits.max_parts_per_request) {
+    return Refuse("max_parts_per_request",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "pull names %d parts; the limit is %d per request "
+                      "(--max_parts_per_request)",
+                      request.parts_size(), options_.limits.max_parts_per_request)));
   }
   if (request.dtype() != DTYPE_UNSPECIFIED &&
       common::DTypeSize(request.dtype()) == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "pull asks for dtype %d; use f32, f16 or bf16", request.dtype()));
   }
-  if (request.clock() < 0 || request.min_version() < 0) {
-    return absl::InvalidArgumentError("pull clock and min_version must be >= 0");
+  if (request.clock() < 0 || request.clock() > kMaxClock ||
+      request.min_version() < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pull clock must be in [0, %d] and min_version >= 0", kMaxClock));
   }
+  const int64_t width = common::DTypeSize(
+      request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype());
+  std::vector<const Partition*> found;
+  found.reserve(request.parts_size());
+  int64_t response_bytes = 0;
   for (const PartitionKey& key : request.parts()) {
     ASSIGN_OR_RETURN(Partition * part, store_.Find(key));
+    found.push_back(part);
+    // Payload plus a generous allowance for the key and framing.
+    response_bytes += part->range.size * width +
+                      static_cast<int64_t>(key.tensor().size()) + 64;
     const int64_t version = part->version.load(std::memory_order_acquire);
     if (request.min_version() > version + 1) {
       return absl::OutOfRangeError(absl::StrFormat(
           "%s/%d: min_version %d is more than one step ahead of version %d",
           part->tensor, part->index, request.min_version(), version));
     }
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Partition* a, const Partition* b) { return a->id < b->id; });
+  for (size_t i = 1; i < found.size(); ++i) {
+    if (found[i] == found[i - 1]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s/%d appears twice in one pull", found[i]->tensor, found[i]->index));
+    }
+  }
+  if (response_bytes > options_.limits.max_response_bytes) {
+    return Refuse("max_response_bytes",
+                  absl::ResourceExhaustedError(absl::StrFormat(
+                      "pull asks for about %d bytes of parameters; a response "
+                      "may have at most %d (--max_message_mb): pull fewer "
+                      "partitions at a time",
+                      response_bytes, options_.limits.max_response_bytes)));
   }
   return absl::OkStatus();
 }
@@ -348,7 +633,10 @@ bool Shard::PullReady(const PullRequest& request) const {
   }
   if (options_.mode == ConsistencyMode::kAsync && options_.max_staleness >= 0) {
     const std::optional<int64_t> slowest = membership_.SlowestActiveClock();
-    if (slowest && request.clock() > *slowest + options_.max_staleness) {
+    // slowest <= kMaxClock; the sum saturates instead of overflowing.
+    if (slowest && options_.max_staleness <=
+                       std::numeric_limits<int64_t>::max() - *slowest &&
+        request.clock() > *slowest + options_.max_staleness) {
       return false;
     }
   }
@@ -356,6 +644,7 @@ bool Shard::PullReady(const PullRequest& request) const {
 }
 
 void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
+  response->set_incarnation(incarnation_);
   const DType dtype =
       request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype();
   // Reuse the response's existing part messages and their byte buffers.
@@ -381,18 +670,22 @@ void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
 
 absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
                               HeartbeatResponse* response) {
+  response->set_incarnation(incarnation_);
   RETURN_IF_ERROR(CheckWorker(request.worker()));
-  if (request.clock() < 0) {
-    return absl::InvalidArgumentError("heartbeat clock must be >= 0");
+  if (request.clock() < 0 || request.clock() > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "heartbeat clock %d is not in [0, %d]", request.clock(), kMaxClock));
   }
   const absl::Time now = absl::Now();
-  const bool changed = membership_.Update(static_cast<int>(request.worker()),
-                                          request.clock(), request.done(), now);
+  const Membership::UpdateResult update = membership_.Update(
+      static_cast<int>(request.worker()), request.worker_incarnation(),
+      request.clock(), request.done(), now);
+  CountJoin(update.join);
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
   }
   UpdateMembershipMetrics();
-  if (changed) {
+  if (update.changed) {
     if (options_.mode == ConsistencyMode::kSync) Tick(now);
     NotifyProgress();
   }
@@ -400,19 +693,34 @@ absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
 }
 
 void Shard::Tick(absl::Time now) {
-  const bool expired = membership_.Expire(now);
-  UpdateMembershipMetrics();
-  if (options_.mode != ConsistencyMode::kSync) {
-    if (expired) NotifyProgress();
-    return;
+  const Membership::ExpireResult expired = membership_.Expire(now);
+  if (expired.silent > 0) {
+    metrics_->worker_departures("silent").Increment(expired.silent);
   }
+  if (expired.never_joined > 0) {
+    metrics_->worker_departures("never_joined").Increment(expired.never_joined);
+  }
+  UpdateMembershipMetrics();
+  const bool sync = options_.mode == ConsistencyMode::kSync;
   // Fewer contributors may complete steps that were waiting on the departed.
   bool finished = false;
-  for (Partition* part : store_.All()) {
-    absl::MutexLock lock(&part->mu);
-    finished = MaybeFinishStep(*part) || finished;
+  int64_t min_version = std::numeric_limits<int64_t>::max();
+  int64_t max_version = 0;
+  const std::vector<Partition*> all = store_.All();
+  for (Partition* part : all) {
+    if (sync) {
+      absl::MutexLock lock(&part->mu);
+      finished = MaybeFinishStep(*part) || finished;
+    }
+    const int64_t version = part->version.load(std::memory_order_acquire);
+    min_version = std::min(min_version, version);
+    max_version = std::max(max_version, version);
   }
-  if (expired || finished) NotifyProgress();
+  if (!all.empty()) {
+    metrics_->partition_version_min().Set(static_cast<double>(min_version));
+    metrics_->partition_version_max().Set(static_cast<double>(max_version));
+  }
+  if (expired.any() || finished) NotifyProgress();
 }
 
 void Shard::UpdateMembershipMetrics() {
@@ -421,16 +729,36 @@ void Shard::UpdateMembershipMetrics() {
   if (slowest) metrics_->slowest_clock().Set(static_cast<double>(*slowest));
 }
 
-void Shard::FillStatus(StatusResponse* response) const {
+void Shard::FillStatus(const StatusRequest& request,
+                       StatusResponse* response) const {
   const absl::Time now = absl::Now();
   response->set_shard(static_cast<uint32_t>(options_.shard_index));
   response->set_num_shards(static_cast<uint32_t>(options_.partitioning.num_shards));
   response->set_mode(options_.mode == ConsistencyMode::kSync ? "sync" : "async");
   response->set_optimizer(optimizer_->options().name);
   response->set_max_staleness_bound(options_.max_staleness);
-  for (const Partition* part : store_.All()) {
-    DescribePartition(*part, response->add_partitions());
+  response->set_incarnation(incarnation_);
+  response->set_num_workers(static_cast<uint32_t>(options_.num_workers));
+  const size_t max_listed =
+      request.max_partitions() == 0 ? 100 : request.max_partitions();
+  const std::vector<Partition*> all = store_.All();
+  int64_t elements = 0;
+  int64_t min_version = 0;
+  int64_t max_version = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const Partition& part = *all[i];
+    const int64_t version = part.version.load(std::memory_order_acquire);
+    min_version = i == 0 ? version : std::min(min_version, version);
+    max_version = std::max(max_version, version);
+    elements += part.range.size;
+    if (i < max_listed) DescribePartition(part, response->add_partitions());
   }
+  response->set_num_tensors(store_.num_tensors());
+  response->set_num_partitions(static_cast<int64_t>(all.size()));
+  response->set_stored_elements(elements);
+  response->set_min_version(min_version);
+  response->set_max_version(max_version);
+  response->set_partitions_truncated(all.size() > max_listed);
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
   }
@@ -438,6 +766,7 @@ void Shard::FillStatus(StatusResponse* response) const {
   response->set_dropped_gradients(dropped_gradients_.load());
   response->set_max_staleness_seen(max_staleness_seen_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(now - start_time_));
+  response->set_duplicate_pushes(duplicate_pushes_.load());
 }
 
 std::vector<CheckpointRecord> Shard::Snapshot() const {
@@ -484,7 +813,10 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
                                           absl::MakeSpan(part.slots[s])));
     }
     part.version.store(record.version());
-    part.version_gauge->Set(static_cast<double>(record.version()));
+    part.resuming = true;
+    if (part.version_gauge != nullptr) {
+      part.version_gauge->Set(static_cast<double>(record.version()));
+    }
   }
   return absl::OkStatus();
 }

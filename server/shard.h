@@ -7,11 +7,20 @@
 //    when the step has one gradient from each contributing worker (or
 //    replicas_to_aggregate), their mean is applied once and the version
 //    moves on. A push for a finished step is dropped, counted and rejected.
+//    Until a partition's first step completes after creation or a restore,
+//    a push from a later step fast-forwards it (the skipped steps are
+//    counted as lost updates), so a shard restored from an older checkpoint
+//    rejoins the job's step.
 //  - async mode: each gradient is applied on arrival and its staleness
 //    recorded; with a staleness bound, pulls of a worker too far ahead of
 //    the slowest one wait (SSP).
-// Every request is validated in full before any state changes, so a rejected
-// request leaves the shard exactly as it was.
+// Every request is validated in full, resource limits included, before any
+// state changes, so a rejected request leaves the shard exactly as it was.
+//
+// Each Shard has an incarnation, a random non-zero id; requests naming
+// another one are refused with ABORTED (the shard restarted). Pushes are
+// applied at most once per (worker, worker_incarnation, sequence): a retry
+// of one already applied answers OK with duplicate = true.
 //
 // Pulls that cannot be answered yet are not blocked on here: PullReady says
 // whether one can, and the progress callback fires whenever the answer may
@@ -59,7 +68,9 @@ class Shard {
 
   absl::Status Heartbeat(const HeartbeatRequest& request,
                          HeartbeatResponse* response);
-  void FillStatus(StatusResponse* response) const;
+  // Lists at most request.max_partitions partitions (0: 100) and summarises
+  // all of them.
+  void FillStatus(const StatusRequest& request, StatusResponse* response) const;
 
   // Forgets silent workers; completes sync steps they were holding up.
   void Tick(absl::Time now);
@@ -82,20 +93,57 @@ class Shard {
 
   const ShardOptions& options() const { return options_; }
 
+  // The random non-zero id of this shard process.
+  uint64_t incarnation() const { return incarnation_; }
+
+  // The clock membership has recorded for each worker index, for a
+  // checkpoint; RestoreWorkerClocks seeds them back (a worker not seen yet
+  // counts with its restored clock, and Register returns it).
+  std::vector<int64_t> WorkerClocks() const;
+  void RestoreWorkerClocks(const std::vector<int64_t>& clocks);
+
+  // Pushes that went at most this far below a worker's highest applied
+  // sequence can still be recognised as duplicates.
+  static constexpr int64_t kPushWindow = 4096;
+
  private:
   struct DecodedPart {
     Partition* partition = nullptr;
+    int index = 0;  // in the request
     int64_t version = 0;
     // The request's own bytes (dense f32) or thread-local scratch.
     absl::Span<const float> grad;
+    // sync: steps skipped to reach `version` (fast-forward).
+    int64_t skipped = 0;
+  };
+
+  // The sequences one worker's pushes applied here, in a window below the
+  // highest one.
+  struct PushLog {
+    absl::Mutex mu;
+    uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
+    uint64_t highest ABSL_GUARDED_BY(mu) = 0;
+    // Indexed by sequence % kPushWindow: the push's max_staleness, or -1
+    // if that sequence was not applied. Allocated on first use.
+    std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
   };
 
   Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
         ShardMetrics* metrics);
 
   absl::Status CheckWorker(uint32_t worker) const;
+  absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
+  // Counts a refusal for going over `limit` and returns `status`.
+  absl::Status Refuse(const char* limit, absl::Status status) const;
+  absl::Status CheckRegisterLimits(const RegisterRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::StatusOr<std::vector<DecodedPart>> DecodePush(
       const PushRequest& request) const;
+  // Applies a push with a sequence at most once (see PushLog).
+  absl::Status DedupedPush(const PushRequest& request, PushResponse* response);
+  // Decodes, checks and applies a push (no duplicate check); the caller
+  // notifies progress.
+  absl::Status ApplyPush(const PushRequest& request, PushResponse* response);
   int RequiredGradients(int64_t step) const;
   // Applies `grad` to `part` as update number part->version.
   void ApplyUpdate(Partition& part, const float* grad, float lr_scale)
@@ -104,13 +152,21 @@ class Shard {
   bool MaybeFinishStep(Partition& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
   void NotifyProgress();
   void UpdateMembershipMetrics();
+  void CountJoin(Membership::Join join);
 
   const ShardOptions options_;
   const std::unique_ptr<Optimizer> optimizer_;
   ShardMetrics* const metrics_;
+  const uint64_t incarnation_;
+  const absl::Time start_time_;
   TensorStore store_;
   Membership membership_;
-  const absl::Time start_time_;
+
+  // Held across the limit checks and the registration of a Register.
+  absl::Mutex register_mu_;
+  // One per worker; taken before any partition lock.
+  std::vector<std::unique_ptr<PushLog>> push_logs_;
+  std::atomic<int64_t> duplicate_pushes_{0};
 
   std::atomic<int64_t> updates_applied_{0};
   std::atomic<int64_t> dropped_gradients_{0};

@@ -59,11 +59,72 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                            .Help("Unix time of the last successful checkpoint "
                                  "(written or restored); 0 before the first")
                            .Register(registry)
-                           .Add({})) {
+                           .Add({})),
+      expected_workers_(prometheus::BuildGauge()
+                            .Name("shardtrain_expected_workers")
+                            .Help("Workers the shard expects (--num_workers)")
+                            .Register(registry)
+                            .Add({})),
+      joins_(prometheus::BuildCounter()
+                 .Name("shardtrain_worker_joins_total")
+                 .Help("Workers heard from: first time, back after being "
+                       "forgotten (rejoin), or with a new incarnation (restart)")
+                 .Register(registry)),
+      departures_(prometheus::BuildCounter()
+                      .Name("shardtrain_worker_departures_total")
+                      .Help("Workers dropped: silent past the heartbeat timeout, "
+                            "or never joined within the join timeout")
+                      .Register(registry)),
+      duplicate_pushes_(prometheus::BuildCounter()
+                            .Name("shardtrain_duplicate_pushes_total")
+                            .Help("Pushes answered as duplicates of one already "
+                                  "applied (a retry); nothing applied again")
+                            .Register(registry)
+                            .Add({})),
+      refused_(prometheus::BuildCounter()
+                   .Name("shardtrain_requests_refused_total")
+                   .Help("Requests refused for going over a resource limit")
+                   .Register(registry)),
+      lost_updates_(prometheus::BuildCounter()
+                        .Name("shardtrain_lost_updates_total")
+                        .Help("sync: steps skipped when a partition restored "
+                              "from an older checkpoint fast-forwarded to the "
+                              "job's step")
+                        .Register(registry)
+                        .Add({})),
+      version_min_(prometheus::BuildGauge()
+                       .Name("shardtrain_partition_version_min")
+                       .Help("Smallest version over this shard's partitions")
+                       .Register(registry)
+                       .Add({})),
+      version_max_(prometheus::BuildGauge()
+                       .Name("shardtrain_partition_version_max")
+                       .Help("Largest version over this shard's partitions")
+                       .Register(registry)
+                       .Add({})),
+      start_time_(prometheus::BuildGauge()
+                      .Name("shardtrain_shard_start_time_seconds")
+                      .Help("Unix time this shard incarnation started")
+                      .Register(registry)
+                      .Add({})) {
   // Create the common series up front so dashboards see zeros, not gaps.
   dropped("late");
   checkpoints("ok");
   checkpoints("error");
+  for (const char* kind : {"first", "rejoin", "restart"}) worker_joins(kind);
+  for (const char* reason : {"silent", "never_joined"}) worker_departures(reason);
+}
+
+prometheus::Counter& ShardMetrics::worker_joins(const std::string& kind) {
+  return joins_.Add({{"kind", kind}});
+}
+
+prometheus::Counter& ShardMetrics::worker_departures(const std::string& reason) {
+  return departures_.Add({{"reason", reason}});
+}
+
+prometheus::Counter& ShardMetrics::requests_refused(const std::string& limit) {
+  return refused_.Add({{"limit", limit}});
 }
 
 prometheus::Counter& ShardMetrics::checkpoints(const std::string& result) {

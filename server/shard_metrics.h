@@ -32,6 +32,20 @@ class ShardMetrics {
   prometheus::Counter& checkpoints(const std::string& result);
   prometheus::Gauge& last_checkpoint_timestamp() { return last_checkpoint_; }
 
+  prometheus::Gauge& expected_workers() { return expected_workers_; }
+  // kind: "first", "rejoin" (back after being forgotten) or "restart" (a new
+  // worker incarnation).
+  prometheus::Counter& worker_joins(const std::string& kind);
+  // reason: "silent" (heartbeat timeout) or "never_joined" (join timeout).
+  prometheus::Counter& worker_departures(const std::string& reason);
+  prometheus::Counter& duplicate_pushes() { return duplicate_pushes_; }
+  // limit: the ResourceLimits field (or "max_dims") a request went over.
+  prometheus::Counter& requests_refused(const std::string& limit);
+  prometheus::Counter& lost_updates() { return lost_updates_; }
+  prometheus::Gauge& partition_version_min() { return version_min_; }
+  prometheus::Gauge& partition_version_max() { return version_max_; }
+  prometheus::Gauge& start_time() { return start_time_; }
+
  private:
   prometheus::Counter& updates_applied_;
   prometheus::Counter& gradients_received_;
@@ -44,6 +58,15 @@ class ShardMetrics {
   prometheus::Family<prometheus::Gauge>& versions_;
   prometheus::Family<prometheus::Counter>& checkpoints_;
   prometheus::Gauge& last_checkpoint_;
+  prometheus::Gauge& expected_workers_;
+  prometheus::Family<prometheus::Counter>& joins_;
+  prometheus::Family<prometheus::Counter>& departures_;
+  prometheus::Counter& duplicate_pushes_;
+  prometheus::Family<prometheus::Counter>& refused_;
+  prometheus::Counter& lost_updates_;
+  prometheus::Gauge& version_min_;
+  prometheus::Gauge& version_max_;
+  prometheus::Gauge& start_time_;
 };
 
 }  // namespace shardtrain::server

@@ -33,29 +33,34 @@ absl::StatusOr<std::vector<Partition*>> TensorStore::Register(
     tensor.num_partitions = common::NumPartitions(elements, partitioning_);
     tensor.local.assign(tensor.num_partitions, nullptr);
     std::vector<std::unique_ptr<Partition>> created;
-    for (const common::PlacedPartition& placed :
-         common::PlaceTensor(spec.name(), elements, partitioning_)) {
-      if (placed.shard != shard_index_) continue;
+    // Only this shard's partitions are visited: every num_shards-th one.
+    const int num_shards = partitioning_.num_shards;
+    const int64_t first =
+        (shard_index_ - common::ShardFor(spec.name(), 0, num_shards) + num_shards) %
+        num_shards;
+    for (int64_t p = first; p < tensor.num_partitions; p += num_shards) {
+      const common::PartitionRange range =
+          common::PartitionAt(elements, partitioning_, p);
       auto part = std::make_unique<Partition>();
       part->id = static_cast<int>(partitions_.size() + created.size());
       part->tensor = spec.name();
-      part->index = placed.partition;
-      part->range = placed.range;
+      part->index = p;
+      part->range = range;
       absl::MutexLock part_lock(&part->mu);
-      part->params.resize(placed.range.size);
-      common::FillInitialValues(spec, placed.range.offset,
-                                absl::MakeSpan(part->params));
+      part->params.resize(range.size);
+      common::FillInitialValues(spec, range.offset, absl::MakeSpan(part->params));
       for (int s = 0; s < slots_.count; ++s) {
-        part->slots.emplace_back(placed.range.size, slots_.initial_values[s]);
+        part->slots.emplace_back(range.size, slots_.initial_values[s]);
       }
       part->contributed.assign(num_workers_, false);
-      tensor.local[placed.partition] = part.get();
+      tensor.local[p] = part.get();
       created.push_back(std::move(part));
     }
     it = tensors_.emplace(spec.name(), std::move(tensor)).first;
     for (auto& part : created) {
       part->spec = &it->second.spec;
       if (on_create_) on_create_(part.get());
+      stored_elements_ += part->range.size;
       partitions_.push_back(std::move(part));
     }
   }
@@ -67,6 +72,11 @@ absl::StatusOr<std::vector<Partition*>> TensorStore::Register(
 }
 
 absl::Status TensorStore::CheckRegistrable(const TensorSpec& spec) const {
+  if (spec.shape_size() > kMaxTensorDims) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor %s has %d dimensions; at most %d are supported",
+        spec.name().substr(0, 256), spec.shape_size(), kMaxTensorDims));
+  }
   RETURN_IF_ERROR(common::ValidateTensorSpec(spec));
   absl::MutexLock lock(&mu_);
   auto it = tensors_.find(spec.name());
@@ -101,6 +111,44 @@ absl::StatusOr<Partition*> TensorStore::Find(const PartitionKey& key) const {
         shard_index_));
   }
   return part;
+}
+
+int64_t TensorStore::LocalElements(const TensorSpec& spec) const {
+  const int64_t elements = common::NumElements(spec);
+  const int64_t parts = common::NumPartitions(elements, partitioning_);
+  const int64_t shards = partitioning_.num_shards;
+  // Partition p is here when p = first (mod shards).
+  const int64_t first =
+      (shard_index_ - common::ShardFor(spec.name(), 0, partitioning_.num_shards) +
+       shards) %
+      shards;
+  if (parts == 1) return first == 0 ? elements : 0;
+  // parts is a multiple of shards: each shard holds parts / shards of them,
+  // of `base` elements, plus one for each of its partitions below `extra`.
+  const int64_t base = elements / parts;
+  const int64_t extra = elements % parts;
+  const int64_t bigger = extra > first ? (extra - first + shards - 1) / shards : 0;
+  return parts / shards * base + bigger;
+}
+
+bool TensorStore::Contains(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  return tensors_.find(name) != tensors_.end();
+}
+
+int64_t TensorStore::num_tensors() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(tensors_.size());
+}
+
+int64_t TensorStore::num_partitions() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(partitions_.size());
+}
+
+int64_t TensorStore::stored_elements() const {
+  absl::MutexLock lock(&mu_);
+  return stored_elements_;
 }
 
 std::vector<Partition*> TensorStore::All() const {

@@ -48,7 +48,13 @@ struct Partition {
   std::vector<float> accum ABSL_GUARDED_BY(mu);
   std::vector<bool> contributed ABSL_GUARDED_BY(mu);
   int contributions ABSL_GUARDED_BY(mu) = 0;
+  // sync: true from creation (or restore) until the partition's first step
+  // completes; while true, a push from a later step may fast-forward it.
+  bool resuming ABSL_GUARDED_BY(mu) = true;
 };
+
+// Most dimensions a tensor may have.
+inline constexpr int kMaxTensorDims = 8;
 
 class TensorStore {
  public:
@@ -68,6 +74,17 @@ class TensorStore {
 
   // OK if Register(spec) would succeed now; nothing changes.
   absl::Status CheckRegistrable(const TensorSpec& spec) const;
+
+  // Elements of `spec` that would be stored on this shard, computed without
+  // allocating. REQUIRES: common::ValidateTensorSpec(spec).ok().
+  int64_t LocalElements(const TensorSpec& spec) const;
+  // True if a tensor named `name` is registered.
+  bool Contains(const std::string& name) const;
+
+  // Tensors registered, partitions held and their elements.
+  int64_t num_tensors() const;
+  int64_t num_partitions() const;
+  int64_t stored_elements() const;
 
   // The partition named by `key`: NOT_FOUND for an unknown tensor or
   // partition index, INVALID_ARGUMENT for one placed on another shard.
@@ -96,6 +113,7 @@ class TensorStore {
   std::function<void(Partition*)> on_create_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Tensor, std::less<>> tensors_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Partition>> partitions_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_elements_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardtrain::server

@@ -190,7 +190,7 @@ TEST_F(Security, MissingOrWrongTokensAreUnauthenticatedAndChangeNothing) {
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->Register({SmallTensor()}).code(), absl::StatusCode::kUnauthenticated);
   StatusResponse status;
-  server_->shard().FillStatus(&status);
+  server_->shard().FillStatus(StatusRequest(), &status);
   EXPECT_EQ(status.partitions_size(), 0);
 
   // The health service is behind the token too.

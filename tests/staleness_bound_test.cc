@@ -80,7 +80,7 @@ Outcome RunTwoWorkers(int64_t bound) {
   std::thread monitor([&] {
     while (!done.load()) {
       StatusResponse status;
-      shards[0]->shard().FillStatus(&status);
+      shards[0]->shard().FillStatus(StatusRequest(), &status);
       int64_t lo = INT64_MAX, hi = 0;
       for (const WorkerState& w : status.workers()) {
         lo = std::min(lo, w.clock());
@@ -101,7 +101,7 @@ Outcome RunTwoWorkers(int64_t bound) {
   outcome.max_staleness = max_staleness.load();
   outcome.fast_wait_seconds = fast_wait.load();
   StatusResponse status;
-  shards[1]->shard().FillStatus(&status);
+  shards[1]->shard().FillStatus(StatusRequest(), &status);
   outcome.max_staleness = std::max(outcome.max_staleness, status.max_staleness_seen());
   return outcome;
 }

@@ -89,6 +89,25 @@ void DataShard::BeginEpoch(int epoch) {
   epoch_started_ = true;
 }
 
+absl::Status DataShard::Seek(int batch_index, int batch) {
+  if (!epoch_started_) {
+    return absl::FailedPreconditionError("DataShard: Seek called before BeginEpoch");
+  }
+  if (batch < 1 || batch_index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DataShard: need batch >= 1 and batch_index >= 0, got batch ", batch,
+        " batch_index ", batch_index));
+  }
+  const int64_t position = int64_t{batch_index} * batch;
+  if (position > static_cast<int64_t>(order_.size())) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "DataShard: batch ", batch_index, " of ", batch, " examples is past the ",
+        order_.size(), " examples of this worker"));
+  }
+  cursor_ = static_cast<size_t>(position);
+  return absl::OkStatus();
+}
+
 absl::Status DataShard::NextBatch(const Dataset& dataset, int batch, float* x,
                                   int32_t* labels) {
   if (!epoch_started_) {

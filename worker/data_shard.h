@@ -53,6 +53,13 @@ class DataShard {
   // (seed, epoch, worker index) only, and rewinds to the first batch.
   void BeginEpoch(int epoch);
 
+  // Moves to the `batch_index`-th batch of `batch` examples of the current
+  // epoch, where a run that never stopped would be after batch_index calls
+  // to NextBatch(..., batch, ...). FAILED_PRECONDITION before the first
+  // BeginEpoch; INVALID_ARGUMENT if batch < 1 or batch_index < 0;
+  // OUT_OF_RANGE past the end of this worker's block.
+  absl::Status Seek(int batch_index, int batch);
+
   // Copies the next `batch` examples of this epoch into x (batch *
   // dataset.feature_dim floats) and labels (batch values).
   // FAILED_PRECONDITION before the first BeginEpoch; INVALID_ARGUMENT if

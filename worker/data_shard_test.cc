@@ -151,3 +151,52 @@ TEST(DataShardTest, RejectsBadArguments) {
 
 }  // namespace
 }  // namespace shardtrain::worker
+
+namespace shardtrain::worker {
+namespace {
+
+// A worker that resumes at batch b of an epoch (BeginEpoch + Seek) reads
+// exactly what a worker that never stopped reads from there on.
+TEST(DataShardTest, SeekEqualsReplay) {
+  const Dataset data = TinyDataset(103, 2);
+  constexpr int kBatch = 4;
+  for (int epoch : {1, 3}) {
+    auto replay = MakeShard(103, 1, 3, 9);
+    replay->BeginEpoch(epoch);
+    const int steps = replay->StepsPerEpoch(kBatch);
+    std::vector<std::vector<int32_t>> labels(steps, std::vector<int32_t>(kBatch));
+    std::vector<std::vector<float>> x(steps, std::vector<float>(kBatch * 2));
+    for (int s = 0; s < steps; ++s) {
+      ASSERT_TRUE(replay->NextBatch(data, kBatch, x[s].data(), labels[s].data()).ok());
+    }
+    for (int start : {0, 1, steps / 2, steps - 1, steps}) {
+      auto resumed = MakeShard(103, 1, 3, 9);
+      resumed->BeginEpoch(epoch);
+      ASSERT_TRUE(resumed->Seek(start, kBatch).ok());
+      for (int s = start; s < steps; ++s) {
+        std::vector<int32_t> got_labels(kBatch);
+        std::vector<float> got_x(kBatch * 2);
+        ASSERT_TRUE(resumed->NextBatch(data, kBatch, got_x.data(), got_labels.data()).ok());
+        EXPECT_EQ(got_labels, labels[s]) << "epoch " << epoch << " from " << start;
+        EXPECT_EQ(got_x, x[s]);
+      }
+    }
+  }
+}
+
+TEST(DataShardTest, SeekRejectsBadPositions) {
+  auto shard = MakeShard(20, 0, 1, 1);
+  EXPECT_EQ(shard->Seek(0, 2).code(), absl::StatusCode::kFailedPrecondition);
+  shard->BeginEpoch(1);
+  EXPECT_EQ(shard->Seek(-1, 2).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Seek(1, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Seek(11, 2).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_TRUE(shard->Seek(10, 2).ok());
+  std::vector<float> x(2);
+  int32_t label;
+  EXPECT_EQ(shard->NextBatch(TinyDataset(20, 1), 1, x.data(), &label).code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace shardtrain::worker

@@ -68,6 +68,17 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, port_file, "", "If set, write the metrics port here");
 ABSL_FLAG(double, rpc_timeout_s, 30, "Deadline of push/register RPCs");
 ABSL_FLAG(double, pull_timeout_s, 300, "Deadline of a pull (it may wait)");
+ABSL_FLAG(double, reconnect_timeout_s, 120,
+          "Retry an RPC whose shard cannot be reached (or restarted) for this "
+          "long after its first failure, then fail; per-attempt deadlines stay "
+          "--rpc_timeout_s / --pull_timeout_s");
+ABSL_FLAG(double, keepalive_s, 10,
+          "HTTP/2 keepalive ping interval and ping timeout, so a dead shard or "
+          "a cut link is noticed; 0 turns pings off (the shards must permit "
+          "pings this often)");
+ABSL_FLAG(double, wait_for_workers_s, 600,
+          "Chief: how long to wait for the other workers after the last epoch "
+          "before failing");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
 ABSL_FLAG(double, linger_s, 0,
           "Keep serving metrics this long after training, so a last scrape "
@@ -107,11 +118,20 @@ absl::Status RunWorker() {
   }
   common::RpcMetrics rpc_metrics(exposer->registry(), "client");
   worker::WorkerMetrics worker_metrics(exposer->registry());
+  worker::PsClientMetrics client_metrics(exposer->registry());
 
   worker::PsClientOptions client_options;
   client_options.servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
+  if (absl::GetFlag(FLAGS_num_workers) < 1) {
+    return absl::InvalidArgumentError("--num_workers must be >= 1");
+  }
+  client_options.num_workers = static_cast<uint32_t>(absl::GetFlag(FLAGS_num_workers));
+  client_options.reconnect_timeout =
+      absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s));
+  client_options.keepalive_time = absl::Seconds(absl::GetFlag(FLAGS_keepalive_s));
+  client_options.keepalive_timeout = client_options.keepalive_time;
   client_options.max_partition_elements = absl::GetFlag(FLAGS_max_partition_elements);
   ASSIGN_OR_RETURN(client_options.wire_dtype,
                    ParseDType(absl::GetFlag(FLAGS_wire_dtype)));
@@ -120,7 +140,8 @@ absl::Status RunWorker() {
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
-  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics));
+  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics,
+                                                         &client_metrics));
 
   // The shards own the consistency mode; ask rather than trust a flag.
   ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());
@@ -141,6 +162,7 @@ absl::Status RunWorker() {
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
+  options.wait_for_workers = absl::Seconds(absl::GetFlag(FLAGS_wait_for_workers_s));
   const std::string overlap = absl::GetFlag(FLAGS_overlap);
   if (overlap != "auto" && overlap != "on" && overlap != "off") {
     return absl::InvalidArgumentError(

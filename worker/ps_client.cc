@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <functional>
 
+#include <glog/logging.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/grpc_status.h"
@@ -17,46 +20,31 @@
 namespace shardtrain::worker {
 namespace {
 
-using IssueFn = std::function<void(int shard, grpc::ClientContext* context,
-                                   std::function<void(grpc::Status)> done)>;
+uint64_t NewIncarnation() {
+  absl::BitGen gen;
+  uint64_t incarnation = 0;
+  while (incarnation == 0) incarnation = absl::Uniform<uint64_t>(gen);
+  return incarnation;
+}
 
-// Issues one RPC per shard at once and waits for all of them. Returns the
-// first error, naming the shard.
-absl::Status CallAllShards(const std::vector<std::string>& servers,
-                           absl::Duration timeout, const char* method,
-                           const IssueFn& issue) {
-  const int n = static_cast<int>(servers.size());
-  std::vector<grpc::ClientContext> contexts(n);
-  std::vector<grpc::Status> statuses(n);
-  absl::BlockingCounter pending(n);
-  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
-  for (int s = 0; s < n; ++s) {
-    contexts[s].set_deadline(deadline);
-    issue(s, &contexts[s], [&statuses, &pending, s](grpc::Status status) {
-      statuses[s] = std::move(status);
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
-  for (int s = 0; s < n; ++s) {
-    if (!statuses[s].ok()) {
-      const absl::Status status = common::FromGrpcStatus(statuses[s]);
-      return absl::Status(status.code(),
-                          absl::StrFormat("%s to shard %d (%s): %s", method, s,
-                                          servers[s], status.message()));
-    }
-  }
-  return absl::OkStatus();
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
 }
 
 }  // namespace
 
 PsClient::PsClient(const PsClientOptions& options,
-                   common::RpcMetrics* rpc_metrics)
-    : options_(options), rpc_metrics_(rpc_metrics) {}
+                   common::RpcMetrics* rpc_metrics, PsClientMetrics* fault_metrics)
+    : options_(options),
+      rpc_metrics_(rpc_metrics),
+      fault_metrics_(fault_metrics),
+      worker_incarnation_(NewIncarnation()) {}
+
+PsClient::~PsClient() { exchange_.reset(); }
 
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
-    const PsClientOptions& options, common::RpcMetrics* rpc_metrics) {
+    const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
+    PsClientMetrics* fault_metrics) {
   if (options.servers.empty()) {
     return absl::InvalidArgumentError("no parameter servers given");
   }
@@ -67,16 +55,54 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "the top-k ratio must be 0 (dense) or in (0, 1], got %g", options.topk_ratio));
   }
+  if (options.reconnect_timeout < absl::ZeroDuration() ||
+      options.rpc_timeout <= absl::ZeroDuration() ||
+      options.pull_timeout <= absl::ZeroDuration() ||
+      options.initial_backoff <= absl::ZeroDuration() ||
+      options.max_backoff < options.initial_backoff ||
+      options.keepalive_time < absl::ZeroDuration() ||
+      options.keepalive_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "timeouts must be positive (the reconnect timeout and keepalive may be "
+        "0) and the maximum backoff at least the initial one");
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  // Reconnect quickly to a shard that comes back (gRPC's own backoff
+  // between connection attempts).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (options.keepalive_time > absl::ZeroDuration()) {
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    // Keep pinging while a pull waits on the shard without data flowing.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    common::MakeChannelCredentials(options.security, &args));
-  std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics));
-  for (const std::string& server : options.servers) {
-    auto channel = grpc::CreateCustomChannel(server, credentials, args);
-    client->stubs_.push_back(ParameterServer::NewStub(channel));
-    client->channels_.push_back(std::move(channel));
+  std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics, fault_metrics));
+  RetryPolicy policy;
+  policy.initial_backoff = options.initial_backoff;
+  policy.max_backoff = options.max_backoff;
+  policy.reconnect_timeout = options.reconnect_timeout;
+  for (size_t s = 0; s < options.servers.size(); ++s) {
+    const std::string& server = options.servers[s];
+    std::shared_ptr<grpc::Channel> channel =
+        options.interceptors
+            ? grpc::experimental::CreateCustomChannelWithInterceptors(
+                  server, credentials, args, options.interceptors(static_cast<int>(s)))
+            : grpc::CreateCustomChannel(server, credentials, args);
+    auto shard = std::make_unique<ShardChannel>(static_cast<int>(s), server,
+                                                std::move(channel), policy,
+                                                fault_metrics);
+    PsClient* self = client.get();
+    shard->set_resync([self](ShardChannel* channel, std::function<void(absl::Status)> done) {
+      self->Resync(channel, std::move(done));
+    });
+    client->channels_.push_back(std::move(shard));
   }
   return client;
 }
@@ -89,38 +115,84 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
                        request_bytes, absl::ToDoubleSeconds(absl::Now() - start));
 }
 
+absl::Status PsClient::CallAllShards(const char* method,
+                                     absl::Duration attempt_timeout,
+                                     absl::Duration retry_for,
+                                     const StartFn& start) {
+  const int n = num_shards();
+  std::vector<absl::Status> statuses(n);
+  absl::BlockingCounter pending(n);
+  for (int s = 0; s < n; ++s) {
+    ShardRpc rpc;
+    rpc.method = method;
+    rpc.attempt_timeout = attempt_timeout;
+    rpc.reconnect_timeout = retry_for;
+    rpc.start = [&start, s](grpc::ClientContext* context, uint64_t incarnation,
+                            std::function<void(grpc::Status)> done) {
+      start(s, context, incarnation, std::move(done));
+    };
+    channels_[s]->Call(std::move(rpc), [&statuses, &pending, s](absl::Status status) {
+      statuses[s] = std::move(status);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  absl::Status first;
+  for (const absl::Status& status : statuses) {
+    if (status.ok()) continue;
+    if (first.ok() || (first.code() == absl::StatusCode::kFailedPrecondition &&
+                       status.code() != absl::StatusCode::kFailedPrecondition)) {
+      first = status;
+    }
+  }
+  return first;
+}
+
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   // Nothing may still write into versions_ or read topk_ while they are
   // rebuilt below.
   exchange_.reset();
-  RegisterRequest request;
-  for (const TensorSpec& spec : tensors) *request.add_tensors() = spec;
-  std::vector<RegisterResponse> responses(stubs_.size());
+  register_request_.Clear();
+  for (const TensorSpec& spec : tensors) *register_request_.add_tensors() = spec;
+  register_request_.set_worker(options_.worker_index);
+  register_request_.set_num_workers(options_.num_workers);
+  register_request_.set_worker_incarnation(worker_incarnation_);
+  std::vector<RegisterResponse> responses(channels_.size());
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.rpc_timeout, "Register",
-      [&](int s, grpc::ClientContext* context, auto done) {
-        stubs_[s]->async()->Register(context, &request, &responses[s],
-                                     std::move(done));
+      "Register", options_.rpc_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
+        const absl::Time start = absl::Now();
+        responses[s].Clear();
+        channels_[s]->stub()->async()->Register(
+            context, &register_request_, &responses[s],
+            [this, &responses, s, start, done = std::move(done)](grpc::Status status) {
+              RecordRpc("Register", status, register_request_.ByteSizeLong(),
+                        responses[s].ByteSizeLong(), start);
+              done(std::move(status));
+            });
       }));
 
   tensors_ = tensors;
   tensor_sizes_.clear();
   versions_.clear();
-  calls_.assign(stubs_.size(), ShardCalls());
+  partition_index_.assign(channels_.size(), {});
+  calls_.assign(channels_.size(), ShardCalls());
   std::vector<std::vector<TensorExchange::Group>> groups(tensors.size());
   common::PartitionConfig config{options_.max_partition_elements, num_shards()};
   for (size_t t = 0; t < tensors.size(); ++t) {
     int64_t elements = 1;
     for (int64_t dim : tensors[t].shape()) elements *= dim;
     tensor_sizes_.push_back(elements);
-    std::vector<int> group_of_shard(stubs_.size(), -1);
+    std::vector<int> group_of_shard(channels_.size(), -1);
     for (const common::PlacedPartition& placed :
          common::PlaceTensor(tensors[t].name(), elements, config)) {
       const PartitionSlice slice{static_cast<int>(t),
                                  static_cast<uint32_t>(placed.partition),
                                  placed.range.offset, placed.range.size,
                                  versions_.size()};
-      versions_.push_back(0);
+      partition_index_[placed.shard][{tensors[t].name(), slice.partition}] =
+          slice.version_index;
+      versions_.emplace_back(0);
       ShardCalls& calls = calls_[placed.shard];
       calls.slices.push_back(slice);
       PartitionKey key;
@@ -151,35 +223,130 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
                      common::TopKCompressor::Create(options_.topk_ratio, partition_sizes));
     topk_ = std::make_unique<common::TopKCompressor>(std::move(topk));
   }
+  // Each shard must report exactly the partitions we expect; their
+  // versions and the worker's clock say where the job is.
+  registered_worker_clock_ = 0;
+  for (size_t s = 0; s < channels_.size(); ++s) {
+    RETURN_IF_ERROR(TakeShardState(static_cast<int>(s), responses[s], /*restarted=*/false));
+    registered_worker_clock_ =
+        std::max(registered_worker_clock_, responses[s].worker_clock());
+  }
   TensorExchange::Options exchange_options;
   exchange_options.worker_index = options_.worker_index;
+  exchange_options.worker_incarnation = worker_incarnation_;
+  exchange_options.sync = sync_;
   exchange_options.wire_dtype = options_.wire_dtype;
   exchange_options.topk = topk_.get();
   exchange_options.push_timeout = options_.rpc_timeout;
   exchange_options.pull_timeout = options_.pull_timeout;
-  std::vector<ParameterServer::Stub*> stubs;
-  for (const auto& stub : stubs_) stubs.push_back(stub.get());
+  std::vector<ShardChannel*> channels;
+  for (const auto& channel : channels_) channels.push_back(channel.get());
   exchange_ = std::make_unique<TensorExchange>(
-      exchange_options, std::move(stubs), tensors_, std::move(groups), &versions_,
+      exchange_options, std::move(channels), tensors_, std::move(groups), &versions_,
       [this](const char* method, const grpc::Status& status, size_t sent,
              size_t received, absl::Time start) {
         RecordRpc(method, status, sent, received, start);
       });
-  // Cross-check: each shard must report exactly the partitions we expect.
-  for (size_t s = 0; s < calls_.size(); ++s) {
-    if (responses[s].partitions_size() != static_cast<int>(calls_[s].slices.size())) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "shard %d holds %d partitions of these tensors but this worker "
-          "expects %d: do --max_partition_elements and the shard count match?",
-          s, responses[s].partitions_size(), calls_[s].slices.size()));
-    }
-  }
   for (ShardCalls& calls : calls_) {
     calls.request.mutable_push()->set_worker(options_.worker_index);
+    calls.request.mutable_push()->set_worker_incarnation(worker_incarnation_);
     calls.request.mutable_pull()->set_worker(options_.worker_index);
+    calls.request.mutable_pull()->set_worker_incarnation(worker_incarnation_);
     calls.request.mutable_pull()->set_dtype(options_.wire_dtype);
   }
   return absl::OkStatus();
+}
+
+absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& response,
+                                      bool restarted) {
+  ShardChannel& channel = *channels_[shard];
+  const auto& index = partition_index_[shard];
+  if (response.partitions_size() != static_cast<int>(index.size())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "shard %d (%s) holds %d partitions of these tensors but this worker "
+        "expects %d: do --max_partition_elements and the shard count match?",
+        shard, channel.address(), response.partitions_size(), index.size()));
+  }
+  std::vector<std::pair<size_t, int64_t>> taken;
+  for (const PartitionInfo& info : response.partitions()) {
+    auto it = index.find({info.tensor(), info.partition()});
+    if (it == index.end()) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "shard %d (%s) holds partition %d of %s, which this worker does not "
+          "place there: do --max_partition_elements and the shard count match?",
+          shard, channel.address(), info.partition(), info.tensor()));
+    }
+    taken.emplace_back(it->second, info.version());
+  }
+  int64_t lost = 0;
+  for (const auto& [i, version] : taken) {
+    lost += std::max<int64_t>(0, versions_[i].load() - version);
+    versions_[i].store(version);
+  }
+  const uint64_t before = channel.incarnation();
+  channel.set_incarnation(response.incarnation());
+  if (restarted) {
+    LOG(WARNING) << absl::StrFormat(
+        "shard %d (%s) restarted: incarnation %016x -> %016x, %d updates lost "
+        "since its checkpoint",
+        shard, channel.address(), before, response.incarnation(), lost);
+    if (fault_metrics_ != nullptr) {
+      fault_metrics_->shard_restarts(shard).Increment();
+      fault_metrics_->lost_updates(shard).Increment(static_cast<double>(lost));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void PsClient::Resync(ShardChannel* channel, std::function<void(absl::Status)> done) {
+  auto response = std::make_shared<RegisterResponse>();
+  const int shard = channel->index();
+  ShardRpc rpc;
+  rpc.method = "Register";
+  rpc.attempt_timeout = options_.rpc_timeout;
+  rpc.start = [this, channel, response](grpc::ClientContext* context, uint64_t,
+                                        std::function<void(grpc::Status)> attempt_done) {
+    const absl::Time start = absl::Now();
+    response->Clear();
+    channel->stub()->async()->Register(
+        context, &register_request_, response.get(),
+        [this, response, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
+          RecordRpc("Register", status, register_request_.ByteSizeLong(),
+                    response->ByteSizeLong(), start);
+          attempt_done(std::move(status));
+        });
+  };
+  channel->Call(std::move(rpc), [this, shard, response, done = std::move(done)](
+                                    absl::Status status) {
+    if (!status.ok()) {
+      done(absl::Status(status.code(),
+                        absl::StrCat("re-registering after a shard restart: ",
+                                     status.message())));
+      return;
+    }
+    done(TakeShardState(shard, *response, /*restarted=*/true));
+  });
+}
+
+void PsClient::ClampPushVersions(int shard) {
+  if (sync_) return;
+  ShardCalls& calls = calls_[shard];
+  PushRequest& push = *calls.request.mutable_push();
+  for (size_t i = 0; i < calls.slices.size(); ++i) {
+    GradientPart* part = push.mutable_parts(static_cast<int>(i));
+    part->set_version(
+        std::min(part->version(), versions_[calls.slices[i].version_index].load()));
+  }
+}
+
+std::pair<int64_t, int64_t> PsClient::known_versions() const {
+  if (versions_.empty()) return {0, 0};
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (const std::atomic<int64_t>& version : versions_) {
+    lo = std::min(lo, version.load());
+    hi = std::max(hi, version.load());
+  }
+  return {lo, hi};
 }
 
 absl::Status PsClient::EncodePush(
@@ -201,7 +368,7 @@ absl::Status PsClient::EncodePush(
     for (size_t i = 0; i < calls.slices.size(); ++i) {
       const PartitionSlice& slice = calls.slices[i];
       GradientPart* part = push.mutable_parts(static_cast<int>(i));
-      part->set_version(versions_[slice.version_index]);
+      part->set_version(versions_[slice.version_index].load());
       const absl::Span<const float> grad = grads[slice.tensor].subspan(slice.offset, slice.size);
       if (topk_ != nullptr) {
         topk_->Encode(slice.version_index, grad, options_.wire_dtype, part->mutable_grad());
@@ -255,7 +422,7 @@ absl::Status PsClient::CollectPull(absl::Span<const absl::Span<float>> params,
       RETURN_IF_ERROR(common::DecodeDense(
           part.value().dtype(), part.value().data(),
           params[slice.tensor].subspan(slice.offset, slice.size)));
-      versions_[slice.version_index] = part.version();
+      versions_[slice.version_index].store(part.version());
       stats->min_version = std::min(stats->min_version, part.version());
     }
   }
@@ -266,12 +433,17 @@ absl::Status PsClient::Push(int64_t clock,
                             absl::Span<const absl::Span<const float>> grads,
                             PushStats* stats) {
   RETURN_IF_ERROR(EncodePush(clock, grads));
-  const absl::Time start = absl::Now();
+  for (size_t s = 0; s < calls_.size(); ++s) {
+    calls_[s].request.mutable_push()->set_sequence(channels_[s]->NextSequence());
+  }
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.rpc_timeout, "Push",
-      [&](int s, grpc::ClientContext* context, auto done) {
+      "Push", options_.rpc_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
         ShardCalls& calls = calls_[s];
-        stubs_[s]->async()->Push(
+        calls.request.mutable_push()->set_shard_incarnation(incarnation);
+        ClampPushVersions(s);
+        const absl::Time start = absl::Now();
+        channels_[s]->stub()->async()->Push(
             context, &calls.request.push(), calls.response.mutable_push(),
             [this, &calls, start, done = std::move(done)](grpc::Status status) {
               RecordRpc("Push", status, calls.request.push().ByteSizeLong(),
@@ -287,12 +459,13 @@ absl::Status PsClient::Pull(int64_t clock, int64_t min_version,
                             absl::Span<const absl::Span<float>> params,
                             PullStats* stats) {
   RETURN_IF_ERROR(PreparePull(clock, min_version, params));
-  const absl::Time start = absl::Now();
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.pull_timeout, "Pull",
-      [&](int s, grpc::ClientContext* context, auto done) {
+      "Pull", options_.pull_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
         ShardCalls& calls = calls_[s];
-        stubs_[s]->async()->Pull(
+        calls.request.mutable_pull()->set_shard_incarnation(incarnation);
+        const absl::Time start = absl::Now();
+        channels_[s]->stub()->async()->Pull(
             context, &calls.request.pull(), calls.response.mutable_pull(),
             [this, &calls, start, done = std::move(done)](grpc::Status status) {
               RecordRpc("Pull", status, calls.request.pull().ByteSizeLong(),
@@ -309,12 +482,18 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                                 PushStats* push_stats, PullStats* pull_stats) {
   RETURN_IF_ERROR(EncodePush(clock, grads));
   RETURN_IF_ERROR(PreparePull(clock, min_version, params));
-  const absl::Time start = absl::Now();
+  for (size_t s = 0; s < calls_.size(); ++s) {
+    calls_[s].request.mutable_push()->set_sequence(channels_[s]->NextSequence());
+  }
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.pull_timeout, "PushPull",
-      [&](int s, grpc::ClientContext* context, auto done) {
+      "PushPull", options_.pull_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
         ShardCalls& calls = calls_[s];
-        stubs_[s]->async()->PushPull(
+        calls.request.mutable_push()->set_shard_incarnation(incarnation);
+        calls.request.mutable_pull()->set_shard_incarnation(incarnation);
+        ClampPushVersions(s);
+        const absl::Time start = absl::Now();
+        channels_[s]->stub()->async()->PushPull(
             context, &calls.request, &calls.response,
             [this, &calls, start, done = std::move(done)](grpc::Status status) {
               RecordRpc("PushPull", status, calls.request.ByteSizeLong(),
@@ -341,29 +520,40 @@ absl::Status PsClient::FinishExchanges(PushStats* push_stats,
                            &pull_stats->min_version);
 }
 
-absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done) {
+absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done,
+                                                     absl::Duration retry_for) {
   HeartbeatRequest request;
   request.set_worker(options_.worker_index);
   request.set_clock(clock);
   request.set_done(done);
-  std::vector<HeartbeatResponse> responses(stubs_.size());
+  request.set_worker_incarnation(worker_incarnation_);
+  std::vector<HeartbeatResponse> responses(channels_.size());
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.rpc_timeout, "Heartbeat",
-      [&](int s, grpc::ClientContext* context, auto done_fn) {
-        stubs_[s]->async()->Heartbeat(context, &request, &responses[s],
-                                      std::move(done_fn));
+      "Heartbeat", options_.rpc_timeout, retry_for,
+      [&](int s, grpc::ClientContext* context, uint64_t, auto done_fn) {
+        const absl::Time start = absl::Now();
+        responses[s].Clear();
+        channels_[s]->stub()->async()->Heartbeat(
+            context, &request, &responses[s],
+            [this, &request, &responses, s, start,
+             done_fn = std::move(done_fn)](grpc::Status status) {
+              RecordRpc("Heartbeat", status, request.ByteSizeLong(),
+                        responses[s].ByteSizeLong(), start);
+              done_fn(std::move(status));
+            });
       }));
   return responses[0];
 }
 
 absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus() {
   StatusRequest request;
-  std::vector<StatusResponse> responses(stubs_.size());
+  std::vector<StatusResponse> responses(channels_.size());
   RETURN_IF_ERROR(CallAllShards(
-      options_.servers, options_.rpc_timeout, "Status",
-      [&](int s, grpc::ClientContext* context, auto done) {
-        stubs_[s]->async()->Status(context, &request, &responses[s],
-                                   std::move(done));
+      "Status", options_.rpc_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
+        responses[s].Clear();
+        channels_[s]->stub()->async()->Status(context, &request, &responses[s],
+                                              std::move(done));
       }));
   return responses;
 }

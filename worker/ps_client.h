@@ -12,17 +12,32 @@
 //   RETURN_IF_ERROR(client->Pull(clock, min_version, params, &pull_stats));
 //   RETURN_IF_ERROR(client->Push(clock, grads, &push_stats));
 //
+// Faults. Every RPC goes through its shard's ShardChannel
+// (worker/shard_call.h): it is retried while the shard is unreachable, up
+// to `reconnect_timeout` after the call's first failure. Each client draws a
+// random non-zero worker incarnation, sent on Register/Push/Pull/Heartbeat,
+// and numbers its pushes per shard (1, 2, ...; a retry resends the same
+// number) so a shard applies each push at most once. When a shard refuses a
+// call with ABORTED (it restarted since this client learned its versions),
+// the client re-registers its tensors there, takes the shard's partition
+// versions, counts the updates it knew of that the shard lost, and retries:
+// in sync mode a push keeps its step; in async mode its versions become
+// min(computed from, the shard's now).
+//
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
 #ifndef SHARDTRAIN_WORKER_PS_CLIENT_H_
 #define SHARDTRAIN_WORKER_PS_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -32,7 +47,9 @@
 #include "common/partition.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "worker/shard_call.h"
 #include "worker/tensor_exchange.h"
+#include "worker/worker_metrics.h"
 
 namespace shardtrain::worker {
 
@@ -40,6 +57,9 @@ struct PsClientOptions {
   // Shard addresses in shard-index order ("host:port").
   std::vector<std::string> servers;
   uint32_t worker_index = 0;
+  // The job's worker count, sent on Register: a shard started for another
+  // count refuses (FAILED_PRECONDITION). 0 skips the check.
+  uint32_t num_workers = 0;
   // Must match the servers' --max_partition_elements.
   int64_t max_partition_elements = common::kDefaultMaxPartitionElements;
   // Dtype of gradients and parameters on the wire.
@@ -48,6 +68,17 @@ struct PsClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(30);
   // Deadline of a Pull, which may wait for a step or the staleness bound.
   absl::Duration pull_timeout = absl::Seconds(300);
+  // A call whose shard cannot be reached is retried for this long after
+  // its first failure, then fails.
+  absl::Duration reconnect_timeout = absl::Seconds(120);
+  // Backoff between retries (full jitter, doubling up to the maximum).
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // HTTP/2 keepalive pings on idle and busy connections, so a dead shard or
+  // a cut link is noticed within keepalive_time + keepalive_timeout. Zero
+  // turns pings off. The shards must permit pings this often.
+  absl::Duration keepalive_time = absl::Seconds(10);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
   int max_message_bytes = 256 << 20;
   // TLS, mutual TLS and the auth token (common/credentials.h); all off by
   // default.
@@ -55,6 +86,10 @@ struct PsClientOptions {
   // 0: send gradients dense. In (0, 1]: send the top ratio of each
   // partition's entries with error feedback (common/topk_compressor.h).
   double topk_ratio = 0;
+  // Tests only: interceptors for the channel to shard `shard`.
+  std::function<std::vector<
+      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>(int shard)>
+      interceptors;
 };
 
 struct PushStats {
@@ -71,12 +106,21 @@ struct PullStats {
 
 class PsClient {
  public:
-  // `rpc_metrics` may be null; if not, it must outlive the client.
+  // `rpc_metrics` and `fault_metrics` may be null; if not, they must
+  // outlive the client.
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(
-      const PsClientOptions& options, common::RpcMetrics* rpc_metrics);
+      const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
+      PsClientMetrics* fault_metrics = nullptr);
+  ~PsClient();
+
+  // Sync mode decides how a push is re-sent after a shard restart (see the
+  // file comment); async by default. Call before Register.
+  void set_sync_mode(bool sync) { sync_ = sync; }
 
   // Registers `tensors` on every shard (idempotent) and prepares the
-  // requests. Tensor i of Push/Pull below is tensors[i].
+  // requests. Tensor i of Push/Pull below is tensors[i]. Learns each
+  // partition's version and the clock the shards recorded for this worker
+  // (see known_versions() and registered_worker_clock()).
   absl::Status Register(const std::vector<TensorSpec>& tensors);
 
   // Pushes one gradient per tensor, each computed from the versions of the
@@ -116,13 +160,24 @@ class PsClient {
   absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
 
   // Tells every shard this worker is alive at `clock` (or done). Returns
-  // the membership seen by shard 0.
-  absl::StatusOr<HeartbeatResponse> Heartbeat(int64_t clock, bool done);
+  // the membership seen by shard 0. An unreachable shard is retried for at
+  // most `retry_for` (and reconnect_timeout).
+  absl::StatusOr<HeartbeatResponse> Heartbeat(
+      int64_t clock, bool done, absl::Duration retry_for = absl::InfiniteDuration());
 
   // Status of every shard, in shard order.
   absl::StatusOr<std::vector<StatusResponse>> ClusterStatus();
 
-  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  // Smallest and largest partition version this client knows (as
+  // registered, pulled, or taken from a restarted shard); {0, 0} before
+  // Register.
+  std::pair<int64_t, int64_t> known_versions() const;
+  // The largest clock any shard recorded for this worker index (from the
+  // last Register); 0 for a new job.
+  int64_t registered_worker_clock() const { return registered_worker_clock_; }
+  uint64_t worker_incarnation() const { return worker_incarnation_; }
+
+  int num_shards() const { return static_cast<int>(channels_.size()); }
   const PsClientOptions& options() const { return options_; }
 
  private:
@@ -135,7 +190,25 @@ class PsClient {
     PushPullResponse response;
   };
 
-  PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics);
+  PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
+           PsClientMetrics* fault_metrics);
+  // Runs one RPC per shard at once through the shards' channels and waits
+  // for all; returns the first error (any other before a
+  // FAILED_PRECONDITION). `start(s, ...)` is ShardRpc::start for shard s.
+  using StartFn = std::function<void(int shard, grpc::ClientContext* context,
+                                     uint64_t shard_incarnation,
+                                     std::function<void(grpc::Status)> done)>;
+  absl::Status CallAllShards(const char* method, absl::Duration attempt_timeout,
+                             absl::Duration retry_for, const StartFn& start);
+  // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
+  void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
+  // Applies shard `shard`'s Register answer: its incarnation and partition
+  // versions. `restarted`: count and log the updates lost.
+  absl::Status TakeShardState(int shard, const RegisterResponse& response,
+                              bool restarted);
+  // Async: rewrites the versions of shard `shard`'s push to min(computed
+  // from, known now); a no-op in sync mode.
+  void ClampPushVersions(int shard);
   // Checks `grads` and writes them and `clock` into every shard's push.
   absl::Status EncodePush(int64_t clock,
                           absl::Span<const absl::Span<const float>> grads);
@@ -152,13 +225,21 @@ class PsClient {
 
   const PsClientOptions options_;
   common::RpcMetrics* const rpc_metrics_;
-  std::vector<std::shared_ptr<grpc::Channel>> channels_;
-  std::vector<std::unique_ptr<ParameterServer::Stub>> stubs_;
+  PsClientMetrics* const fault_metrics_;
+  const uint64_t worker_incarnation_;
+  bool sync_ = false;
+  std::vector<std::unique_ptr<ShardChannel>> channels_;
   std::vector<TensorSpec> tensors_;
   std::vector<int64_t> tensor_sizes_;
-  // Version of each partition as last pulled; PartitionSlice::version_index
-  // points here. Written by at most one in-flight pull per partition.
-  std::vector<int64_t> versions_;
+  // What Register sent; a resync sends it again. Constant between Registers.
+  RegisterRequest register_request_;
+  int64_t registered_worker_clock_ = 0;
+  // Per shard: (tensor, partition) -> index into versions_.
+  std::vector<std::map<std::pair<std::string, uint32_t>, size_t>> partition_index_;
+  // Version of each partition as last pulled (or taken from a restarted
+  // shard); PartitionSlice::version_index points here. Written by at most
+  // one in-flight pull per partition, and by a resync of its shard.
+  VersionTable versions_;
   // Set when options_.topk_ratio > 0: one residual per partition, indexed
   // like versions_. Before exchange_, which uses it, so it outlives it.
   std::unique_ptr<common::TopKCompressor> topk_;

@@ -16,18 +16,16 @@ struct TensorExchange::Call {
   PushResponse push_response;
   PullRequest pull;
   PullResponse pull_response;
-  std::unique_ptr<grpc::ClientContext> context;
   absl::Span<float> params;  // destination of the pull
 };
 
 TensorExchange::TensorExchange(const Options& options,
-                               std::vector<ParameterServer::Stub*> stubs,
+                               std::vector<ShardChannel*> channels,
                                const std::vector<TensorSpec>& tensors,
                                std::vector<std::vector<Group>> groups,
-                               std::vector<int64_t>* versions,
-                               RpcRecorder recorder)
+                               VersionTable* versions, RpcRecorder recorder)
     : options_(options),
-      stubs_(std::move(stubs)),
+      channels_(std::move(channels)),
       calls_(groups.size()),
       versions_(versions),
       recorder_(std::move(recorder)) {
@@ -35,7 +33,9 @@ TensorExchange::TensorExchange(const Options& options,
     for (Group& group : groups[t]) {
       auto call = std::make_unique<Call>();
       call->push.set_worker(options.worker_index);
+      call->push.set_worker_incarnation(options.worker_incarnation);
       call->pull.set_worker(options.worker_index);
+      call->pull.set_worker_incarnation(options.worker_incarnation);
       call->pull.set_dtype(options.wire_dtype);
       for (const PartitionSlice& slice : group.slices) {
         PartitionKey key;
@@ -116,7 +116,7 @@ void TensorExchange::Send(const Task& task) {
     for (size_t i = 0; i < call->group.slices.size(); ++i) {
       const PartitionSlice& slice = call->group.slices[i];
       GradientPart* part = call->push.mutable_parts(static_cast<int>(i));
-      part->set_version((*versions_)[slice.version_index]);
+      part->set_version((*versions_)[slice.version_index].load());
       const absl::Span<const float> grad = task.grad.subspan(slice.offset, slice.size);
       if (options_.topk != nullptr) {
         options_.topk->Encode(slice.version_index, grad, options_.wire_dtype,
@@ -125,42 +125,75 @@ void TensorExchange::Send(const Task& task) {
         common::EncodeDense(grad, options_.wire_dtype, part->mutable_grad()->mutable_data());
       }
     }
-    call->context = std::make_unique<grpc::ClientContext>();
-    call->context->set_deadline(absl::ToChronoTime(absl::Now() + options_.push_timeout));
-    const absl::Time start = absl::Now();
-    stubs_[call->group.shard]->async()->Push(
-        call->context.get(), &call->push, &call->push_response,
-        [this, call, start](grpc::Status status) { OnPushed(call, std::move(status), start); });
+    ShardChannel* channel = channels_[call->group.shard];
+    // One sequence number per push, kept by its retries.
+    call->push.set_sequence(channel->NextSequence());
+    ShardRpc rpc;
+    rpc.method = "Push";
+    rpc.attempt_timeout = options_.push_timeout;
+    rpc.start = [this, call, channel](grpc::ClientContext* context,
+                                      uint64_t incarnation, auto done) {
+      call->push.set_shard_incarnation(incarnation);
+      if (!options_.sync) {
+        // After a shard restart the gradient counts as computed from the
+        // older of what it was computed from and what the shard has now.
+        for (size_t i = 0; i < call->group.slices.size(); ++i) {
+          GradientPart* part = call->push.mutable_parts(static_cast<int>(i));
+          part->set_version(std::min(
+              part->version(),
+              (*versions_)[call->group.slices[i].version_index].load()));
+        }
+      }
+      const absl::Time start = absl::Now();
+      channel->stub()->async()->Push(
+          context, &call->push, &call->push_response,
+          [this, call, start, done = std::move(done)](grpc::Status status) {
+            recorder_("Push", status, call->push.ByteSizeLong(),
+                      call->push_response.ByteSizeLong(), start);
+            done(std::move(status));
+          });
+    };
+    channel->Call(std::move(rpc),
+                  [this, call](absl::Status status) { OnPushed(call, status); });
   }
 }
 
-void TensorExchange::OnPushed(Call* call, grpc::Status status, absl::Time start) {
-  recorder_("Push", status, call->push.ByteSizeLong(),
-            call->push_response.ByteSizeLong(), start);
+void TensorExchange::OnPushed(Call* call, const absl::Status& status) {
   if (!status.ok()) {
-    Complete(common::FromGrpcStatus(status));
+    Complete(status);
     return;
   }
   {
     absl::MutexLock lock(&mu_);
     max_staleness_ = std::max(max_staleness_, call->push_response.max_staleness());
   }
-  // The push is done with the context; the pull gets a fresh one.
-  call->context = std::make_unique<grpc::ClientContext>();
-  call->context->set_deadline(absl::ToChronoTime(absl::Now() + options_.pull_timeout));
-  const absl::Time pull_start = absl::Now();
-  stubs_[call->group.shard]->async()->Pull(
-      call->context.get(), &call->pull, &call->pull_response,
-      [this, call, pull_start](grpc::Status status) {
-        OnPulled(call, std::move(status), pull_start);
-      });
+  StartPull(call);
 }
 
-void TensorExchange::OnPulled(Call* call, grpc::Status status, absl::Time start) {
-  recorder_("Pull", status, call->pull.ByteSizeLong(),
-            call->pull_response.ByteSizeLong(), start);
+void TensorExchange::StartPull(Call* call) {
+  ShardChannel* channel = channels_[call->group.shard];
+  ShardRpc rpc;
+  rpc.method = "Pull";
+  rpc.attempt_timeout = options_.pull_timeout;
+  rpc.start = [this, call, channel](grpc::ClientContext* context,
+                                    uint64_t incarnation, auto done) {
+    call->pull.set_shard_incarnation(incarnation);
+    const absl::Time start = absl::Now();
+    channel->stub()->async()->Pull(
+        context, &call->pull, &call->pull_response,
+        [this, call, start, done = std::move(done)](grpc::Status status) {
+          recorder_("Pull", status, call->pull.ByteSizeLong(),
+                    call->pull_response.ByteSizeLong(), start);
+          done(std::move(status));
+        });
+  };
+  channel->Call(std::move(rpc),
+                [this, call](absl::Status status) { OnPulled(call, status); });
+}
+
+void TensorExchange::OnPulled(Call* call, const absl::Status& status) {
   if (!status.ok()) {
-    Complete(common::FromGrpcStatus(status));
+    Complete(status);
     return;
   }
   const PullResponse& response = call->pull_response;
@@ -181,7 +214,7 @@ void TensorExchange::OnPulled(Call* call, grpc::Status status, absl::Time start)
       Complete(decoded);
       return;
     }
-    (*versions_)[slice.version_index] = part.version();
+    (*versions_)[slice.version_index].store(part.version());
     min_version = std::min(min_version, part.version());
   }
   {
@@ -194,7 +227,14 @@ void TensorExchange::OnPulled(Call* call, grpc::Status status, absl::Time start)
 
 void TensorExchange::Complete(const absl::Status& status) {
   absl::MutexLock lock(&mu_);
-  if (!status.ok() && first_error_.ok()) first_error_ = status;
+  // A late gradient (FAILED_PRECONDITION) is recoverable; any other
+  // error is reported in its place.
+  if (!status.ok() &&
+      (first_error_.ok() ||
+       (first_error_.code() == absl::StatusCode::kFailedPrecondition &&
+        status.code() != absl::StatusCode::kFailedPrecondition))) {
+    first_error_ = status;
+  }
   --pending_;
 }
 

@@ -9,13 +9,18 @@
 // everything started. Encoding and sending run on the exchange's own thread,
 // so the thread computing backward only enqueues.
 //
+// Every RPC goes through the shard's ShardChannel (worker/shard_call.h), so
+// the halves are retried across outages and shard restarts like the
+// blocking calls; a retried push keeps its sequence number.
+//
 // Thread-safety: Start and Finish are called from one thread; the sender
 // thread and gRPC completions touch only the started tensor's messages and
-// partition versions.
+// partition versions (atomics, which a shard resync may also write).
 #ifndef SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
 #define SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -32,6 +37,7 @@
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "worker/fence.h"
+#include "worker/shard_call.h"
 
 namespace shardtrain::worker {
 
@@ -44,6 +50,11 @@ struct PartitionSlice {
   size_t version_index = 0;  // into the client's partition versions
 };
 
+// The version of each partition as last learned (pulled, or taken from a
+// restarted shard), indexed by PartitionSlice::version_index. A deque, so
+// the atomics never move.
+using VersionTable = std::deque<std::atomic<int64_t>>;
+
 // Records one finished RPC for metrics: method, status, bytes sent,
 // bytes received, start time.
 using RpcRecorder = std::function<void(const char*, const grpc::Status&, size_t,
@@ -53,6 +64,10 @@ class TensorExchange {
  public:
   struct Options {
     uint32_t worker_index = 0;
+    uint64_t worker_incarnation = 0;
+    // Sync mode: a push re-sent after a shard restart keeps its versions
+    // (its step); async: each becomes min(version sent, the shard's now).
+    bool sync = false;
     DType wire_dtype = DTYPE_F32;
     // Not owned; null sends gradients dense. Must outlive the exchange.
     common::TopKCompressor* topk = nullptr;
@@ -66,13 +81,12 @@ class TensorExchange {
     std::vector<PartitionSlice> slices;
   };
 
-  // `stubs` (by shard) and `versions` are not owned and must outlive this;
-  // groups[t] are tensor t's groups.
-  TensorExchange(const Options& options,
-                 std::vector<ParameterServer::Stub*> stubs,
+  // `channels` (by shard) and `versions` are not owned and must outlive
+  // this; groups[t] are tensor t's groups.
+  TensorExchange(const Options& options, std::vector<ShardChannel*> channels,
                  const std::vector<TensorSpec>& tensors,
-                 std::vector<std::vector<Group>> groups,
-                 std::vector<int64_t>* versions, RpcRecorder recorder);
+                 std::vector<std::vector<Group>> groups, VersionTable* versions,
+                 RpcRecorder recorder);
   ~TensorExchange();
 
   // Sends `grad` once `grad_ready` (if not null) has passed, then pulls
@@ -81,6 +95,9 @@ class TensorExchange {
   void Start(int tensor, int64_t clock, int64_t min_version,
              absl::Span<const float> grad, std::unique_ptr<Fence> grad_ready,
              absl::Span<float> params);
+  // Waits for every started exchange. Returns the first error, preferring
+  // any other error to a FAILED_PRECONDITION (a late sync gradient, which
+  // the trainer recovers from).
   absl::Status Finish(int64_t* max_staleness, double* max_wait_seconds,
                       int64_t* min_version);
 
@@ -97,14 +114,15 @@ class TensorExchange {
 
   void SendLoop();
   void Send(const Task& task);
-  void OnPushed(Call* call, grpc::Status status, absl::Time start);
-  void OnPulled(Call* call, grpc::Status status, absl::Time start);
+  void StartPull(Call* call);
+  void OnPushed(Call* call, const absl::Status& status);
+  void OnPulled(Call* call, const absl::Status& status);
   void Complete(const absl::Status& status);
 
   const Options options_;
-  const std::vector<ParameterServer::Stub*> stubs_;
+  const std::vector<ShardChannel*> channels_;
   std::vector<std::vector<std::unique_ptr<Call>>> calls_;  // by tensor
-  std::vector<int64_t>* const versions_;
+  VersionTable* const versions_;
   const RpcRecorder recorder_;
 
   absl::Mutex mu_;

@@ -22,8 +22,9 @@ class HeartbeatThread {
                   absl::Duration interval)
       : thread_([this, client, clock, interval] {
           while (!stop_.WaitForNotificationWithTimeout(interval)) {
-            absl::StatusOr<HeartbeatResponse> sent =
-                client->Heartbeat(clock->load(), /*done=*/false);
+            // Bounded, so stopping never waits long; the next beat retries.
+            absl::StatusOr<HeartbeatResponse> sent = client->Heartbeat(
+                clock->load(), /*done=*/false, std::max(3 * interval, absl::Seconds(1)));
             if (!sent.ok()) LOG(WARNING) << "heartbeat failed: " << sent.status();
           }
         }) {}
@@ -79,9 +80,58 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
+namespace {
+
+// Sync: pulls that may be needed for every partition to agree on the step.
+constexpr int kMaxSyncPulls = 1000;
+
+}  // namespace
+
 absl::Status Trainer::Initialize() {
   common::EnableFlushToZero();
-  return client_->Register(TensorSpecsFor(model_->params(), options_.seed));
+  client_->set_sync_mode(options_.sync);
+  RETURN_IF_ERROR(client_->Register(TensorSpecsFor(model_->params(), options_.seed)));
+  int64_t clock = 0;
+  if (options_.sync) {
+    ASSIGN_OR_RETURN(clock, SyncToShardStep(/*pull_first=*/false));
+  } else {
+    clock = client_->registered_worker_clock();
+  }
+  clock_.store(clock);
+  params_ready_ = false;
+  return absl::OkStatus();
+}
+
+bool Trainer::IsLateGradient(const absl::Status& status) const {
+  return options_.sync && status.code() == absl::StatusCode::kFailedPrecondition;
+}
+
+absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
+  PullStats stats;
+  if (pull_first) {
+    RETURN_IF_ERROR(client_->Pull(clock_.load(), 0, param_spans_, &stats));
+  }
+  for (int i = 0; i < kMaxSyncPulls; ++i) {
+    const auto [lo, hi] = client_->known_versions();
+    if (lo == hi) return hi;
+    // Some partitions are a step ahead: wait for the rest to get there.
+    RETURN_IF_ERROR(client_->Pull(hi, hi, param_spans_, &stats));
+  }
+  const auto [lo, hi] = client_->known_versions();
+  return absl::UnavailableError(absl::StrFormat(
+      "partition versions still range over [%d, %d] after %d pulls", lo, hi,
+      kMaxSyncPulls));
+}
+
+absl::Status Trainer::Rejoin(const absl::Status& why) {
+  const int64_t was = clock_.load();
+  ASSIGN_OR_RETURN(const int64_t step, SyncToShardStep(/*pull_first=*/true));
+  clock_.store(step);
+  params_ready_ = true;
+  if (metrics_ != nullptr) metrics_->rejoins().Increment();
+  LOG(WARNING) << "worker " << options_.worker_index << " rejoined at step " << step
+               << " (was at " << was << "): " << why.message();
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::PullParameters(int64_t min_version) {
@@ -97,7 +147,13 @@ absl::Status Trainer::Drain() {
   exchanges_pending_ = false;
   PushStats push;
   PullStats pull;
-  RETURN_IF_ERROR(client_->FinishExchanges(&push, &pull));
+  const absl::Status finished = client_->FinishExchanges(&push, &pull);
+  if (IsLateGradient(finished)) return Rejoin(finished);
+  if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
+    params_ready_ = false;  // the step goes on with the earlier gradient
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(finished);
   // The exchanges pulled what the next step needs (in sync mode, the
   // version of the step they pushed for).
   params_ready_ = true;
@@ -106,21 +162,35 @@ absl::Status Trainer::Drain() {
 
 absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
                                     int batch) {
-  const int64_t step = clock_.load();
-  const int64_t next_min_version = options_.sync ? step + 1 : 0;
   const absl::Time start = absl::Now();
   // Parameters for this step: from the exchanges the last step started, or
   // a pull now.
   PushStats push;
   PullStats pull;
-  bool fetched = true;
+  bool fetched = false;
   if (exchanges_pending_) {
     exchanges_pending_ = false;
-    RETURN_IF_ERROR(client_->FinishExchanges(&push, &pull));
-  } else if (!params_ready_) {
+    const absl::Status finished = client_->FinishExchanges(&push, &pull);
+    if (IsLateGradient(finished)) {
+      RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
+      push = PushStats();
+      pull = PullStats();
+    } else if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
+      // A gradient for this step was pushed before (by this worker index's
+      // previous process): the step goes on with it; pull its result.
+      LOG(INFO) << finished.message() << "; continuing with it";
+      params_ready_ = false;
+    } else {
+      RETURN_IF_ERROR(finished);
+      fetched = true;
+      params_ready_ = true;
+    }
+  }
+  const int64_t step = clock_.load();
+  const int64_t next_min_version = options_.sync ? step + 1 : 0;
+  if (!params_ready_) {
     RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
-  } else {
-    fetched = false;
+    fetched = true;
   }
   params_ready_ = false;
   const absl::Time pulled = absl::Now();
@@ -160,6 +230,7 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   }
   if (options_.overlap) exchanges_pending_ = true;
   const absl::Time computed = absl::Now();
+  bool rejoined = false;
 
   if (!options_.overlap) {
     std::vector<PendingGrad> grads;
@@ -171,10 +242,18 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
       RETURN_IF_ERROR(grads[i].ready->Wait());
       grad_spans_[i] = grads[i].values;
     }
-    RETURN_IF_ERROR(client_->Push(step + 1, grad_spans_, &push));
+    const absl::Status sent = client_->Push(step + 1, grad_spans_, &push);
+    if (IsLateGradient(sent)) {
+      RETURN_IF_ERROR(Rejoin(sent));
+      rejoined = true;
+    } else if (options_.sync && sent.code() == absl::StatusCode::kAlreadyExists) {
+      LOG(INFO) << sent.message() << "; continuing with it";
+    } else {
+      RETURN_IF_ERROR(sent);
+    }
   }
   const absl::Time pushed = absl::Now();
-  clock_.store(step + 1);
+  if (!rejoined) clock_.store(step + 1);
 
   // With overlap the push of this step and the pull of the next run behind
   // compute; what is left shows up as the next step's pull and wait.
@@ -292,35 +371,74 @@ absl::StatusOr<TrainResult> Trainer::Run(
   }
   std::vector<float> x(static_cast<size_t>(options_.batch) * train.feature_dim);
   std::vector<int32_t> labels(options_.batch);
+  const int64_t total_steps = int64_t{options_.epochs} * steps_per_epoch;
+  const int64_t first_step = clock_.load();
+  if (first_step > 0) {
+    LOG(INFO) << "resuming at step " << first_step << " (epoch "
+              << first_step / steps_per_epoch + 1 << ", batch "
+              << first_step % steps_per_epoch << ") of " << total_steps;
+  }
 
   TrainResult result;
   StartHeartbeats();
   const absl::Time start = absl::Now();
   int64_t cluster_steps_before = 0;
-  for (int epoch = 1; epoch <= options_.epochs; ++epoch) {
-    if (metrics_ != nullptr) metrics_->epoch().Set(epoch);
-    const absl::Time epoch_start = absl::Now();
-    compute_seconds_ = push_seconds_ = pull_seconds_ = wait_seconds_ = 0;
-    staleness_sum_ = 0;
-    max_staleness_ = 0;
-    double loss_sum = 0;
-    shard->BeginEpoch(epoch);
-    for (int s = 0; s < steps_per_epoch; ++s) {
-      RETURN_IF_ERROR(shard->NextBatch(train, options_.batch, x.data(), labels.data()));
-      ASSIGN_OR_RETURN(float loss, Step(x.data(), labels.data(), options_.batch));
-      loss_sum += loss;
+  if (options_.chief && first_step > 0) {
+    ASSIGN_OR_RETURN(cluster_steps_before, ClusterSteps());
+  }
+  const int64_t cluster_steps_at_start = cluster_steps_before;
+  bool final_evaluated = false;
+  // The epoch the data shard is in (0: none yet), and the clock its next
+  // batch belongs to.
+  int data_epoch = 0;
+  int64_t data_clock = -1;
+  absl::Time epoch_start = start;
+  double loss_sum = 0;
+  int steps_in_epoch = 0;
+  int64_t steps_run = 0;
+  while (clock_.load() < total_steps) {
+    const int64_t step = clock_.load();
+    const int epoch = static_cast<int>(step / steps_per_epoch) + 1;
+    if (epoch != data_epoch) {
+      if (data_epoch != 0) {
+        LOG(WARNING) << "epoch " << data_epoch << " ends unreported: worker "
+                     << options_.worker_index << " rejoined at step " << step;
+      }
+      if (metrics_ != nullptr) metrics_->epoch().Set(epoch);
+      shard->BeginEpoch(epoch);
+      data_epoch = epoch;
+      data_clock = -1;
+      epoch_start = absl::Now();
+      compute_seconds_ = push_seconds_ = pull_seconds_ = wait_seconds_ = 0;
+      staleness_sum_ = 0;
+      max_staleness_ = 0;
+      loss_sum = 0;
+      steps_in_epoch = 0;
     }
+    if (data_clock != step) {
+      RETURN_IF_ERROR(shard->Seek(static_cast<int>(step % steps_per_epoch), options_.batch));
+    }
+    RETURN_IF_ERROR(shard->NextBatch(train, options_.batch, x.data(), labels.data()));
+    data_clock = step + 1;
+    ASSIGN_OR_RETURN(float loss, Step(x.data(), labels.data(), options_.batch));
+    ++steps_run;
+    loss_sum += loss;
+    ++steps_in_epoch;
+    const int64_t now_at = clock_.load();
+    if (now_at % steps_per_epoch != 0 || now_at / steps_per_epoch != epoch) continue;
+
+    // This step ended the epoch.
     EpochResult epoch_result;
     epoch_result.epoch = epoch;
-    epoch_result.train_loss = loss_sum / steps_per_epoch;
+    epoch_result.train_loss = loss_sum / steps_in_epoch;
     epoch_result.seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
-    epoch_result.mean_staleness = staleness_sum_ / steps_per_epoch;
+    epoch_result.mean_staleness = staleness_sum_ / steps_in_epoch;
     epoch_result.max_staleness = max_staleness_;
     epoch_result.compute_seconds = compute_seconds_;
     epoch_result.push_seconds = push_seconds_;
     epoch_result.pull_seconds = pull_seconds_;
     epoch_result.wait_seconds = wait_seconds_;
-    double samples = static_cast<double>(steps_per_epoch) * options_.batch;
+    double samples = static_cast<double>(steps_in_epoch) * options_.batch;
     if (options_.chief) {
       // Throughput of the whole job, from the clocks the shards have seen.
       ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
@@ -331,34 +449,38 @@ absl::StatusOr<TrainResult> Trainer::Run(
         // The last evaluation waits for everyone, so it sees the final model.
         StopHeartbeats();
         RETURN_IF_ERROR(WaitForOtherWorkers());
+        final_evaluated = true;
       }
       ASSIGN_OR_RETURN(epoch_result.test_accuracy, Evaluate(*test));
     }
-    epoch_result.samples_per_second = samples / epoch_result.seconds;
+    epoch_result.samples_per_second = samples / std::max(epoch_result.seconds, 1e-9);
     result.epochs.push_back(epoch_result);
     if (on_epoch) on_epoch(epoch_result);
+    data_epoch = 0;  // the next step begins the next epoch
   }
   StopHeartbeats();
   RETURN_IF_ERROR(Drain());
   if (!options_.chief) {
     ASSIGN_OR_RETURN(HeartbeatResponse ignored,
                      client_->Heartbeat(clock_.load(), /*done=*/true));
-  } else if (options_.epochs == 0) {
+  } else if (!final_evaluated) {
+    // Resumed at (or rejoined at) the end, or no epochs: the chief still
+    // waits for the others and reports the final model.
     RETURN_IF_ERROR(WaitForOtherWorkers());
     ASSIGN_OR_RETURN(result.final_test_accuracy, Evaluate(*test));
   }
   result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result.steps = clock_.load();
-  if (!result.epochs.empty()) {
+  result.steps = steps_run;
+  if (!result.epochs.empty() && final_evaluated) {
     result.final_test_accuracy = result.epochs.back().test_accuracy;
   }
   if (options_.chief) {
     ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
-    result.samples_per_second =
-        static_cast<double>(cluster_steps) * options_.batch / result.wall_seconds;
+    result.samples_per_second = static_cast<double>(cluster_steps - cluster_steps_at_start) *
+                                options_.batch / std::max(result.wall_seconds, 1e-9);
   } else {
     result.samples_per_second =
-        static_cast<double>(result.steps) * options_.batch / result.wall_seconds;
+        static_cast<double>(steps_run) * options_.batch / std::max(result.wall_seconds, 1e-9);
   }
   return result;
 }

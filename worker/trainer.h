@@ -6,6 +6,14 @@
 //    t-1 from every worker) and pushes its gradient for step t;
 //  - async: a step pulls whatever is current, subject to the staleness
 //    bound the shards enforce on this worker's clock.
+// Faults. Initialize learns where the job is (sync: the shards' step, which
+// every partition's version equals; async: the largest clock any shard
+// recorded for this worker index), so a restarted worker resumes at that
+// step with the data position of a run that never stopped: epoch =
+// clock / steps_per_epoch + 1, batch = clock % steps_per_epoch. Run trains
+// until clock = epochs * steps_per_epoch. In sync mode a gradient refused as
+// late (the shards dropped this worker while it stalled) is discarded: the
+// worker pulls the current step's parameters and rejoins there.
 // A background thread sends heartbeats. The chief worker also evaluates
 // test accuracy at each epoch end and, after the last epoch, waits for the
 // other workers to finish before the final evaluation.
@@ -70,7 +78,7 @@ struct TrainResult {
   double final_test_accuracy = -1;
   double wall_seconds = 0;
   double samples_per_second = 0;  // all workers
-  int64_t steps = 0;              // this worker
+  int64_t steps = 0;              // run by this worker process
 };
 
 class Trainer {
@@ -83,7 +91,8 @@ class Trainer {
       PsClient* client, WorkerMetrics* metrics);
   ~Trainer();
 
-  // Registers the model's tensors with the shards.
+  // Registers the model's tensors with the shards and sets clock() to
+  // where the job is (see the file comment).
   absl::Status Initialize();
 
   // One training step on `batch` examples; returns the mean loss.
@@ -99,7 +108,8 @@ class Trainer {
   // Test accuracy of the current parameters on `test`.
   absl::StatusOr<double> Evaluate(const Dataset& test);
 
-  // Trains for options.epochs on this worker's share of `train`. `test` is
+  // Trains from clock() to options.epochs epochs on this worker's share of
+  // `train`; an epoch's result is reported when a step ends it. `test` is
   // needed by the chief only. `on_epoch` sees each epoch's result.
   absl::StatusOr<TrainResult> Run(
       const Dataset& train, const Dataset* test,
@@ -122,6 +132,15 @@ class Trainer {
   // Sum of every worker's clock as the shards see it.
   absl::StatusOr<int64_t> ClusterSteps();
   absl::Status WaitForOtherWorkers();
+  // Sync: a push refused because its step had finished without it.
+  bool IsLateGradient(const absl::Status& status) const;
+  // Sync: pulls until every partition has the same version (pulling first
+  // when `pull_first`, else starting from the versions already known) and
+  // returns it: the step the job is at.
+  absl::StatusOr<int64_t> SyncToShardStep(bool pull_first);
+  // Sync: drops this worker's late gradient (`why`) and moves clock_ to the
+  // shards' step, with its parameters in params_.
+  absl::Status Rejoin(const absl::Status& why);
 
   const TrainerOptions options_;
   PsClient* const client_;

@@ -9,6 +9,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <string>
+
 namespace shardtrain::worker {
 
 class WorkerMetrics {
@@ -28,6 +30,8 @@ class WorkerMetrics {
   prometheus::Gauge& loss() { return loss_; }
   prometheus::Gauge& test_accuracy() { return test_accuracy_; }
   prometheus::Gauge& epoch() { return epoch_; }
+  // Sync: times this worker was dropped (a late gradient) and rejoined.
+  prometheus::Counter& rejoins() { return rejoins_; }
 
  private:
   prometheus::Family<prometheus::Histogram>& phases_;
@@ -43,6 +47,26 @@ class WorkerMetrics {
   prometheus::Gauge& loss_;
   prometheus::Gauge& test_accuracy_;
   prometheus::Gauge& epoch_;
+  prometheus::Counter& rejoins_;
+};
+
+// Fault metrics of a worker's client (worker/ps_client.h). Thread-safe.
+class PsClientMetrics {
+ public:
+  // Registers the families in `registry`, which must outlive this.
+  explicit PsClientMetrics(prometheus::Registry& registry);
+
+  // Attempts of `method` retried (shard unreachable, or restarted).
+  prometheus::Counter& retries(const std::string& method);
+  // Times `shard` was found restarted (a new incarnation).
+  prometheus::Counter& shard_restarts(int shard);
+  // Updates this worker knew of that `shard` lost in a restart.
+  prometheus::Counter& lost_updates(int shard);
+
+ private:
+  prometheus::Family<prometheus::Counter>& retries_;
+  prometheus::Family<prometheus::Counter>& shard_restarts_;
+  prometheus::Family<prometheus::Counter>& lost_updates_;
 };
 
 }  // namespace shardtrain::worker

@@ -1,0 +1,246 @@
+#include "worker/shard_call.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <glog/logging.h>
+#include <grpcpp/alarm.h>
+
+#include "absl/random/distributions.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+
+namespace shardtrain::worker {
+
+absl::Duration BackoffCeiling(const RetryPolicy& policy, int retry) {
+  absl::Duration ceiling = policy.initial_backoff;
+  for (int r = 0; r < retry && ceiling < policy.max_backoff; ++r) ceiling *= 2;
+  return std::min(ceiling, policy.max_backoff);
+}
+
+absl::Duration Backoff(const RetryPolicy& policy, int retry, absl::BitGenRef gen) {
+  const int64_t ceiling_us = absl::ToInt64Microseconds(BackoffCeiling(policy, retry));
+  if (ceiling_us <= 0) return absl::ZeroDuration();
+  return absl::Microseconds(absl::Uniform<int64_t>(absl::IntervalClosed, gen, 0, ceiling_us));
+}
+
+absl::Time AttemptDeadline(absl::Time now, absl::Duration attempt_timeout,
+                           absl::Time first_failure, absl::Duration reconnect_timeout) {
+  const absl::Time deadline = now + attempt_timeout;
+  if (first_failure == absl::InfinitePast()) return deadline;
+  return std::min(deadline, first_failure + reconnect_timeout);
+}
+
+bool IsRetryable(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return true;
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::INTERNAL: {
+      // A peer that went away mid-call can surface as a reset stream.
+      const std::string& message = status.error_message();
+      return absl::StrContains(message, "Stream removed") ||
+             absl::StrContains(message, "Socket closed") ||
+             absl::StrContains(message, "Connection reset") ||
+             absl::StrContains(message, "Broken pipe");
+    }
+    default:
+      return false;
+  }
+}
+
+struct ShardChannel::PendingCall {
+  ShardRpc rpc;
+  std::function<void(absl::Status)> done;
+  absl::Duration reconnect_timeout;
+  std::unique_ptr<grpc::ClientContext> context;
+  // Fires the next attempt after a backoff; kept until the call ends.
+  std::unique_ptr<grpc::Alarm> alarm;
+  absl::Time first_failure = absl::InfinitePast();
+  int retries = 0;
+  uint64_t sent_incarnation = 0;
+  grpc::Status last_error;
+};
+
+ShardChannel::ShardChannel(int index, std::string address,
+                           std::shared_ptr<grpc::Channel> channel,
+                           const RetryPolicy& policy, PsClientMetrics* metrics)
+    : index_(index),
+      address_(std::move(address)),
+      channel_(std::move(channel)),
+      stub_(ParameterServer::NewStub(channel_)),
+      policy_(policy),
+      metrics_(metrics) {}
+
+void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
+  auto* call = new PendingCall;
+  call->reconnect_timeout = std::min(rpc.reconnect_timeout, policy_.reconnect_timeout);
+  call->rpc = std::move(rpc);
+  call->done = std::move(done);
+  StartAttempt(call);
+}
+
+void ShardChannel::StartAttempt(PendingCall* call) {
+  call->context = std::make_unique<grpc::ClientContext>();
+  const absl::Time now = absl::Now();
+  call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
+      now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));
+  // The first attempt fails fast when the channel is known to be down, so
+  // the outage clock starts; retries wait for the reconnect.
+  if (call->retries > 0) call->context->set_wait_for_ready(true);
+  call->sent_incarnation = incarnation_.load();
+  call->rpc.start(call->context.get(), call->sent_incarnation,
+                  [this, call](grpc::Status status) {
+                    OnAttemptDone(call, std::move(status));
+                  });
+}
+
+void ShardChannel::Finish(PendingCall* call, absl::Status status) {
+  std::function<void(absl::Status)> done = std::move(call->done);
+  delete call;
+  done(std::move(status));
+}
+
+void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
+  if (status.ok()) {
+    NoteAnswer();
+    Finish(call, absl::OkStatus());
+    return;
+  }
+  const bool aborted = status.error_code() == grpc::StatusCode::ABORTED;
+  if (!aborted && !IsRetryable(status)) {
+    // The shard answered: it is reachable, the request is what failed.
+    if (status.error_code() != grpc::StatusCode::CANCELLED) NoteAnswer();
+    const absl::Status error = common::FromGrpcStatus(status);
+    Finish(call, absl::Status(error.code(),
+                              absl::StrFormat("%s to shard %d (%s): %s",
+                                              call->rpc.method, index_, address_,
+                                              error.message())));
+    return;
+  }
+  const absl::Time now = absl::Now();
+  if (call->first_failure == absl::InfinitePast()) call->first_failure = now;
+  call->last_error = status;
+  if (now - call->first_failure >= call->reconnect_timeout) {
+    Finish(call, absl::Status(
+                     static_cast<absl::StatusCode>(status.error_code()),
+                     absl::StrFormat("%s to shard %d (%s) failed for %s (%d "
+                                     "retries, giving up after %s): %s",
+                                     call->rpc.method, index_, address_,
+                                     absl::FormatDuration(absl::Trunc(
+                                         now - call->first_failure, absl::Milliseconds(1))),
+                                     call->retries,
+                                     absl::FormatDuration(call->reconnect_timeout),
+                                     status.error_message())));
+    return;
+  }
+  if (metrics_ != nullptr) metrics_->retries(call->rpc.method).Increment();
+  if (aborted) {
+    RequestResync(call->sent_incarnation, [this, call](absl::Status resynced) {
+      if (!resynced.ok()) {
+        Finish(call, std::move(resynced));
+        return;
+      }
+      ScheduleRetry(call);
+    });
+    return;
+  }
+  NoteFailure(call->rpc.method, status, call->reconnect_timeout);
+  ScheduleRetry(call);
+}
+
+absl::Duration ShardChannel::Jitter(int retry) {
+  absl::MutexLock lock(&mu_);
+  return Backoff(policy_, retry, gen_);
+}
+
+void ShardChannel::ScheduleRetry(PendingCall* call) {
+  const absl::Time now = absl::Now();
+  const absl::Duration left =
+      call->first_failure + call->reconnect_timeout - now;
+  const absl::Duration wait =
+      std::max(absl::ZeroDuration(), std::min(Jitter(call->retries), left));
+  ++call->retries;
+  call->alarm = std::make_unique<grpc::Alarm>();
+  call->alarm->Set(absl::ToChronoTime(now + wait), [this, call](bool fired) {
+    if (!fired) {
+      Finish(call, absl::CancelledError(absl::StrFormat(
+                       "%s to shard %d (%s): retry cancelled", call->rpc.method,
+                       index_, address_)));
+      return;
+    }
+    StartAttempt(call);
+  });
+}
+
+void ShardChannel::RequestResync(uint64_t sent_incarnation,
+                                 std::function<void(absl::Status)> then) {
+  bool already_done = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!resyncing_ && incarnation_.load() != sent_incarnation) {
+      // Another call resynchronised the shard since this attempt was sent.
+      already_done = true;
+    } else {
+      resync_waiters_.push_back(std::move(then));
+      if (resyncing_) return;
+      resyncing_ = true;
+    }
+  }
+  if (already_done) {
+    then(absl::OkStatus());
+    return;
+  }
+  if (!resync_) {
+    // Nothing to resynchronise with: the ABORTED stands.
+    std::vector<std::function<void(absl::Status)>> waiters;
+    {
+      absl::MutexLock lock(&mu_);
+      waiters.swap(resync_waiters_);
+      resyncing_ = false;
+    }
+    for (auto& waiter : waiters) {
+      waiter(absl::AbortedError(absl::StrFormat(
+          "shard %d (%s) restarted and this client cannot re-register", index_,
+          address_)));
+    }
+    return;
+  }
+  resync_(this, [this](absl::Status status) {
+    std::vector<std::function<void(absl::Status)>> waiters;
+    {
+      absl::MutexLock lock(&mu_);
+      waiters.swap(resync_waiters_);
+      resyncing_ = false;
+    }
+    for (auto& waiter : waiters) waiter(status);
+  });
+}
+
+void ShardChannel::NoteFailure(const char* method, const grpc::Status& status,
+                               absl::Duration budget) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (in_outage_) return;
+  in_outage_ = true;
+  outage_start_ = now;
+  // Rate-limited: a flapping link logs at most one warning per 10 s.
+  if (now - last_warning_ < absl::Seconds(10)) return;
+  last_warning_ = now;
+  LOG(WARNING) << "shard " << index_ << " (" << address_ << ") did not answer "
+               << method << " (" << status.error_message()
+               << "); retrying for up to " << absl::FormatDuration(budget);
+}
+
+void ShardChannel::NoteAnswer() {
+  absl::MutexLock lock(&mu_);
+  if (!in_outage_) return;
+  in_outage_ = false;
+  LOG(INFO) << "shard " << index_ << " (" << address_ << ") answers again after "
+            << absl::FormatDuration(
+                   absl::Trunc(absl::Now() - outage_start_, absl::Milliseconds(1)));
+}
+
+}  // namespace shardtrain::worker

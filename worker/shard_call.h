@@ -1,0 +1,159 @@
+// ShardChannel: the one place where a worker's RPCs to a shard are retried.
+//
+// Every RPC the worker sends (PsClient's blocking calls and TensorExchange's
+// overlapped halves) goes through ShardChannel::Call, which runs it on the
+// gRPC callback API and, while the shard cannot be reached, tries again:
+//  - UNAVAILABLE (no connection, connection reset), a per-attempt
+//    DEADLINE_EXCEEDED and a transport reset are retried with exponential
+//    backoff and full jitter, each retry waiting for the channel to connect
+//    (wait_for_ready) within its attempt deadline, until `reconnect_timeout`
+//    has passed since the call's first failure; then the call fails with an
+//    error naming the shard, its address and how long it was retried;
+//  - ABORTED (the shard restarted since this worker learned its versions)
+//    first resynchronises the shard (the ResyncFn re-registers the tensors
+//    and takes the shard's partition versions; one resync at a time per
+//    shard, shared by every call that needs it), then retries.
+// Any other error ends the call at once.
+//
+//   ShardRpc rpc;
+//   rpc.method = "Push";
+//   rpc.attempt_timeout = absl::Seconds(30);
+//   rpc.start = [&](grpc::ClientContext* context, uint64_t incarnation, auto done) {
+//     request.set_shard_incarnation(incarnation);
+//     stub->async()->Push(context, &request, &response, std::move(done));
+//   };
+//   channel.Call(std::move(rpc), [](absl::Status status) { ... });
+//
+// Thread-safe.
+#ifndef SHARDTRAIN_WORKER_SHARD_CALL_H_
+#define SHARDTRAIN_WORKER_SHARD_CALL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/random/bit_gen_ref.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "worker/worker_metrics.h"
+
+namespace shardtrain::worker {
+
+struct RetryPolicy {
+  // Backoff before retry r (0-based) is uniform in
+  // [0, min(max_backoff, initial_backoff * 2^r)] ("full jitter").
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // A call gives up this long after its first failure.
+  absl::Duration reconnect_timeout = absl::Seconds(120);
+};
+
+// The upper bound of the backoff before retry `retry` (0-based).
+absl::Duration BackoffCeiling(const RetryPolicy& policy, int retry);
+// A backoff drawn uniformly in [0, BackoffCeiling(policy, retry)].
+absl::Duration Backoff(const RetryPolicy& policy, int retry, absl::BitGenRef gen);
+// Deadline of an attempt started at `now`: `attempt_timeout` from now, but
+// for a retry (first_failure not InfinitePast) no later than first_failure +
+// reconnect_timeout.
+absl::Time AttemptDeadline(absl::Time now, absl::Duration attempt_timeout,
+                           absl::Time first_failure, absl::Duration reconnect_timeout);
+// UNAVAILABLE, DEADLINE_EXCEEDED or a transport reset reported as another
+// code ("Stream removed", "Socket closed", "Connection reset").
+bool IsRetryable(const grpc::Status& status);
+
+// One RPC as ShardChannel::Call runs it.
+struct ShardRpc {
+  const char* method = "";
+  absl::Duration attempt_timeout = absl::Seconds(30);
+  // The call gives up this long after its first failure; capped by the
+  // channel's RetryPolicy::reconnect_timeout.
+  absl::Duration reconnect_timeout = absl::InfiniteDuration();
+  // Starts one attempt on `context`: sets the request's shard_incarnation
+  // to `shard_incarnation` (the shard's incarnation as last learned; 0 when
+  // unknown) where it has one, and calls `done` when the RPC ends. Called
+  // again, with a fresh context, for every retry.
+  std::function<void(grpc::ClientContext* context, uint64_t shard_incarnation,
+                     std::function<void(grpc::Status)> done)>
+      start;
+};
+
+class ShardChannel {
+ public:
+  // Resynchronises the shard after it restarted: re-registers this
+  // worker's tensors there, learns the shard's versions and incarnation
+  // (set_incarnation) and calls `done`. Runs one at a time per channel.
+  using ResyncFn =
+      std::function<void(ShardChannel* channel, std::function<void(absl::Status)> done)>;
+
+  // `metrics` may be null; if not, it must outlive the channel.
+  ShardChannel(int index, std::string address,
+               std::shared_ptr<grpc::Channel> channel, const RetryPolicy& policy,
+               PsClientMetrics* metrics);
+  ShardChannel(const ShardChannel&) = delete;
+  ShardChannel& operator=(const ShardChannel&) = delete;
+
+  // Runs `rpc` with retries (see the file comment) and calls `done` once,
+  // with OK or an error that names the method, the shard and its address.
+  void Call(ShardRpc rpc, std::function<void(absl::Status)> done);
+
+  // Runs `resync` on ABORTED. Set before the first call.
+  void set_resync(ResyncFn resync) { resync_ = std::move(resync); }
+
+  // The shard's incarnation as last learned (0: unknown).
+  uint64_t incarnation() const { return incarnation_.load(); }
+  void set_incarnation(uint64_t incarnation) { incarnation_.store(incarnation); }
+  // The next push sequence number for this shard: 1, 2, ...
+  uint64_t NextSequence() { return next_sequence_.fetch_add(1) + 1; }
+
+  int index() const { return index_; }
+  const std::string& address() const { return address_; }
+  ParameterServer::Stub* stub() { return stub_.get(); }
+  const RetryPolicy& policy() const { return policy_; }
+
+ private:
+  struct PendingCall;
+
+  void StartAttempt(PendingCall* call);
+  void OnAttemptDone(PendingCall* call, grpc::Status status);
+  void ScheduleRetry(PendingCall* call);
+  static void Finish(PendingCall* call, absl::Status status);
+  // Runs `then` once the shard has been resynchronised since an attempt
+  // sent with `sent_incarnation` was refused.
+  void RequestResync(uint64_t sent_incarnation, std::function<void(absl::Status)> then);
+  void NoteFailure(const char* method, const grpc::Status& status, absl::Duration budget);
+  void NoteAnswer();
+  absl::Duration Jitter(int retry);
+
+  const int index_;
+  const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<ParameterServer::Stub> stub_;
+  const RetryPolicy policy_;
+  PsClientMetrics* const metrics_;
+  ResyncFn resync_;
+  std::atomic<uint64_t> incarnation_{0};
+  std::atomic<uint64_t> next_sequence_{0};
+
+  absl::Mutex mu_;
+  // An outage: calls failing since outage_start_; logged once per outage.
+  bool in_outage_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time outage_start_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_warning_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool resyncing_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void(absl::Status)>> resync_waiters_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardtrain::worker
+
+#endif  // SHARDTRAIN_WORKER_SHARD_CALL_H_
