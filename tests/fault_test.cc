@@ -138,13 +138,19 @@ absl::Status WaitForSteps(ProcessGroup& group, const LocalCluster& cluster, int 
 }
 
 // The longest time a worker's step counter stood still while it still had
-// steps to do.
+// steps to do; a worker that stops serving (exits) stops the clock.
 class StallMeter {
  public:
   explicit StallMeter(int64_t total_steps) : total_steps_(total_steps) {}
   void Observe(int64_t steps) {
     const absl::Time now = absl::Now();
-    if (steps < 0) return;  // not serving (yet, or any more)
+    if (steps < 0) {  // not serving (yet, or any more: it exited)
+      if (last_steps_ >= 0 && last_steps_ < total_steps_) {
+        longest_ = std::max(longest_, now - last_change_);
+      }
+      last_steps_ = -1;
+      return;
+    }
     if (steps != last_steps_ || last_steps_ >= total_steps_) {
       if (last_steps_ >= 0 && last_steps_ < total_steps_) {
         longest_ = std::max(longest_, now - last_change_);
@@ -321,14 +327,16 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
   const std::optional<std::string> shard = Scrape(cluster.shard_metrics_ports[kVictim]);
   ASSERT_TRUE(shard.has_value());
   const double shard_lost = ShardSum(cluster, "shardtrain_lost_updates_total");
+  // Each worker counts the partition versions it saw roll back: report
+  // the most any worker saw, not the sum.
   double workers_lost = 0, restarts_seen = 0;
   for (int w = 0; w < kWorkers; ++w) {
-    workers_lost += worker_lost[w];
+    workers_lost = std::max(workers_lost, worker_lost[w]);
     restarts_seen += shard_restarts[w];
   }
   Report(absl::StrCat("ShardKillRestart/", mode),
          recovery ? absl::ToDoubleSeconds(*recovery) : -1,
-         absl::StrFormat("%.0f(shard)/%.0f(workers)", shard_lost, workers_lost), *accuracy,
+         absl::StrFormat("%.0f(shard)/%.0f(worker)", shard_lost, workers_lost), *accuracy,
          clean_accuracy);
   // The restarted shard came back from its checkpoint, not from scratch,
   // and the workers noticed its new incarnation.
@@ -379,13 +387,15 @@ TEST_P(JobResume, FinishesTheRemainingEpochs) {
   const int64_t resumed_at = ResumedAt(testing::ReadFile(cluster.WorkerLog(0)));
   const double shard_lost = ShardSum(cluster, "shardtrain_lost_updates_total");
   Report(absl::StrCat("JobResume/", mode), recovery ? absl::ToDoubleSeconds(*recovery) : -1,
-         absl::StrFormat("%.0f(shard) redone=%d", shard_lost,
-                         resumed_at >= 0 ? stopped_at - resumed_at : -1),
+         absl::StrFormat("%.0f(shard) redone=%s", shard_lost,
+                         resumed_at >= 0 ? absl::StrCat(stopped_at - resumed_at) : "n/a"),
          *accuracy, -1);
 
   EXPECT_GT(resumed_at, 0) << "the chief did not resume; its log:\n"
                            << Tail(cluster.WorkerLog(0));
-  EXPECT_LE(resumed_at, stopped_at);
+  // Resumed from the newest checkpoint, not ahead of the job (a few steps
+  // may finish between the scrape and the signal).
+  EXPECT_LE(resumed_at, stopped_at + 20);
   absl::StatusOr<testing::RunResults> results = testing::ReadResults(cluster.ResultsPath());
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ(results->epochs, kEpochs);
