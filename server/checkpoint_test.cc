@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <vector>
 
 #include <prometheus/registry.h>
@@ -25,6 +27,27 @@ std::string TempDir() {
   return dir;
 }
 
+// Name -> contents of every file in `dir`.
+std::map<std::string, std::string> Files(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  DIR* d = opendir(dir.c_str());
+  while (const dirent* entry = readdir(d)) {
+    if (entry->d_name[0] == '.') continue;
+    std::ifstream in(dir + "/" + entry->d_name, std::ios::binary);
+    files[entry->d_name] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  closedir(d);
+  return files;
+}
+
+void Corrupt(const std::string& path) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(0, std::ios::end);
+  const std::streamoff size = file.tellg();
+  file.seekp(size / 2);
+  file.put('\x7f');
+}
+
 int CountFiles(const std::string& dir) {
   int count = 0;
   DIR* d = opendir(dir.c_str());
@@ -35,9 +58,13 @@ int CountFiles(const std::string& dir) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Shard> NewShard(const std::string& optimizer = "adam") {
+  std::unique_ptr<Shard> NewShard(const std::string& optimizer = "adam",
+                                  int num_shards = 1,
+                                  ConsistencyMode mode = ConsistencyMode::kAsync) {
     ShardOptions options;
     options.optimizer.name = optimizer;
+    options.partitioning.num_shards = num_shards;
+    options.mode = mode;
     auto shard = Shard::Create(options, &metrics_);
     EXPECT_TRUE(shard.ok()) << shard.status();
     return std::move(*shard);
@@ -81,6 +108,7 @@ TEST_F(CheckpointTest, RestoreGivesBackTheExactState) {
   auto shard = NewShard();
   Train(*shard, 3);
   Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
   auto written = writer.Write();
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(written->partitions(), 3);
@@ -99,6 +127,7 @@ TEST_F(CheckpointTest, KeepsTheNewestTwoAndFallsBackPastACorruptOne) {
   const std::string dir = TempDir();
   auto shard = NewShard();
   Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
   Train(*shard, 1);
   ASSERT_TRUE(writer.Write().ok());
   Train(*shard, 1);
@@ -128,6 +157,7 @@ TEST_F(CheckpointTest, TruncatedAndForeignFilesAreDataLoss) {
   auto shard = NewShard();
   Train(*shard, 1);
   Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
   auto written = writer.Write();
   ASSERT_TRUE(written.ok());
   ASSERT_EQ(truncate(written->path().c_str(), written->bytes() - 10), 0);
@@ -145,12 +175,20 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   auto shard = NewShard("adam");
   Train(*shard, 1);
   Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
   ASSERT_TRUE(writer.Write().ok());
+  const auto before = Files(dir);
   auto other = NewShard("sgd");
   Checkpointer reader({dir}, other.get(), &metrics_);
   auto path = reader.RestoreLatest();
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(path.status().message(), HasSubstr("optimizer adam"));
+  EXPECT_THAT(path.status().message(), HasSubstr("optimizer adam (this shard: sgd)"));
+  EXPECT_THAT(path.status().message(), HasSubstr("--allow_fresh_start"));
+  // Nothing can be written by a checkpointer that did not open.
+  Train(*other, 1);
+  EXPECT_EQ(reader.Write().status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(reader.WriteFinal().ok());
+  EXPECT_EQ(Files(dir), before);
 }
 
 TEST_F(CheckpointTest, NoDirectoryMeansAFreshStart) {
@@ -159,6 +197,196 @@ TEST_F(CheckpointTest, NoDirectoryMeansAFreshStart) {
   auto path = reader.RestoreLatest();
   ASSERT_TRUE(path.ok());
   EXPECT_EQ(*path, "");
+}
+
+TEST(CheckpointNames, ParseOnlyCheckpointFiles) {
+  auto name = ParseCheckpointName("shard-1-of-3-000000000042.ckpt");
+  ASSERT_TRUE(name.has_value());
+  EXPECT_EQ(name->shard, 1);
+  EXPECT_EQ(name->num_shards, 3);
+  EXPECT_EQ(name->sequence, 42);
+  EXPECT_FALSE(ParseCheckpointName("shard-1-of-3-000000000042.ckpt.tmp.77").has_value());
+  EXPECT_FALSE(ParseCheckpointName("shard-1-of-3-.ckpt").has_value());
+  EXPECT_FALSE(ParseCheckpointName("notes.txt").has_value());
+  EXPECT_FALSE(ParseCheckpointName("shard-1-of-0-000000000001.ckpt").has_value());
+}
+
+TEST(CheckpointPruning, KeepsTheNewestAndAnythingBigger) {
+  // Oldest first; the last is the newest written.
+  std::vector<CheckpointSize> files = {
+      {1, "a", 3, 300}, {2, "b", 4, 100}, {3, "c", 3, 301}, {4, "d", 3, 300},
+      {5, "e", 3, 300}, {6, "f", 3, 300}};
+  // a: same size, pruned; b: more records, kept; c: more elements, kept;
+  // d: pruned; e and f: the newest two.
+  EXPECT_EQ(FilesToPrune(files, 2), (std::vector<std::string>{"a", "d"}));
+  EXPECT_EQ(FilesToPrune(files, 6), std::vector<std::string>{});
+  EXPECT_EQ(FilesToPrune({{1, "x", 1, 1}}, 2), std::vector<std::string>{});
+  // keep < 1 still keeps the newest.
+  EXPECT_EQ(FilesToPrune({{1, "x", 1, 1}, {2, "y", 1, 1}}, 0),
+            std::vector<std::string>{"x"});
+}
+
+TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
+  // An older checkpoint of this shard with two tensors, a newer one with
+  // one (each written by its own shard elsewhere, then moved here).
+  const std::string dir = TempDir();
+  auto write_elsewhere = [&](bool with_bias, const std::string& name) {
+    const std::string other = TempDir();
+    auto shard = NewShard();
+    Train(*shard, 1);
+    if (with_bias) {
+      RegisterRequest request;
+      TensorSpec* spec = request.add_tensors();
+      spec->set_name("b");
+      spec->add_shape(10);
+      spec->set_dtype(DTYPE_F32);
+      RegisterResponse registered;
+      ASSERT_TRUE(shard->Register(request, &registered).ok());
+    }
+    Checkpointer writer({other}, shard.get(), &metrics_);
+    ASSERT_TRUE(writer.RestoreLatest().ok());
+    auto written = writer.Write();
+    ASSERT_TRUE(written.ok());
+    ASSERT_EQ(rename(written->path().c_str(), (dir + "/" + name).c_str()), 0);
+  };
+  write_elsewhere(true, "shard-0-of-1-000000000000.ckpt");
+  write_elsewhere(false, "shard-0-of-1-000000000001.ckpt");
+
+  auto shard = NewShard();
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  auto path = writer.RestoreLatest();
+  ASSERT_TRUE(path.ok());
+  EXPECT_EQ(*path, dir + "/shard-0-of-1-000000000001.ckpt");
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer.Write().ok());
+  // The newest two, and the bigger old one.
+  EXPECT_EQ(CountFiles(dir), 3);
+  EXPECT_EQ(Files(dir).count("shard-0-of-1-000000000000.ckpt"), 1u);
+  EXPECT_EQ(Files(dir).count("shard-0-of-1-000000000001.ckpt"), 0u);
+}
+
+TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
+  const std::string dir = TempDir();
+  auto big = NewShard();
+  Train(*big, 1);
+  {
+    Checkpointer writer({dir}, big.get(), &metrics_);
+    ASSERT_TRUE(writer.RestoreLatest().ok());
+    ASSERT_TRUE(writer.Write().ok());
+    ASSERT_TRUE(writer.Write().ok());
+  }
+  const auto old_files = Files(dir);
+  ASSERT_EQ(old_files.size(), 2u);
+  auto restored = NewShard();
+  Checkpointer writer({dir}, restored.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
+  RegisterRequest request;
+  TensorSpec* spec = request.add_tensors();
+  spec->set_name("b");
+  spec->add_shape(10);
+  spec->set_dtype(DTYPE_F32);
+  RegisterResponse registered;
+  ASSERT_TRUE(restored->Register(request, &registered).ok());
+  ASSERT_TRUE(writer.Write().ok());
+  ASSERT_TRUE(writer.Write().ok());
+  const auto now = Files(dir);
+  EXPECT_EQ(now.size(), 2u);
+  for (const auto& [name, bytes] : old_files) EXPECT_EQ(now.count(name), 0u) << name;
+}
+
+TEST_F(CheckpointTest, NoEmptyCheckpointIsEverWritten) {
+  const std::string dir = TempDir();
+  auto shard = NewShard();
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
+  auto written = writer.Write();
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(written.status().message(), HasSubstr("no tensors"));
+  EXPECT_TRUE(writer.WriteFinal().ok());
+  EXPECT_EQ(CountFiles(dir), 0);
+}
+
+TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
+  const std::string dir = TempDir();
+  auto shard = NewShard();
+  Train(*shard, 1);
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
+  auto first = writer.Write();
+  auto second = writer.Write();
+  ASSERT_TRUE(first.ok() && second.ok());
+  Corrupt(first->path());
+  Corrupt(second->path());
+  const auto before = Files(dir);
+
+  auto refused = NewShard();
+  Checkpointer reader({dir}, refused.get(), &metrics_);
+  auto path = reader.RestoreLatest();
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr(first->path()));
+  EXPECT_THAT(path.status().message(), HasSubstr(second->path()));
+  EXPECT_EQ(Files(dir), before);
+
+  // Allowed: fresh, and new checkpoints never prune the unreadable ones.
+  auto fresh = NewShard();
+  Checkpointer allowed({dir, 2, /*allow_fresh_start=*/true}, fresh.get(), &metrics_);
+  path = allowed.RestoreLatest();
+  ASSERT_TRUE(path.ok()) << path.status();
+  EXPECT_EQ(*path, "");
+  Train(*fresh, 1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(allowed.Write().ok());
+  const auto after = Files(dir);
+  EXPECT_EQ(after.size(), 4u);
+  for (const auto& [name, bytes] : before) {
+    ASSERT_EQ(after.count(name), 1u) << name;
+    EXPECT_EQ(after.at(name), bytes) << name;
+  }
+}
+
+TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
+  const std::string dir = TempDir();
+  auto shard = NewShard("adam", /*num_shards=*/1);
+  Train(*shard, 1);
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
+  ASSERT_TRUE(writer.Write().ok());
+  const auto before = Files(dir);
+
+  auto two = NewShard("adam", /*num_shards=*/2);
+  Checkpointer refused({dir}, two.get(), &metrics_);
+  auto path = refused.RestoreLatest();
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr("cluster with 1 shards"));
+  EXPECT_THAT(path.status().message(), HasSubstr("--num_shards=2"));
+
+  Checkpointer allowed({dir, 2, true}, two.get(), &metrics_);
+  ASSERT_TRUE(allowed.RestoreLatest().ok());
+  EXPECT_EQ(Files(dir), before);
+}
+
+TEST_F(CheckpointTest, AnotherModeIsRefused) {
+  const std::string dir = TempDir();
+  auto shard = NewShard();
+  Train(*shard, 1);
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_TRUE(writer.RestoreLatest().ok());
+  ASSERT_TRUE(writer.Write().ok());
+  auto sync = NewShard("adam", 1, ConsistencyMode::kSync);
+  Checkpointer reader({dir}, sync.get(), &metrics_);
+  auto path = reader.RestoreLatest();
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr("mode async (this shard: sync)"));
+}
+
+TEST_F(CheckpointTest, AnUnwritableDirectoryIsRefused) {
+  const std::string file = TempDir() + "/plain-file";
+  std::ofstream(file) << "x";
+  for (const std::string& dir : {file, file + "/sub"}) {
+    auto shard = NewShard();
+    Checkpointer reader({dir}, shard.get(), &metrics_);
+    auto path = reader.RestoreLatest();
+    EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition) << dir;
+    EXPECT_THAT(path.status().message(), HasSubstr(dir)) << path.status();
+  }
 }
 
 }  // namespace

@@ -28,17 +28,29 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   // A pull must fit in one response message.
   shard_options.limits.max_response_bytes = std::min<int64_t>(
       shard_options.limits.max_response_bytes, options.max_message_bytes);
+  // Step copies are only taken for a checkpoint directory.
+  if (options.checkpoint_dir.empty()) shard_options.checkpoint_every_steps = 0;
   ASSIGN_OR_RETURN(server->shard_,
                    Shard::Create(shard_options, server->shard_metrics_.get()));
   if (!options.checkpoint_dir.empty()) {
     server->checkpoint_interval_ = options.checkpoint_interval;
+    Checkpointer::Options checkpoints;
+    checkpoints.dir = options.checkpoint_dir;
+    checkpoints.allow_fresh_start = options.allow_fresh_start;
     server->checkpointer_ = std::make_unique<Checkpointer>(
-        Checkpointer::Options{options.checkpoint_dir},
-        server->shard_.get(), server->shard_metrics_.get());
+        checkpoints, server->shard_.get(), server->shard_metrics_.get());
     ASSIGN_OR_RETURN(std::string restored, server->checkpointer_->RestoreLatest());
     if (restored.empty()) {
-      LOG(INFO) << "no checkpoint in " << options.checkpoint_dir << "; starting fresh";
+      LOG(INFO) << "no usable checkpoint in " << options.checkpoint_dir
+                << "; starting fresh";
     }
+    prometheus::BuildCounter()
+        .Name("shardtrain_checkpoint_restores_total")
+        .Help("Shard starts with a checkpoint directory: result=ok restored a "
+              "checkpoint, result=fresh started with fresh parameters")
+        .Register(registry)
+        .Add({{"result", restored.empty() ? "fresh" : "ok"}})
+        .Increment();
   }
   server->service_ = std::make_unique<ParameterServerService>(
       server->shard_.get(), server->rpc_metrics_.get(),
@@ -70,13 +82,14 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
+  server->started_ = true;
   LOG(INFO) << "shard " << options.shard.shard_index << "/"
             << options.shard.partitioning.num_shards << " serving on port "
             << server->port_ << ", metrics on port " << server->metrics_port();
   return server;
 }
 
-PsServer::~PsServer() { Shutdown(); }
+PsServer::~PsServer() { (void)Shutdown(); }
 
 void PsServer::Housekeeping() {
   common::EnableFlushToZero();
@@ -85,19 +98,21 @@ void PsServer::Housekeeping() {
     const absl::Time now = absl::Now();
     shard_->Tick(now);
     service_->ExpireWaiters(now);
-    if (checkpointer_ != nullptr && now - last_checkpoint >= checkpoint_interval_) {
-      (void)checkpointer_->Write();  // failures are logged and counted
+    if (checkpointer_ == nullptr) continue;
+    // Failures are logged and counted by the checkpointer.
+    if (shard_->options().mode == ConsistencyMode::kSync) {
+      (void)checkpointer_->WriteCompletedStep();
+    } else if (now - last_checkpoint >= checkpoint_interval_) {
+      (void)checkpointer_->Write();
       last_checkpoint = now;
     }
   }
 }
 
-void PsServer::Shutdown() {
-  {
-    absl::MutexLock lock(&shutdown_mu_);
-    if (shut_down_) return;
-    shut_down_ = true;
-  }
+absl::Status PsServer::Shutdown() {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shut_down_) return shutdown_status_;
+  shut_down_ = true;
   stop_.Notify();
   if (housekeeping_.joinable()) housekeeping_.join();
   if (server_ != nullptr) {
@@ -106,8 +121,16 @@ void PsServer::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();
   }
-  // Nothing changes the shard any more: the last checkpoint is complete.
-  if (checkpointer_ != nullptr) (void)checkpointer_->Write();
+  // Nothing changes the shard any more: the last checkpoint is complete. A
+  // shard that did not start (its checkpoint may have failed to load)
+  // writes nothing, so it cannot replace a good checkpoint.
+  if (checkpointer_ != nullptr && started_) {
+    shutdown_status_ = checkpointer_->WriteFinal();
+    if (!shutdown_status_.ok()) {
+      LOG(ERROR) << "final checkpoint failed: " << shutdown_status_;
+    }
+  }
+  return shutdown_status_;
 }
 
 }  // namespace shardtrain::server

@@ -38,9 +38,14 @@ struct PsServerOptions {
   // Largest message accepted or sent; larger ones get RESOURCE_EXHAUSTED.
   int max_message_bytes = 256 << 20;
   // Checkpoints go here; empty disables them. The newest good one is loaded
-  // at start, one is written every checkpoint_interval and at shutdown.
+  // at start (server/checkpoint.h). async: one is written every
+  // checkpoint_interval and at shutdown. sync: one at every
+  // shard.checkpoint_every_steps-th step, none on a timer or at shutdown.
   std::string checkpoint_dir;
   absl::Duration checkpoint_interval = absl::Seconds(60);
+  // Start fresh when the checkpoints in checkpoint_dir do not fit this shard
+  // or cannot be read, instead of refusing to start; they are left on disk.
+  bool allow_fresh_start = false;
   // TLS, mutual TLS and the auth token (common/credentials.h); all off by
   // default.
   common::ServerSecurity security;
@@ -58,9 +63,11 @@ class PsServer {
   int metrics_port() const { return exposer_->port(); }
   Shard& shard() { return *shard_; }
 
-  // Stops accepting RPCs, ends parked pulls and joins the threads.
-  // Idempotent.
-  void Shutdown();
+  // Stops accepting RPCs, ends parked pulls, joins the threads and writes
+  // the final checkpoint (server/checkpoint.h: async only). An error means
+  // the newest state could not be saved. Idempotent: later calls return the
+  // first result.
+  absl::Status Shutdown();
 
  private:
   PsServer() = default;
@@ -79,6 +86,9 @@ class PsServer {
   absl::Notification stop_;
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Status shutdown_status_ ABSL_GUARDED_BY(shutdown_mu_);
+  // Set once Start succeeded: a shard that failed to start writes nothing.
+  bool started_ = false;
   std::thread housekeeping_;
 };
 

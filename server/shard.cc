@@ -122,6 +122,7 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
       part->version_gauge = &metrics_->PartitionVersion(part->tensor, part->index);
     }
     metrics_->parameters().Increment(static_cast<double>(part->range.size));
+    step_snapshot_.AddPartition();  // a step is complete when all are copied
   });
   metrics_->expected_workers().Set(options.num_workers);
   metrics_->start_time().Set(absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch()));
@@ -381,6 +382,10 @@ bool Shard::MaybeFinishStep(Partition& part) {
   float* __restrict accum = part.accum.data();
   for (size_t i = 0; i < part.accum.size(); ++i) accum[i] *= inverse;
   ApplyUpdate(part, accum, 1.0f);
+  // Coordinated step checkpoints: copy the partition at every N-th step.
+  if (step_snapshot_.Due(part.version.load(std::memory_order_relaxed))) {
+    step_snapshot_.Capture(part);
+  }
   std::fill(part.accum.begin(), part.accum.end(), 0.0f);
   std::fill(part.contributed.begin(), part.contributed.end(), false);
   part.contributions = 0;

@@ -42,6 +42,7 @@
 #include "server/optimizer.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
+#include "server/step_snapshot.h"
 #include "server/tensor_store.h"
 
 namespace shardtrain::server {
@@ -105,6 +106,10 @@ class Shard {
   // Pushes that went at most this far below a worker's highest applied
   // sequence can still be recognised as duplicates.
   static constexpr int64_t kPushWindow = 4096;
+
+  // Sync mode: the copies of each partition at every
+  // options().checkpoint_every_steps-th step (server/step_snapshot.h).
+  StepSnapshot& step_snapshot() { return step_snapshot_; }
 
  private:
   struct DecodedPart {
@@ -174,6 +179,9 @@ class Shard {
 
   mutable absl::Mutex callback_mu_;
   std::function<void()> progress_callback_ ABSL_GUARDED_BY(callback_mu_);
+
+  // Filled by MaybeFinishStep; emptied by the checkpoint writer.
+  StepSnapshot step_snapshot_{options_.checkpoint_every_steps};
 };
 
 }  // namespace shardtrain::server

@@ -123,7 +123,7 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
     EXPECT_EQ(log.incarnations[1], log.incarnations[0]);
   }
   StatusResponse status;
-  (*shard)->shard().FillStatus(&status);
+  (*shard)->shard().FillStatus(StatusRequest(), &status);
   // 250 elements in partitions of 100: three partitions, each updated once.
   ASSERT_EQ(status.partitions_size(), 3);
   for (const PartitionInfo& info : status.partitions()) EXPECT_EQ(info.version(), 1);
@@ -138,11 +138,11 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
     EXPECT_EQ(log.sequences[2], 2u);
   }
   status.Clear();
-  (*shard)->shard().FillStatus(&status);
+  (*shard)->shard().FillStatus(StatusRequest(), &status);
   for (const PartitionInfo& info : status.partitions()) {
     EXPECT_EQ(info.version(), 2) << "the second push applies once more";
   }
-  (*shard)->Shutdown();
+  EXPECT_TRUE((*shard)->Shutdown().ok());
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ class ShardRestart : public ::testing::Test {
 
   static int64_t Version(server::PsServer& shard) {
     StatusResponse status;
-    shard.shard().FillStatus(&status);
+    shard.shard().FillStatus(StatusRequest(), &status);
     int64_t version = -1;
     for (const PartitionInfo& info : status.partitions()) {
       version = std::max(version, info.version());
@@ -90,7 +90,7 @@ TEST_F(ShardRestart, PushFailsAfterTheReconnectTimeoutNamingTheShard) {
   auto client = Connect(port, absl::Seconds(1), &metrics);
   worker::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads_, &stats).ok());
-  shard->Shutdown();
+  EXPECT_TRUE(shard->Shutdown().ok());
 
   const absl::Time start = absl::Now();
   const absl::Status pushed = client->Push(2, grads_, &stats);
@@ -115,7 +115,7 @@ TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   worker::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads_, &stats).ok());
   ASSERT_EQ(Version(*shard), 1);
-  shard->Shutdown();  // writes a checkpoint at version 1
+  EXPECT_TRUE(shard->Shutdown().ok());  // writes a checkpoint at version 1
   shard.reset();
 
   std::unique_ptr<server::PsServer> back;
@@ -139,7 +139,7 @@ TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   worker::PullStats pull;
   ASSERT_TRUE(client->Pull(2, 2, spans, &pull).ok());
   EXPECT_EQ(pull.min_version, 2);
-  back->Shutdown();
+  EXPECT_TRUE(back->Shutdown().ok());
 }
 
 }  // namespace
