@@ -1,19 +1,109 @@
 #include "ctl/status_table.h"
 
 #include <algorithm>
+#include <cinttypes>
 #include <limits>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace shardtrain::ctl {
 namespace {
 
+constexpr int64_t kNoClock = -1;
+
 std::string Count(int64_t n) {
-  if (n >= 10'000'000) return absl::StrFormat("%.1fM", n / 1e6);
+  if (n >= 1'000'000) return absl::StrFormat("%.1fM", n / 1e6);
   if (n >= 10'000) return absl::StrFormat("%.1fk", n / 1e3);
   return absl::StrCat(n);
+}
+
+bool Answered(const StatusResponse& status) { return status.mode() != "DOWN"; }
+
+// A shard's partition summary: from the summary fields, or, from a shard
+// that predates them, from the listed partitions.
+struct PartitionSummary {
+  int64_t tensors = 0;
+  int64_t partitions = 0;
+  int64_t elements = 0;
+  int64_t min_version = 0;
+  int64_t max_version = 0;
+};
+
+PartitionSummary Summarize(const StatusResponse& status) {
+  PartitionSummary summary;
+  if (status.num_partitions() > 0 || status.partitions().empty()) {
+    summary.tensors = status.num_tensors();
+    summary.partitions = status.num_partitions();
+    summary.elements = status.stored_elements();
+    summary.min_version = status.min_version();
+    summary.max_version = status.max_version();
+    return summary;
+  }
+  std::map<std::string, bool> tensors;
+  summary.min_version = std::numeric_limits<int64_t>::max();
+  for (const PartitionInfo& part : status.partitions()) {
+    tensors[part.tensor()] = true;
+    ++summary.partitions;
+    summary.elements += part.size();
+    summary.min_version = std::min(summary.min_version, part.version());
+    summary.max_version = std::max(summary.max_version, part.version());
+  }
+  summary.tensors = static_cast<int64_t>(tensors.size());
+  return summary;
+}
+
+// One worker index as all answering shards see it.
+struct WorkerView {
+  bool reported = false;   // some shard lists it
+  bool seen_any = false;   // some shard has heard from it
+  bool seen_all = true;    // every answering shard has
+  bool live_all = true;
+  bool done_all = true;    // done on every shard that has seen it
+  double age = 0;          // the longest time any shard has not heard from it
+  int64_t rejoins = 0;     // most on any shard
+  std::vector<int64_t> clocks;
+  int64_t min_clock = std::numeric_limits<int64_t>::max();
+};
+
+enum class WorkerCondition { kLive, kDone, kGone, kNeverJoined };
+
+WorkerCondition Condition(const WorkerView& view) {
+  if (!view.seen_any) return WorkerCondition::kNeverJoined;
+  if (view.done_all && view.seen_all) return WorkerCondition::kDone;
+  if (view.live_all && view.seen_all) return WorkerCondition::kLive;
+  return WorkerCondition::kGone;
+}
+
+const char* Label(WorkerCondition condition) {
+  switch (condition) {
+    case WorkerCondition::kLive: return "live";
+    case WorkerCondition::kDone: return "done";
+    case WorkerCondition::kGone: return "gone";
+    case WorkerCondition::kNeverJoined: return "not-joined";
+  }
+  return "?";
+}
+
+// "worker 2 (gone, last heard 45.2s ago)".
+std::string Describe(uint32_t worker, const WorkerView& view) {
+  switch (Condition(view)) {
+    case WorkerCondition::kNeverJoined:
+      return view.reported
+                 ? absl::StrFormat("worker %d (never joined, waited %s)", worker,
+                                   FormatAge(view.age))
+                 : absl::StrFormat("worker %d (never joined)", worker);
+    case WorkerCondition::kGone:
+      return absl::StrFormat("worker %d (gone, last heard %s ago)", worker,
+                             FormatAge(view.age));
+    case WorkerCondition::kLive:
+      return absl::StrFormat("worker %d (live, at clock %d)", worker, view.min_clock);
+    case WorkerCondition::kDone:
+      return absl::StrFormat("worker %d (done)", worker);
+  }
+  return "";
 }
 
 }  // namespace
@@ -28,73 +118,168 @@ std::string FormatAge(double seconds) {
 }
 
 std::string FormatClusterStatus(const std::vector<std::string>& addresses,
-                                const std::vector<StatusResponse>& statuses) {
+                                const std::vector<StatusResponse>& statuses,
+                                int max_partitions_shown) {
   std::string out = absl::StrFormat(
-      "%-5s %-21s %-5s %-9s %5s %8s %15s %9s %7s %9s %10s %8s\n", "SHARD",
-      "ADDRESS", "MODE", "OPTIMIZER", "PARTS", "PARAMS", "VERSION min/max",
-      "UPDATES", "DROPPED", "STALENESS", "CHECKPOINT", "UPTIME");
-  // worker -> clock per shard, and its state as the first shard saw it.
-  std::map<uint32_t, std::vector<int64_t>> clocks;
-  std::map<uint32_t, WorkerState> states;
+      "%-5s %-21s %-5s %-9s %7s %6s %8s %15s %9s %6s %7s %9s %10s %8s %s\n", "SHARD",
+      "ADDRESS", "MODE", "OPTIMIZER", "TENSORS", "PARTS", "PARAMS",
+      "VERSION min/max", "UPDATES", "DUPS", "DROPPED", "STALENESS", "CHECKPOINT",
+      "UPTIME", "INCARNATION");
+  const size_t num_shards = statuses.size();
+  std::map<uint32_t, WorkerView> workers;
   int64_t max_staleness = 0, bound = -1;
-  for (size_t s = 0; s < statuses.size(); ++s) {
+  uint32_t expected = 0;
+  bool sync = false;
+  int64_t step = std::numeric_limits<int64_t>::max();  // slowest partition
+  int answering = 0;
+  for (size_t s = 0; s < num_shards; ++s) {
     const StatusResponse& status = statuses[s];
-    int64_t params = 0;
-    int64_t lo = std::numeric_limits<int64_t>::max(), hi = 0;
-    for (const PartitionInfo& part : status.partitions()) {
-      params += part.size();
-      lo = std::min(lo, part.version());
-      hi = std::max(hi, part.version());
+    if (!Answered(status)) {
+      absl::StrAppendFormat(&out, "%-5d %-21s DOWN\n", status.shard(), addresses[s]);
+      continue;
     }
-    if (status.partitions().empty()) lo = 0;
+    ++answering;
+    const PartitionSummary summary = Summarize(status);
     absl::StrAppendFormat(
-        &out, "%-5d %-21s %-5s %-9s %5d %8s %15s %9s %7d %9s %10s %8s\n",
+        &out, "%-5d %-21s %-5s %-9s %7s %6s %8s %15s %9s %6d %7d %9s %10s %8s %s\n",
         status.shard(), addresses[s], status.mode(), status.optimizer(),
-        status.partitions_size(), Count(params), absl::StrCat(lo, "/", hi),
-        Count(status.updates_applied()), status.dropped_gradients(),
+        Count(summary.tensors), Count(summary.partitions), Count(summary.elements),
+        summary.partitions == 0
+            ? std::string("-")
+            : absl::StrCat(summary.min_version, "/", summary.max_version),
+        Count(status.updates_applied()), status.duplicate_pushes(),
+        status.dropped_gradients(),
         absl::StrCat(status.max_staleness_seen(), "/",
                      status.max_staleness_bound() < 0
                          ? std::string("-")
                          : absl::StrCat(status.max_staleness_bound())),
-        FormatAge(status.seconds_since_checkpoint()),
-        FormatAge(status.uptime_seconds()));
+        FormatAge(status.seconds_since_checkpoint()), FormatAge(status.uptime_seconds()),
+        status.incarnation() == 0 ? std::string("-")
+                                  : absl::StrFormat("%016x", status.incarnation()));
     max_staleness = std::max(max_staleness, status.max_staleness_seen());
     bound = status.max_staleness_bound();
-    for (const WorkerState& worker : status.workers()) {
-      auto& per_shard = clocks[worker.worker()];
-      per_shard.resize(statuses.size(), -1);
-      per_shard[s] = worker.clock();
-      states.emplace(worker.worker(), worker);
+    expected = std::max(expected, status.num_workers());
+    if (status.mode() == "sync") sync = true;
+    if (summary.partitions > 0) step = std::min(step, summary.min_version);
+  }
+  // Every worker the shards expect, also those no shard lists.
+  for (uint32_t w = 0; w < expected; ++w) workers[w];
+  for (size_t s = 0; s < num_shards; ++s) {
+    if (!Answered(statuses[s])) continue;
+    std::map<uint32_t, bool> listed;
+    for (const WorkerState& state : statuses[s].workers()) {
+      WorkerView& view = workers[state.worker()];
+      listed[state.worker()] = true;
+      view.reported = true;
+      view.clocks.resize(num_shards, kNoClock);
+      // A shard that predates `seen` lists only workers it has heard from.
+      const bool seen = state.seen() || state.live() || state.done() || state.clock() > 0;
+      view.seen_any |= seen;
+      view.seen_all &= seen;
+      view.live_all &= state.live();
+      if (seen) {
+        view.done_all &= state.done();
+        view.clocks[s] = state.clock();
+        view.min_clock = std::min(view.min_clock, state.clock());
+      }
+      view.age = std::max(view.age, state.seconds_since_heartbeat());
+      view.rejoins = std::max(view.rejoins, state.rejoins());
+    }
+    for (auto& [worker, view] : workers) {
+      if (!listed.count(worker)) {
+        view.seen_all = false;
+        view.live_all = false;
+      }
     }
   }
-  absl::StrAppendFormat(&out, "\n%-6s %-7s %-10s %s\n", "WORKER", "STATE",
-                        "HEARTBEAT", "CLOCK per shard");
+
+  absl::StrAppendFormat(&out, "\n%-6s %-10s %-10s %7s  %s\n", "WORKER", "STATE",
+                        "HEARD", "REJOINS", "CLOCK per shard");
   int64_t slowest = std::numeric_limits<int64_t>::max(), fastest = 0;
-  for (const auto& [worker, per_shard] : clocks) {
-    const WorkerState& state = states[worker];
-    std::string clock_list;
-    int64_t worker_clock = std::numeric_limits<int64_t>::max();
-    for (int64_t clock : per_shard) {
-      absl::StrAppend(&clock_list, clock_list.empty() ? "" : " ",
-                      clock < 0 ? std::string("-") : absl::StrCat(clock));
-      if (clock >= 0) worker_clock = std::min(worker_clock, clock);
+  int live = 0, done = 0;
+  std::vector<std::string> missing, behind;
+  for (auto& [worker, view] : workers) {
+    view.clocks.resize(num_shards, kNoClock);
+    std::vector<std::string> clock_list;
+    for (int64_t clock : view.clocks) {
+      clock_list.push_back(clock == kNoClock ? std::string("-") : absl::StrCat(clock));
     }
-    const char* label = state.done() ? "done" : state.live() ? "live" : "gone";
-    absl::StrAppendFormat(&out, "%-6d %-7s %-10s %s\n", worker, label,
-                          FormatAge(state.seconds_since_heartbeat()), clock_list);
-    if (!state.done() && state.live()) {
-      slowest = std::min(slowest, worker_clock);
-      fastest = std::max(fastest, worker_clock);
+    const WorkerCondition condition = Condition(view);
+    absl::StrAppendFormat(&out, "%-6d %-10s %-10s %7d  %s\n", worker, Label(condition),
+                          view.reported ? FormatAge(view.age) : std::string("-"),
+                          view.rejoins, absl::StrJoin(clock_list, " "));
+    switch (condition) {
+      case WorkerCondition::kLive:
+        ++live;
+        slowest = std::min(slowest, view.min_clock);
+        fastest = std::max(fastest, view.min_clock);
+        break;
+      case WorkerCondition::kDone:
+        ++done;
+        break;
+      default:
+        missing.push_back(Describe(worker, view));
+    }
+    // Sync: a worker that has not finished step `step` (clock = steps
+    // finished) and is not done holds that step back.
+    if (sync && step != std::numeric_limits<int64_t>::max() &&
+        condition != WorkerCondition::kDone &&
+        (!view.seen_any || view.min_clock <= step)) {
+      behind.push_back(Describe(worker, view));
     }
   }
-  if (clocks.empty()) out += "(no worker has connected)\n";
-  absl::StrAppendFormat(&out, "\nstaleness: max seen %d, bound %s", max_staleness,
+  if (workers.empty()) out += "(no worker expected or connected)\n";
+
+  absl::StrAppendFormat(&out, "\nworkers: %d expected, %d live, %d done, %d missing\n",
+                        static_cast<int>(std::max<size_t>(expected, workers.size())),
+                        live, done, static_cast<int>(missing.size()));
+  if (sync && step != std::numeric_limits<int64_t>::max()) {
+    if (behind.empty()) {
+      absl::StrAppendFormat(&out, "sync step %d: every worker has pushed it\n", step);
+    } else {
+      absl::StrAppendFormat(&out, "sync step %d waits for %s\n", step,
+                            absl::StrJoin(behind, ", "));
+    }
+  } else if (!missing.empty()) {
+    absl::StrAppendFormat(&out, "missing: %s\n", absl::StrJoin(missing, ", "));
+  }
+  if (answering < static_cast<int>(num_shards)) {
+    absl::StrAppendFormat(&out, "shards: %d of %d answered\n", answering,
+                          static_cast<int>(num_shards));
+  }
+  absl::StrAppendFormat(&out, "staleness: max seen %d, bound %s", max_staleness,
                         bound < 0 ? std::string("none") : absl::StrCat(bound));
   if (slowest != std::numeric_limits<int64_t>::max()) {
-    absl::StrAppendFormat(&out, "; active clocks %d..%d (spread %d)", slowest,
-                          fastest, fastest - slowest);
+    absl::StrAppendFormat(&out, "; live clocks %d..%d (spread %d)", slowest, fastest,
+                          fastest - slowest);
   }
   out += "\n";
+
+  bool any_partition = false;
+  for (const StatusResponse& status : statuses) {
+    any_partition |= Answered(status) && !status.partitions().empty();
+  }
+  if (max_partitions_shown > 0 && any_partition) {
+    absl::StrAppendFormat(&out, "\n%-5s %-24s %5s %10s %9s %8s\n", "SHARD", "TENSOR",
+                          "PART", "OFFSET", "SIZE", "VERSION");
+    for (size_t s = 0; s < num_shards; ++s) {
+      const StatusResponse& status = statuses[s];
+      if (!Answered(status)) continue;
+      const int listed = std::min(status.partitions_size(), max_partitions_shown);
+      for (int i = 0; i < listed; ++i) {
+        const PartitionInfo& part = status.partitions(i);
+        absl::StrAppendFormat(&out, "%-5d %-24s %5d %10d %9d %8d\n", status.shard(),
+                              part.tensor(), part.partition(), part.offset(), part.size(),
+                              part.version());
+      }
+      const int64_t total = std::max<int64_t>(Summarize(status).partitions,
+                                              status.partitions_size());
+      if (total > listed) {
+        absl::StrAppendFormat(&out, "%-5d ... %d more partitions (--max_partitions)\n",
+                              status.shard(), total - listed);
+      }
+    }
+  }
   return out;
 }
 

@@ -9,12 +9,22 @@
 
 namespace shardtrain::ctl {
 
-// One table of shards (partitions, parameters, version range, updates,
-// drops, staleness, checkpoint age, uptime) and one of workers (clock per
-// shard, state, time since heartbeat), with a summary line. `addresses[i]`
-// is where statuses[i] came from.
+// Renders what psctl status shows. `addresses[i]` is where statuses[i] came
+// from; a shard that did not answer has mode "DOWN".
+//  - one line per shard: tensors, partitions, stored parameters, version
+//    range, updates, duplicate pushes, drops, staleness, checkpoint age,
+//    uptime and incarnation (from the summary fields, so they cover every
+//    partition even when the listing is cut short);
+//  - one line per expected worker (also those never seen): state across the
+//    shards (live, done, gone = forgotten on some shard, never joined),
+//    time since it was last heard of, rejoins and its clock on each shard;
+//  - a summary: expected vs live workers, and which workers are missing:
+//    in sync mode for which step (the slowest partition's version) and for
+//    how long; the staleness spread;
+//  - the first `max_partitions_shown` listed partitions of each shard.
 std::string FormatClusterStatus(const std::vector<std::string>& addresses,
-                                const std::vector<StatusResponse>& statuses);
+                                const std::vector<StatusResponse>& statuses,
+                                int max_partitions_shown = 0);
 
 // "950ms", "12.3s", "4m05s", "2h03m".
 std::string FormatAge(double seconds);

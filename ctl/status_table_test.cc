@@ -42,7 +42,104 @@ TEST(StatusTableTest, ShowsShardsWorkersAndSpread) {
   EXPECT_THAT(table, HasSubstr("1m15s"));
   EXPECT_THAT(table, HasSubstr("1h01m"));
   EXPECT_THAT(table, HasSubstr("37 38"));  // worker 1's clock on each shard
-  EXPECT_THAT(table, HasSubstr("max seen 2, bound 4; active clocks 37..40 (spread 3)"));
+  EXPECT_THAT(table, HasSubstr("max seen 2, bound 4; live clocks 37..40 (spread 3)"));
+}
+
+// Four expected workers on a sync shard at step 41: worker 0 has pushed
+// step 41, worker 1 is computing it, worker 2 was forgotten 45 s ago and
+// came back twice before, worker 3 never joined.
+StatusResponse SyncShard(uint32_t index) {
+  StatusResponse status;
+  status.set_shard(index);
+  status.set_num_shards(2);
+  status.set_mode("sync");
+  status.set_optimizer("sgd");
+  status.set_max_staleness_bound(-1);
+  status.set_num_workers(4);
+  status.set_incarnation(0xabcdef0123456789ULL + index);
+  status.set_num_tensors(3);
+  status.set_num_partitions(1'000'000);
+  status.set_stored_elements(12'345'678);
+  status.set_min_version(41);
+  status.set_max_version(42);
+  status.set_partitions_truncated(true);
+  status.set_duplicate_pushes(7);
+  for (int i = 0; i < 2; ++i) {
+    PartitionInfo* part = status.add_partitions();
+    part->set_tensor("layer0/w");
+    part->set_partition(i);
+    part->set_offset(i * 1000);
+    part->set_size(1000);
+    part->set_version(41 + i);
+  }
+  auto add = [&](uint32_t worker, int64_t clock, bool seen, bool live, double age,
+                 int64_t rejoins) {
+    WorkerState* state = status.add_workers();
+    state->set_worker(worker);
+    state->set_clock(clock);
+    state->set_seen(seen);
+    state->set_live(live);
+    state->set_seconds_since_heartbeat(age);
+    state->set_rejoins(rejoins);
+  };
+  add(0, 42, true, true, 0.2, 0);
+  add(1, 41, true, true, 0.3, 0);
+  add(2, 30, true, false, 45.2, 2);
+  add(3, 0, false, false, 12.0, 0);
+  return status;
+}
+
+TEST(StatusTableTest, ExpectedLiveAndMissingWorkersOfASyncStep) {
+  const std::string table =
+      FormatClusterStatus({"a:7000", "b:7000"}, {SyncShard(0), SyncShard(1)});
+  EXPECT_THAT(table, HasSubstr("workers: 4 expected, 2 live, 0 done, 2 missing"));
+  EXPECT_THAT(table, HasSubstr("sync step 41 waits for worker 1 (live, at clock 41), "
+                               "worker 2 (gone, last heard 45.2s ago), "
+                               "worker 3 (never joined, waited 12.0s)"));
+  EXPECT_THAT(table, ::testing::ContainsRegex("\n2 +gone +45[.]2s +2  30 30\n"));
+  EXPECT_THAT(table, ::testing::ContainsRegex("\n3 +not-joined +12[.]0s +0  - -\n"));
+  // Summary fields, not the two listed partitions.
+  EXPECT_THAT(table, HasSubstr(" 1.0M "));
+  EXPECT_THAT(table, HasSubstr("12.3M"));
+  EXPECT_THAT(table, HasSubstr("41/42"));
+  EXPECT_THAT(table, HasSubstr("abcdef0123456789"));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr("layer0/w")));  // none asked for
+}
+
+TEST(StatusTableTest, ListsTheFirstPartitionsAndSaysHowManyMore) {
+  const std::string table = FormatClusterStatus({"a:7000"}, {SyncShard(0)}, 1);
+  EXPECT_THAT(table, ::testing::ContainsRegex("0 +layer0/w +0 +0 +1000 +41\n"));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr("1000       1000")));
+  EXPECT_THAT(table, HasSubstr("999999 more partitions"));
+}
+
+TEST(StatusTableTest, AsyncListsMissingWorkersAndDownShards) {
+  StatusResponse up = SyncShard(0);
+  up.set_mode("async");
+  StatusResponse down;
+  down.set_shard(1);
+  down.set_mode("DOWN");
+  const std::string table = FormatClusterStatus({"a:7000", "b:7000"}, {up, down});
+  EXPECT_THAT(table, ::testing::ContainsRegex("1 +b:7000 +DOWN"));
+  EXPECT_THAT(table, HasSubstr("shards: 1 of 2 answered"));
+  EXPECT_THAT(table, HasSubstr("missing: worker 2 (gone, last heard 45.2s ago), "
+                               "worker 3 (never joined, waited 12.0s)"));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr("sync step")));
+}
+
+TEST(StatusTableTest, DoneWorkersAndEveryonePushed) {
+  StatusResponse status = SyncShard(0);
+  status.set_num_workers(2);
+  status.mutable_workers()->DeleteSubrange(1, 3);
+  status.mutable_workers(0)->set_done(true);
+  WorkerState* other = status.add_workers();
+  other->set_worker(1);
+  other->set_clock(42);
+  other->set_seen(true);
+  other->set_live(true);
+  const std::string table = FormatClusterStatus({"a:7000"}, {status});
+  EXPECT_THAT(table, HasSubstr("workers: 2 expected, 1 live, 1 done, 0 missing"));
+  EXPECT_THAT(table, HasSubstr("sync step 41: every worker has pushed it"));
 }
 
 TEST(StatusTableTest, Ages) {

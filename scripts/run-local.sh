@@ -2,7 +2,8 @@
 # Starts a whole shardtrain cluster on 127.0.0.1 (shards + workers, ports
 # picked free at run time) and trains an MLP on Fashion-MNIST, printing one
 # line per epoch and the final test accuracy. Every process it starts is
-# stopped on exit, error or Ctrl-C.
+# stopped on exit, error or Ctrl-C. It exits non-zero if any worker fails;
+# if the chief (worker 0, which evaluates) dies there is no final accuracy.
 #
 #   scripts/run-local.sh [--mode sync|async] [--workers N] [--shards N]
 #       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
@@ -10,17 +11,31 @@
 #       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
+#       [--checkpoint-dir DIR [--checkpoint-every N]] [--resume DIR]
 #       [--secure] [--topk RATIO] [--results FILE] [--logs DIR] [--no-build]
 #       [-- extra ps-server flags]
+#
+#   --checkpoint-dir DIR  shards checkpoint into DIR (sync: every N steps, at
+#                         the same step on every shard; async: every N s);
+#                         N is --checkpoint-every (default 100 steps / 30 s)
+#   --resume DIR          continue the job checkpointed in DIR: run again with
+#                         the same flags; the shards restore their newest
+#                         checkpoint and the workers resume from the shards
+#   --secure              mutual TLS and an auth token made for this run.
+#                         Without the token anyone who can reach a shard's port
+#                         can act as a worker (claim a worker index, push
+#                         gradients, mark workers done); the shards here listen
+#                         on 127.0.0.1 only
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
 max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
 stages=1 microbatches=1 pipe_schedule=1f1b device=cpu gemm_precision=fp32
-results="" logs="" build=1 secure=0 topk=0
+results="" logs="" build=1 secure=0 topk=0 checkpoint_dir="" resume=0
+checkpoint_every=""
 server_extra=()
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode=$2; shift 2 ;;
@@ -44,6 +59,9 @@ while [ $# -gt 0 ]; do
     --no-build) build=0; shift ;;
     --secure) secure=1; shift ;;
     --topk) topk=$2; shift 2 ;;
+    --checkpoint-dir) checkpoint_dir=$2; shift 2 ;;
+    --checkpoint-every) checkpoint_every=$2; shift 2 ;;
+    --resume) checkpoint_dir=$2; resume=1; shift 2 ;;
     --) shift; server_extra=("$@"); break ;;
     -h|--help) usage 0 ;;
     *) echo "unknown option: $1" >&2; usage 2 ;;
@@ -51,9 +69,27 @@ while [ $# -gt 0 ]; do
 done
 case "$mode" in sync|async) ;; *) echo "--mode must be sync or async" >&2; exit 2 ;; esac
 case "$overlap" in auto|on|off) ;; *) echo "--overlap must be auto, on or off" >&2; exit 2 ;; esac
-for n in "$workers" "$shards" "$epochs" "$batch"; do
+for n in "$workers" "$shards" "$epochs" "$batch" ${checkpoint_every:+"$checkpoint_every"}; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
 done
+checkpoint_flags=()
+if [ -n "$checkpoint_dir" ]; then
+  if [ "$resume" = 1 ]; then
+    for ((s = 0; s < shards; s++)); do
+      compgen -G "$checkpoint_dir/shard-$s-of-$shards-*.ckpt" >/dev/null || {
+        echo "--resume $checkpoint_dir: no checkpoint of shard $s of $shards there" >&2
+        exit 2; }
+    done
+  fi
+  mkdir -p "$checkpoint_dir"
+  checkpoint_dir=$(cd "$checkpoint_dir" && pwd)
+  checkpoint_flags=(--checkpoint_dir="$checkpoint_dir")
+  if [ "$mode" = sync ]; then
+    checkpoint_flags+=(--checkpoint_every_steps="${checkpoint_every:-100}")
+  else
+    checkpoint_flags+=(--checkpoint_interval_s="${checkpoint_every:-30}")
+  fi
+fi
 
 if [ "$build" = 1 ]; then
   ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
@@ -71,7 +107,12 @@ cleanup() {
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$run_dir/ports" "$run_dir/certs"
+  # The run's directory goes, unless it holds the logs (no --logs).
+  if [ "$logs" = "$run_dir" ]; then
+    rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out"
+  else
+    rm -rf "$run_dir"
+  fi
   exit "$status"
 }
 trap cleanup EXIT
@@ -104,7 +145,8 @@ for ((s = 0; s < shards; s++)); do
     --num_workers="$workers" --mode="$mode" --optimizer="$optimizer" \
     --lr="$lr" --max_staleness="$max_staleness" \
     --lr_schedule="$schedule" --lr_total_steps="$total_updates" \
-    --port_file="$run_dir/ports/shard$s" "${server_security[@]}" "${server_extra[@]}" \
+    --port_file="$run_dir/ports/shard$s" "${server_security[@]}" \
+    "${checkpoint_flags[@]}" "${server_extra[@]}" \
     2>"$logs/shard$s.log" &
   pids+=($!)
 done
@@ -122,6 +164,8 @@ done
 server_list=$(IFS=,; echo "${servers[*]}")
 
 log "training $model with $workers workers, $shards shards, $mode mode, $optimizer lr=$lr ($schedule)"
+[ "$resume" = 0 ] || log "resuming from the checkpoints in $checkpoint_dir"
+[ -z "$checkpoint_dir" ] || [ "$resume" = 1 ] || log "checkpoints in $checkpoint_dir (resume: the same command with --resume $checkpoint_dir)"
 worker_pids=()
 for ((w = 0; w < workers; w++)); do
   args=(--servers="$server_list" --worker_index="$w" --num_workers="$workers"
@@ -132,7 +176,9 @@ for ((w = 0; w < workers; w++)); do
         --port_file="$run_dir/ports/worker$w" "${client_security[@]}")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then
-    "$bin/ps-worker" "${args[@]}" 2>"$logs/worker$w.log" &
+    # The chief's report goes to the terminal and to chief.out, which is
+    # checked for the final accuracy line.
+    "$bin/ps-worker" "${args[@]}" >"$run_dir/chief.out" 2>"$logs/worker$w.log" &
   else
     "$bin/ps-worker" "${args[@]}" >/dev/null 2>"$logs/worker$w.log" &
   fi
@@ -140,14 +186,44 @@ for ((w = 0; w < workers; w++)); do
   worker_pids+=($!)
 done
 
-failed=0
-for ((w = 0; w < workers; w++)); do
-  if ! wait "${worker_pids[$w]}"; then
-    echo "worker $w failed; its log:" >&2
-    tail -n 20 "$logs/worker$w.log" >&2
-    failed=1
+tail -n +1 -s 0.2 -f --pid="${worker_pids[0]}" "$run_dir/chief.out" &
+chief_echo=$!
+pids+=("$chief_echo")
+
+# "exit status 3" or "killed by SIGKILL" for a wait status.
+describe_exit() {
+  if [ "$1" -gt 128 ]; then echo "killed by SIG$(kill -l "$(($1 - 128))")"; else echo "exit status $1"; fi
+}
+
+# Waits for the workers as they end; a failing one is reported at once. The
+# chief's death ends the run (nobody else evaluates or reports).
+failed=0 remaining=$workers
+declare -A index_of
+for ((w = 0; w < workers; w++)); do index_of[${worker_pids[$w]}]=$w; done
+while [ "$remaining" -gt 0 ]; do
+  ended="" status=0
+  wait -n -p ended "${worker_pids[@]}" || status=$?
+  [ -n "$ended" ] || break
+  remaining=$((remaining - 1))
+  w=${index_of[$ended]}
+  [ "$status" = 0 ] && continue
+  failed=1
+  if [ "$w" = 0 ]; then
+    wait "$chief_echo" 2>/dev/null || true
+    echo "chief worker 0 died ($(describe_exit "$status")); no final evaluation;" \
+      "restart it with the same flags to resume. Its log ($logs/worker0.log):" >&2
+    tail -n 20 "$logs/worker0.log" >&2
+    exit 1
   fi
+  echo "worker $w failed ($(describe_exit "$status")); its log ($logs/worker$w.log):" >&2
+  tail -n 20 "$logs/worker$w.log" >&2
 done
-[ "$failed" = 0 ] || exit 1
+wait "$chief_echo" 2>/dev/null || true
+if ! grep -q '^final test accuracy:' "$run_dir/chief.out"; then
+  echo "chief worker 0 exited without a final accuracy line; its log:" >&2
+  tail -n 20 "$logs/worker0.log" >&2
+  exit 1
+fi
+[ "$failed" = 0 ] || { echo "a worker failed (above); the chief finished the job" >&2; exit 1; }
 [ -z "$results" ] || log "results written to $results"
 log "logs in $logs"

@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/malloc_tuning.h"
 #include "common/atomic_file.h"
+#include "common/flags_usage.h"
 #include "server/ps_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
@@ -165,8 +166,7 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("One shard of a shardtrain parameter server.");
-  absl::ParseCommandLine(argc, argv);
+  shardtrain::common::ParseFlags(argc, argv, "One shard of a shardtrain parameter server.");
   shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

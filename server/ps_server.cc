@@ -12,8 +12,20 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
 #include "common/status_macros.h"
+#include "server/bad_body_interceptor.h"
 
 namespace shardtrain::server {
+namespace {
+
+std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+MakeServerInterceptors() {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<BadBodyInterceptorFactory>());
+  return interceptors;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     const PsServerOptions& options) {
@@ -74,11 +86,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   builder.AddListeningPort(options.listen_address, credentials, &server->port_);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
+  // A second server on a used port must fail, not share it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Workers ping idle connections (keepalive); accept that instead of
+  // closing them with "too many pings".
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.experimental().SetInterceptorCreators(MakeServerInterceptors());
   builder.RegisterService(service);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address));
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     " (is another process using the port?)"));
   }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });

@@ -7,13 +7,16 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/synchronization/notification.h"
 #include "common/payload.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
+#include "server/bad_body_interceptor.h"
 #include "server/ps_server.h"
 
 namespace shardtrain {
@@ -220,6 +223,60 @@ TEST_P(BadInput, LatePushInSyncMode) {
   if (GetParam() != server::ConsistencyMode::kSync) GTEST_SKIP() << "sync only";
   ASSERT_TRUE(Push(GoodPush(1)).ok());  // completes step 0
   ExpectRejected(GoodPush(0), grpc::StatusCode::FAILED_PRECONDITION, "finished");
+}
+
+// Sends `body` as the raw request of `method` and returns the status.
+grpc::Status CallRaw(int port, const std::string& method, const std::string& body) {
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                             grpc::InsecureChannelCredentials()));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  absl::Notification done;
+  grpc::Status result;
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                 [&](grpc::Status status) {
+                   result = std::move(status);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return result;
+}
+
+// A body that is not the method's request message is INVALID_ARGUMENT
+// naming the type (gRPC's callback handlers alone answer UNIMPLEMENTED with
+// no message), and changes nothing.
+TEST_P(BadInput, UnparsableBody) {
+  std::string truncated;
+  ASSERT_TRUE(GoodPush(1).SerializeToString(&truncated));
+  truncated.resize(truncated.size() - 3);
+  const std::string garbage("\xff\xff\xff\xff\x0f not a protobuf");
+  const uint64_t before = server_->shard().Checksum();
+  for (const auto& [method, type] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"/shardtrain.ParameterServer/Push", "shardtrain.PushRequest"},
+           {"/shardtrain.ParameterServer/Pull", "shardtrain.PullRequest"},
+           {"/shardtrain.ParameterServer/PushPull", "shardtrain.PushPullRequest"},
+           {"/shardtrain.ParameterServer/Register", "shardtrain.RegisterRequest"},
+           {"/shardtrain.ParameterServer/Status", "shardtrain.StatusRequest"}}) {
+    for (const std::string& body : {garbage, truncated}) {
+      const grpc::Status status = CallRaw(server_->port(), method, body);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << ": " << status.error_message();
+      EXPECT_EQ(status.error_message(), "request body is not a valid " + type) << method;
+    }
+  }
+  EXPECT_EQ(server_->shard().Checksum(), before) << "state changed";
+  // A method the server does not have is still UNIMPLEMENTED, and good
+  // requests still work.
+  EXPECT_EQ(CallRaw(server_->port(), "/shardtrain.ParameterServer/Nope", "").error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(Push(GoodPush(1)).ok());
+  EXPECT_EQ(server::RequestTypeOf("/shardtrain.ParameterServer/Heartbeat"),
+            "shardtrain.HeartbeatRequest");
+  EXPECT_EQ(server::RequestTypeOf("/shardtrain.ParameterServer/Nope"), "");
+  EXPECT_EQ(server::RequestTypeOf(nullptr), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, BadInput,

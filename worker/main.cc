@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
+#include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
@@ -231,8 +232,7 @@ absl::Status RunWorker() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("One trainer of a shardtrain job.");
-  absl::ParseCommandLine(argc, argv);
+  shardtrain::common::ParseFlags(argc, argv, "One trainer of a shardtrain job.");
   shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
