@@ -44,17 +44,21 @@ absl::StatusOr<pid_t> ProcessGroup::Start(const std::vector<std::string>& argv,
     return absl::InternalError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(err)));
   }
   running_.push_back(pid);
+  exited_.erase(pid);  // a reused pid
   return pid;
 }
 
 absl::StatusOr<int> ProcessGroup::Wait(pid_t pid, absl::Duration timeout) {
+  if (auto it = exited_.find(pid); it != exited_.end()) return it->second;
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
     int status = 0;
     const pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid) {
       running_.erase(std::remove(running_.begin(), running_.end(), pid), running_.end());
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      exited_[pid] = code;
+      return code;
     }
     if (done < 0) return absl::InternalError(std::strerror(errno));
     if (absl::Now() > deadline) {
@@ -64,8 +68,21 @@ absl::StatusOr<int> ProcessGroup::Wait(pid_t pid, absl::Duration timeout) {
   }
 }
 
+absl::Status ProcessGroup::Signal(pid_t pid, int signal) {
+  if (std::find(running_.begin(), running_.end(), pid) == running_.end()) {
+    return absl::NotFoundError(absl::StrCat("process ", pid, " is not running in this group"));
+  }
+  if (kill(pid, signal) != 0) {
+    return absl::InternalError(absl::StrCat("kill ", pid, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 void ProcessGroup::StopAll() {
-  for (pid_t pid : running_) kill(pid, SIGTERM);
+  for (pid_t pid : running_) {
+    kill(pid, SIGTERM);
+    kill(pid, SIGCONT);  // a stopped process sees its SIGTERM only when it runs
+  }
   const std::vector<pid_t> pids = running_;
   for (pid_t pid : pids) {
     if (!Wait(pid, absl::Seconds(5)).ok()) {
@@ -74,6 +91,24 @@ void ProcessGroup::StopAll() {
     }
   }
   running_.clear();
+}
+
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = 0;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    const std::string error = std::strerror(errno);
+    close(fd);
+    return absl::InternalError(absl::StrCat("cannot pick a free port: ", error));
+  }
+  close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
 }
 
 absl::StatusOr<std::vector<int>> ReadPortFile(const std::string& path,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
@@ -28,13 +29,22 @@ class ProcessGroup {
   absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
                               const std::string& log_path);
   // Waits for `pid` to exit within `timeout`; returns its exit status
-  // (DEADLINE_EXCEEDED if it is still running).
+  // (DEADLINE_EXCEEDED if it is still running), also when asked again.
   absl::StatusOr<int> Wait(pid_t pid, absl::Duration timeout);
+  // Sends `signal` to `pid`, which must be one of this group's running
+  // processes (SIGKILL, SIGSTOP, SIGCONT, SIGTERM ...).
+  absl::Status Signal(pid_t pid, int signal);
+  // Stops every process still running (SIGCONT, so a stopped one can die).
   void StopAll();
 
  private:
   std::vector<pid_t> running_;
+  std::map<pid_t, int> exited_;  // exit statuses of the processes reaped
 };
+
+// A TCP port that is free on every local address now (bound and released),
+// for a process that must keep its address across restarts.
+absl::StatusOr<int> PickFreePort();
 
 // Waits until `path` holds a whitespace-separated list of integers.
 absl::StatusOr<std::vector<int>> ReadPortFile(const std::string& path,

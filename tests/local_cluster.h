@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -29,14 +30,39 @@ struct LocalClusterOptions {
   // Appended to every ps-server / ps-worker command line.
   std::vector<std::string> server_flags;
   std::vector<std::string> worker_flags;
+
+  // Fault tests. Shards listen on ports picked before they start
+  // (--listen=<listen_host>:PORT), so a restarted shard keeps its address.
+  bool fixed_ports = false;
+  std::string listen_host = "127.0.0.1";
+  // Where logs, port files and results go; empty: a fresh temporary
+  // directory. A cluster started again in the same directory (with the
+  // same ports) is the same job.
+  std::string dir;
+  std::vector<int> shard_ports;  // with fixed_ports; empty: picked
+  // Workers started at once (the first ones; -1: all). StartWorker starts
+  // the others.
+  int start_workers = -1;
+  // Put in front of worker w's command line (e.g. ip netns exec NAME).
+  std::map<int, std::vector<std::string>> worker_prefix;
+  // Replace --servers for worker w (e.g. another address of the shards).
+  std::map<int, std::string> worker_servers;
 };
 
 struct LocalCluster {
   std::string dir;  // Logs, port files and the chief's results.json.
   std::vector<std::string> servers;
   std::vector<int> shard_metrics_ports;
-  std::vector<int> worker_metrics_ports;
-  std::vector<pid_t> workers;
+  std::vector<int> worker_metrics_ports;  // 0: not started yet
+  std::vector<pid_t> workers;             // 0: not started yet
+  std::vector<pid_t> shards;
+  // The command lines, for restarts with the same flags.
+  std::vector<std::vector<std::string>> shard_argv;
+  std::vector<std::vector<std::string>> worker_argv;
+
+  std::string ShardLog(int s) const;
+  std::string WorkerLog(int w) const;
+  std::string ResultsPath() const { return dir + "/results.json"; }
 };
 
 // Starts the shards, waits for their ports, then starts the workers and
@@ -45,6 +71,15 @@ struct LocalCluster {
 absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
                                                const LocalClusterOptions& options);
 
+// Starts shard `s` again with the same command line (the same port with
+// fixed_ports, the same log, appended) and waits for its ports; the old
+// process must have exited.
+absl::Status RestartShard(ProcessGroup& group, LocalCluster& cluster, int s);
+
+// Starts worker `w` (again) with the same command line and waits for its
+// metrics port; the old process, if any, must have exited.
+absl::Status StartWorker(ProcessGroup& group, LocalCluster& cluster, int w);
+
 // Waits up to `timeout` for the chief's results.json and returns its final
 // test accuracy; fails at once if the chief exits without it, and the
 // message then includes the chief's log. Until then, `while_waiting` (if
@@ -52,6 +87,15 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
 absl::StatusOr<double> WaitForFinalAccuracy(
     ProcessGroup& group, const LocalCluster& cluster, absl::Duration timeout,
     const std::function<void()>& while_waiting = nullptr);
+
+// What a chief's results.json says.
+struct RunResults {
+  double final_test_accuracy = 0;
+  int epochs = 0;            // "epochs": the job's epochs
+  int last_epoch = 0;        // the last per_epoch entry's "epoch"
+  int steps_per_worker = 0;  // "steps_per_worker"
+};
+absl::StatusOr<RunResults> ReadResults(const std::string& path);
 
 }  // namespace shardtrain::testing
 
