@@ -303,7 +303,7 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
           "%s/%d: version %d is not in [0, %d]", partition->tensor,
           partition->index, part.version(), kMaxClock));
     }
-    decoded.push_back(DecodedPart{partition, i, part.version(), {}, 0});
+    decoded.push_back(DecodedPart{partition, i, part.version(), {}, false});
   }
   std::sort(decoded.begin(), decoded.end(),
             [](const DecodedPart& a, const DecodedPart& b) {
@@ -375,9 +375,10 @@ void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
   updates_applied_.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Shard::MaybeFinishStep(Partition& part) {
+bool Shard::MaybeFinishStep(Partition& part, bool close) {
   const int64_t step = part.version.load(std::memory_order_relaxed);
-  if (part.contributions == 0 || part.contributions < RequiredGradients(step)) {
+  if (part.contributions == 0 ||
+      (!close && part.contributions < RequiredGradients(step))) {
     return false;
   }
   const float inverse = 1.0f / static_cast<float>(part.contributions);
@@ -478,8 +479,12 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
     const Partition& p = *part.partition;
     const int64_t version = p.version.load(std::memory_order_relaxed);
     if (part.version > version) {
-      if (sync && p.resuming && p.contributions == 0) {
-        part.skipped = part.version - version;  // fast-forward, see shard.h
+      // A resuming partition catches up (see shard.h): from any step when
+      // no gradient is pending; with gradients pending (a step it redoes),
+      // only from the next step, which workers one step ahead push.
+      if (sync && p.resuming &&
+          (p.contributions == 0 || part.version == version + 1)) {
+        part.ahead = true;
         continue;
       }
       verdict = absl::OutOfRangeError(absl::StrFormat(
@@ -510,13 +515,21 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
       Partition& p = *part.partition;
       const absl::Span<const float> grad = part.grad;
       if (sync) {
-        if (part.skipped > 0) {
-          p.version.store(part.version, std::memory_order_release);
-          if (p.version_gauge != nullptr) {
-            p.version_gauge->Set(static_cast<double>(part.version));
+        if (part.ahead) {
+          // A restarted shard redoing a step (a worker sent again the
+          // gradient it had pushed to the previous incarnation) is overtaken
+          // by a worker that had that step's result before the restart:
+          // the step is closed with the gradients it has.
+          if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
+          const int64_t now = p.version.load(std::memory_order_relaxed);
+          if (part.version > now) {
+            p.version.store(part.version, std::memory_order_release);
+            if (p.version_gauge != nullptr) {
+              p.version_gauge->Set(static_cast<double>(part.version));
+            }
+            lost += part.version - now;
+            ++fast_forwarded;
           }
-          lost += part.skipped;
-          ++fast_forwarded;
         }
         if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
         float* __restrict accum = p.accum.data();

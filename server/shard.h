@@ -10,7 +10,8 @@
 //    Until a partition's first step completes after creation or a restore,
 //    a push from a later step fast-forwards it (the skipped steps are
 //    counted as lost updates), so a shard restored from an older checkpoint
-//    rejoins the job's step.
+//    rejoins the job's step; a step it was redoing (from gradients sent
+//    again, worker/sync_replay.h) is first closed with the gradients it has.
 //  - async mode: each gradient is applied on arrival and its staleness
 //    recorded; with a staleness bound, pulls of a worker too far ahead of
 //    the slowest one wait (SSP).
@@ -118,8 +119,8 @@ class Shard {
     int64_t version = 0;
     // The request's own bytes (dense f32) or thread-local scratch.
     absl::Span<const float> grad;
-    // sync: steps skipped to reach `version` (fast-forward).
-    int64_t skipped = 0;
+    // sync: the push is for a later step than a resuming partition's.
+    bool ahead = false;
   };
 
   // The sequences one worker's pushes applied here, in a window below the
@@ -154,7 +155,10 @@ class Shard {
   void ApplyUpdate(Partition& part, const float* grad, float lr_scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
   // Sync: applies the step's mean if enough gradients are in.
-  bool MaybeFinishStep(Partition& part) ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
+  // `close`: apply the mean of the gradients present even if fewer than
+  // required (a restarted shard overtaken by the job, see ApplyPush).
+  bool MaybeFinishStep(Partition& part, bool close = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
   void NotifyProgress();
   void UpdateMembershipMetrics();
   void CountJoin(Membership::Join join);

@@ -471,6 +471,22 @@ TEST_F(ShardTest, SyncDoesNotFastForwardPastPendingGradients) {
   EXPECT_EQ(shard_->Checksum(), before);
 }
 
+TEST_F(ShardTest, SyncRedoneStepIsClosedByTheNextStep) {
+  // A restarted shard redoes step 0 from worker 0's gradient sent again;
+  // worker 1 had step 0's result before the restart and pushes step 1: the
+  // step is closed with worker 0's gradient alone, then step 1 goes on.
+  Start(ConsistencyMode::kSync, 2);
+  ASSERT_TRUE(DoPush(Push(0, 0, 2.0f)).ok());
+  ASSERT_TRUE(DoPush(Push(1, 1, 4.0f)).ok());
+  EXPECT_EQ(Value().second, 1);
+  const float after_step_0 = Value().first;
+  ASSERT_TRUE(DoPush(Push(0, 1, 4.0f)).ok());
+  EXPECT_EQ(Value().second, 2);
+  EXPECT_NE(Value().first, after_step_0);
+  // Once a step completed, a later step is out of range again.
+  EXPECT_EQ(DoPush(Push(0, 5, 1.0f)).code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST_F(ShardTest, RegisterChecksTheJobSizeAndReturnsTheWorkersClock) {
   Start(ConsistencyMode::kAsync, 2);
   RegisterRequest request;

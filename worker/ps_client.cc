@@ -38,7 +38,8 @@ PsClient::PsClient(const PsClientOptions& options,
     : options_(options),
       rpc_metrics_(rpc_metrics),
       fault_metrics_(fault_metrics),
-      worker_incarnation_(NewIncarnation()) {}
+      worker_incarnation_(NewIncarnation()),
+      replay_(static_cast<int>(options.servers.size())) {}
 
 PsClient::~PsClient() { exchange_.reset(); }
 
@@ -237,6 +238,7 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   exchange_options.sync = sync_;
   exchange_options.wire_dtype = options_.wire_dtype;
   exchange_options.topk = topk_.get();
+  exchange_options.replay = sync_ ? &replay_ : nullptr;
   exchange_options.push_timeout = options_.rpc_timeout;
   exchange_options.pull_timeout = options_.pull_timeout;
   std::vector<ShardChannel*> channels;
@@ -280,8 +282,11 @@ absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& respons
   }
   int64_t lost = 0;
   for (const auto& [i, version] : taken) {
-    lost += std::max<int64_t>(0, versions_[i].load() - version);
-    versions_[i].store(version);
+    const int64_t known = versions_[i].load();
+    lost += std::max<int64_t>(0, known - version);
+    // Sync: a version is the job's step, which a restarted shard catches up
+    // with on this worker's next push (it moves forward, see server/shard.h).
+    if (!sync_ || version > known) versions_[i].store(version);
   }
   const uint64_t before = channel.incarnation();
   channel.set_incarnation(response.incarnation());
@@ -324,8 +329,76 @@ void PsClient::Resync(ShardChannel* channel, std::function<void(absl::Status)> d
                                      status.message())));
       return;
     }
-    done(TakeShardState(shard, *response, /*restarted=*/true));
+    const absl::Status taken = TakeShardState(shard, *response, /*restarted=*/true);
+    if (!taken.ok() || !sync_) {
+      done(taken);
+      return;
+    }
+    ReplayPushes(channels_[shard].get(), std::move(done));
   });
+}
+
+void PsClient::ReplayPushes(ShardChannel* channel,
+                            std::function<void(absl::Status)> done) {
+  struct Replay {
+    std::vector<PushRequest> pushes;
+    std::vector<PushResponse> responses;
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 0;
+    absl::Status first ABSL_GUARDED_BY(mu);
+    std::function<void(absl::Status)> done;
+  };
+  auto replay = std::make_shared<Replay>();
+  replay->pushes = replay_.Pending(channel->index());
+  if (replay->pushes.empty()) {
+    done(absl::OkStatus());
+    return;
+  }
+  LOG(INFO) << "shard " << channel->index() << " (" << channel->address()
+            << "): sending again " << replay->pushes.size()
+            << " push(es) its previous incarnation acknowledged for step "
+            << replay->pushes[0].clock() - 1 << ", whose sum it lost";
+  replay->responses.resize(replay->pushes.size());
+  replay->done = std::move(done);
+  {
+    absl::MutexLock lock(&replay->mu);
+    replay->left = static_cast<int>(replay->pushes.size());
+  }
+  for (size_t i = 0; i < replay->pushes.size(); ++i) {
+    ShardRpc rpc;
+    rpc.method = "Push";
+    rpc.attempt_timeout = options_.rpc_timeout;
+    // shard_incarnation stays 0: an ABORTED here would wait for the resync
+    // that is sending it.
+    rpc.start = [this, channel, replay, i](grpc::ClientContext* context, uint64_t,
+                                           std::function<void(grpc::Status)> attempt_done) {
+      const absl::Time start = absl::Now();
+      channel->stub()->async()->Push(
+          context, &replay->pushes[i], &replay->responses[i],
+          [this, replay, i, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
+            RecordRpc("Push", status, replay->pushes[i].ByteSizeLong(),
+                      replay->responses[i].ByteSizeLong(), start);
+            attempt_done(std::move(status));
+          });
+    };
+    channel->Call(std::move(rpc), [replay](absl::Status status) {
+      // Already there (a retry of the same push got in first) or the step
+      // completed without it: nothing is missing.
+      if (status.code() == absl::StatusCode::kAlreadyExists ||
+          status.code() == absl::StatusCode::kFailedPrecondition) {
+        status = absl::OkStatus();
+      }
+      bool last;
+      absl::Status first;
+      {
+        absl::MutexLock lock(&replay->mu);
+        if (!status.ok() && replay->first.ok()) replay->first = status;
+        last = --replay->left == 0;
+        first = replay->first;
+      }
+      if (last) replay->done(first);
+    });
+  }
 }
 
 void PsClient::ClampPushVersions(int shard) {
@@ -445,9 +518,10 @@ absl::Status PsClient::Push(int64_t clock,
         const absl::Time start = absl::Now();
         channels_[s]->stub()->async()->Push(
             context, &calls.request.push(), calls.response.mutable_push(),
-            [this, &calls, start, done = std::move(done)](grpc::Status status) {
+            [this, s, &calls, start, done = std::move(done)](grpc::Status status) {
               RecordRpc("Push", status, calls.request.push().ByteSizeLong(),
                         calls.response.push().ByteSizeLong(), start);
+              if (status.ok() && sync_) replay_.Acked(s, &calls.request.push());
               done(std::move(status));
             });
       }));
@@ -467,9 +541,10 @@ absl::Status PsClient::Pull(int64_t clock, int64_t min_version,
         const absl::Time start = absl::Now();
         channels_[s]->stub()->async()->Pull(
             context, &calls.request.pull(), calls.response.mutable_pull(),
-            [this, &calls, start, done = std::move(done)](grpc::Status status) {
+            [this, s, &calls, start, done = std::move(done)](grpc::Status status) {
               RecordRpc("Pull", status, calls.request.pull().ByteSizeLong(),
                         calls.response.pull().ByteSizeLong(), start);
+              if (status.ok()) replay_.Pulled(s, &calls.request.push());
               done(std::move(status));
             });
       }));

@@ -48,6 +48,7 @@
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "worker/shard_call.h"
+#include "worker/sync_replay.h"
 #include "worker/tensor_exchange.h"
 #include "worker/worker_metrics.h"
 
@@ -202,6 +203,9 @@ class PsClient {
                              absl::Duration retry_for, const StartFn& start);
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
+  // Sync: sends the pushes `channel`'s shard acknowledged before it
+  // restarted and whose step has not completed there (worker/sync_replay.h).
+  void ReplayPushes(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Applies shard `shard`'s Register answer: its incarnation and partition
   // versions. `restarted`: count and log the updates lost.
   absl::Status TakeShardState(int shard, const RegisterResponse& response,
@@ -243,6 +247,9 @@ class PsClient {
   // Set when options_.topk_ratio > 0: one residual per partition, indexed
   // like versions_. Before exchange_, which uses it, so it outlives it.
   std::unique_ptr<common::TopKCompressor> topk_;
+  // Sync mode: acknowledged pushes to send again to a shard that restarts
+  // before their step completes. Before exchange_, which uses it.
+  SyncReplay replay_;
   std::unique_ptr<TensorExchange> exchange_;
   std::vector<ShardCalls> calls_;
 };

@@ -167,6 +167,7 @@ void TensorExchange::OnPushed(Call* call, const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     max_staleness_ = std::max(max_staleness_, call->push_response.max_staleness());
   }
+  if (options_.replay != nullptr) options_.replay->Acked(call->group.shard, &call->push);
   StartPull(call);
 }
 
@@ -217,6 +218,7 @@ void TensorExchange::OnPulled(Call* call, const absl::Status& status) {
     (*versions_)[slice.version_index].store(part.version());
     min_version = std::min(min_version, part.version());
   }
+  if (options_.replay != nullptr) options_.replay->Pulled(call->group.shard, &call->push);
   {
     absl::MutexLock lock(&mu_);
     max_wait_seconds_ = std::max(max_wait_seconds_, response.wait_seconds());

@@ -38,6 +38,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "worker/fence.h"
 #include "worker/shard_call.h"
+#include "worker/sync_replay.h"
 
 namespace shardtrain::worker {
 
@@ -71,6 +72,9 @@ class TensorExchange {
     DType wire_dtype = DTYPE_F32;
     // Not owned; null sends gradients dense. Must outlive the exchange.
     common::TopKCompressor* topk = nullptr;
+    // Sync mode: notes acknowledged pushes until their pull completes (see
+    // worker/sync_replay.h). Not owned; null in async mode.
+    SyncReplay* replay = nullptr;
     absl::Duration push_timeout = absl::Seconds(30);
     absl::Duration pull_timeout = absl::Seconds(300);
   };
