@@ -13,6 +13,7 @@
 #include <prometheus/registry.h>
 
 #include "common/payload.h"
+#include "server/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -27,26 +28,7 @@ std::string TempDir() {
   return dir;
 }
 
-// Name -> contents of every file in `dir`.
-std::map<std::string, std::string> Files(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  DIR* d = opendir(dir.c_str());
-  while (const dirent* entry = readdir(d)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + entry->d_name, std::ios::binary);
-    files[entry->d_name] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  closedir(d);
-  return files;
-}
 
-void Corrupt(const std::string& path) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  file.seekg(0, std::ios::end);
-  const std::streamoff size = file.tellg();
-  file.seekp(size / 2);
-  file.put('\x7f');
-}
 
 int CountFiles(const std::string& dir) {
   int count = 0;
@@ -177,7 +159,7 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
   ASSERT_TRUE(writer.Write().ok());
-  const auto before = Files(dir);
+  const auto before = DirectoryFiles(dir);
   auto other = NewShard("sgd");
   Checkpointer reader({dir}, other.get(), &metrics_);
   auto path = reader.RestoreLatest();
@@ -188,7 +170,7 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   Train(*other, 1);
   EXPECT_EQ(reader.Write().status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(reader.WriteFinal().ok());
-  EXPECT_EQ(Files(dir), before);
+  EXPECT_EQ(DirectoryFiles(dir), before);
 }
 
 TEST_F(CheckpointTest, NoDirectoryMeansAFreshStart) {
@@ -260,8 +242,8 @@ TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer.Write().ok());
   // The newest two, and the bigger old one.
   EXPECT_EQ(CountFiles(dir), 3);
-  EXPECT_EQ(Files(dir).count("shard-0-of-1-000000000000.ckpt"), 1u);
-  EXPECT_EQ(Files(dir).count("shard-0-of-1-000000000001.ckpt"), 0u);
+  EXPECT_EQ(DirectoryFiles(dir).count("shard-0-of-1-000000000000.ckpt"), 1u);
+  EXPECT_EQ(DirectoryFiles(dir).count("shard-0-of-1-000000000001.ckpt"), 0u);
 }
 
 TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
@@ -274,7 +256,7 @@ TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
     ASSERT_TRUE(writer.Write().ok());
     ASSERT_TRUE(writer.Write().ok());
   }
-  const auto old_files = Files(dir);
+  const auto old_files = DirectoryFiles(dir);
   ASSERT_EQ(old_files.size(), 2u);
   auto restored = NewShard();
   Checkpointer writer({dir}, restored.get(), &metrics_);
@@ -288,7 +270,7 @@ TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
   ASSERT_TRUE(restored->Register(request, &registered).ok());
   ASSERT_TRUE(writer.Write().ok());
   ASSERT_TRUE(writer.Write().ok());
-  const auto now = Files(dir);
+  const auto now = DirectoryFiles(dir);
   EXPECT_EQ(now.size(), 2u);
   for (const auto& [name, bytes] : old_files) EXPECT_EQ(now.count(name), 0u) << name;
 }
@@ -314,9 +296,9 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   auto first = writer.Write();
   auto second = writer.Write();
   ASSERT_TRUE(first.ok() && second.ok());
-  Corrupt(first->path());
-  Corrupt(second->path());
-  const auto before = Files(dir);
+  CorruptMiddleByte(first->path());
+  CorruptMiddleByte(second->path());
+  const auto before = DirectoryFiles(dir);
 
   auto refused = NewShard();
   Checkpointer reader({dir}, refused.get(), &metrics_);
@@ -324,7 +306,7 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(path.status().message(), HasSubstr(first->path()));
   EXPECT_THAT(path.status().message(), HasSubstr(second->path()));
-  EXPECT_EQ(Files(dir), before);
+  EXPECT_EQ(DirectoryFiles(dir), before);
 
   // Allowed: fresh, and new checkpoints never prune the unreadable ones.
   auto fresh = NewShard();
@@ -334,7 +316,7 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   EXPECT_EQ(*path, "");
   Train(*fresh, 1);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(allowed.Write().ok());
-  const auto after = Files(dir);
+  const auto after = DirectoryFiles(dir);
   EXPECT_EQ(after.size(), 4u);
   for (const auto& [name, bytes] : before) {
     ASSERT_EQ(after.count(name), 1u) << name;
@@ -349,7 +331,7 @@ TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
   ASSERT_TRUE(writer.Write().ok());
-  const auto before = Files(dir);
+  const auto before = DirectoryFiles(dir);
 
   auto two = NewShard("adam", /*num_shards=*/2);
   Checkpointer refused({dir}, two.get(), &metrics_);
@@ -360,7 +342,7 @@ TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
 
   Checkpointer allowed({dir, 2, true}, two.get(), &metrics_);
   ASSERT_TRUE(allowed.RestoreLatest().ok());
-  EXPECT_EQ(Files(dir), before);
+  EXPECT_EQ(DirectoryFiles(dir), before);
 }
 
 TEST_F(CheckpointTest, AnotherModeIsRefused) {

@@ -8,6 +8,7 @@
 
 #include "common/payload.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint_test_util.h"
 #include "server/shard.h"
 
 namespace shardtrain::server {
@@ -143,18 +144,8 @@ TEST(StepSnapshotShardTest, SyncShardCopiesEveryNthStep) {
   ASSERT_EQ(registered.partitions_size(), 3);
   std::vector<CheckpointRecord> at_step_2;
   for (int step = 0; step < 3; ++step) {
-    PushRequest push;
-    push.set_worker(0);
-    push.set_clock(step + 1);
-    for (const PartitionInfo& info : registered.partitions()) {
-      GradientPart* part = push.add_parts();
-      part->mutable_key()->set_tensor("w");
-      part->mutable_key()->set_partition(info.partition());
-      part->set_version(step);
-      part->mutable_grad()->set_dtype(DTYPE_F32);
-      std::vector<float> grad(info.size(), 0.1f * (step + 1));
-      common::EncodeDense(grad, DTYPE_F32, part->mutable_grad()->mutable_data());
-    }
+    const PushRequest push =
+        SyncPushOfEveryPartition(registered, "w", step, 0.1f * (step + 1));
     PushResponse pushed;
     ASSERT_TRUE((*shard)->Push(push, &pushed).ok());
     if (step == 0) {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "common/payload.h"
+#include "server/checkpoint_test_util.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "tests/cluster_util.h"
@@ -35,29 +36,7 @@ using testing::ProcessGroup;
 
 constexpr int kElements = 3000;  // 3 partitions of 1000
 
-// Name -> contents of every checkpoint-looking file in `dir`.
-std::map<std::string, std::string> Files(const std::string& dir) {
-  std::map<std::string, std::string> files;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return files;
-  while (const dirent* entry = readdir(d)) {
-    if (entry->d_name[0] == '.') continue;
-    std::ifstream in(dir + "/" + entry->d_name, std::ios::binary);
-    files[entry->d_name] = std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  closedir(d);
-  return files;
-}
 
-void Corrupt(const std::string& path) {
-  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-  file.seekg(0, std::ios::end);
-  const std::streamoff size = file.tellg();
-  file.seekp(size / 2);
-  const char byte = static_cast<char>(file.peek());
-  file.seekp(size / 2);
-  file.put(static_cast<char>(byte ^ 0x5a));
-}
 
 // Partition -> (version, parameter bytes).
 using Model = std::map<uint32_t, std::pair<int64_t, std::string>>;
@@ -210,7 +189,7 @@ class CheckpointNeverLost : public ::testing::Test {
     Train(*running, 2);
     model = Pull(*running);
     EXPECT_EQ(Stop(*running), 0) << testing::ReadFile(running->log);
-    EXPECT_EQ(Files(dir_).size(), 2u);
+    EXPECT_EQ(server::DirectoryFiles(dir_).size(), 2u);
     return model;
   }
 
@@ -223,12 +202,12 @@ TEST_F(CheckpointNeverLost, OptimizerTypoThenTheRightFlagsRestoresTheModel) {
   const Model trained = TrainAndStop();
   ASSERT_EQ(trained.size(), 3u);
   for (const auto& [partition, state] : trained) EXPECT_GT(state.first, 0);
-  const auto files = Files(dir_);
+  const auto files = server::DirectoryFiles(dir_);
 
   auto [code, log] = RunRefused({"--optimizer=sgd"});
   EXPECT_NE(code, 0);
   EXPECT_TRUE(absl::StrContains(log, "optimizer adam (this shard: sgd)")) << log;
-  EXPECT_EQ(Files(dir_), files) << "a refused start changed the checkpoints";
+  EXPECT_EQ(server::DirectoryFiles(dir_), files) << "a refused start changed the checkpoints";
 
   auto restored = Start();
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -245,17 +224,17 @@ TEST_F(CheckpointNeverLost, OptimizerTypoThenTheRightFlagsRestoresTheModel) {
 
 TEST_F(CheckpointNeverLost, BothFilesBadIsAnErrorAndFreshStartKeepsThem) {
   TrainAndStop();
-  auto files = Files(dir_);
+  auto files = server::DirectoryFiles(dir_);
   ASSERT_EQ(files.size(), 2u);
-  for (const auto& [name, bytes] : files) Corrupt(dir_ + "/" + name);
-  files = Files(dir_);
+  for (const auto& [name, bytes] : files) server::CorruptMiddleByte(dir_ + "/" + name);
+  files = server::DirectoryFiles(dir_);
 
   auto [code, log] = RunRefused({});
   EXPECT_NE(code, 0);
   for (const auto& [name, bytes] : files) {
     EXPECT_TRUE(absl::StrContains(log, name)) << name << " not named in " << log;
   }
-  EXPECT_EQ(Files(dir_), files);
+  EXPECT_EQ(server::DirectoryFiles(dir_), files);
 
   auto fresh = Start({"--allow_fresh_start"});
   ASSERT_TRUE(fresh.ok()) << fresh.status();
@@ -271,7 +250,7 @@ TEST_F(CheckpointNeverLost, BothFilesBadIsAnErrorAndFreshStartKeepsThem) {
   EXPECT_EQ(Stop(*fresh), 0);
   // Three new files, pruned to the newest two among themselves; the
   // unreadable ones are untouched.
-  const auto after = Files(dir_);
+  const auto after = server::DirectoryFiles(dir_);
   EXPECT_EQ(after.size(), 4u);
   for (const auto& [name, bytes] : files) {
     ASSERT_EQ(after.count(name), 1u) << name << " was deleted";
@@ -281,13 +260,13 @@ TEST_F(CheckpointNeverLost, BothFilesBadIsAnErrorAndFreshStartKeepsThem) {
 
 TEST_F(CheckpointNeverLost, AChangedShardCountIsAnError) {
   const Model trained = TrainAndStop();
-  const auto files = Files(dir_);
+  const auto files = server::DirectoryFiles(dir_);
   for (const char* index : {"--shard_index=0", "--shard_index=1"}) {
     auto [code, log] = RunRefused({"--num_shards=2", index});
     EXPECT_NE(code, 0);
     EXPECT_TRUE(absl::StrContains(log, "cluster with 1 shards")) << log;
     EXPECT_TRUE(absl::StrContains(log, "--num_shards=2")) << log;
-    EXPECT_EQ(Files(dir_), files);
+    EXPECT_EQ(server::DirectoryFiles(dir_), files);
   }
   auto restored = Start();
   ASSERT_TRUE(restored.ok()) << restored.status();
@@ -313,7 +292,7 @@ TEST_F(CheckpointNeverLost, AFailedFinalCheckpointExitsNonZero) {
   CheckpointResponse written;
   grpc::ClientContext context;
   ASSERT_TRUE(running->stub->Checkpoint(&context, CheckpointRequest(), &written).ok());
-  const auto files = Files(dir_);
+  const auto files = server::DirectoryFiles(dir_);
   ASSERT_EQ(files.size(), 1u);
   // The directory is replaced by a plain file (permissions do not stop
   // root): the final checkpoint cannot be written.
@@ -324,7 +303,7 @@ TEST_F(CheckpointNeverLost, AFailedFinalCheckpointExitsNonZero) {
   EXPECT_EQ(Stop(*running), 1);
   const std::string log = testing::ReadFile(running->log);
   EXPECT_TRUE(absl::StrContains(log, "final checkpoint failed")) << log;
-  EXPECT_EQ(Files(moved), files);
+  EXPECT_EQ(server::DirectoryFiles(moved), files);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "common/payload.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint_test_util.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/ps_server.h"
 
@@ -120,17 +121,8 @@ server::PsServerOptions SyncOptions(const std::string& dir) {
 // One sync step of worker 0 on every partition of "w" (100 elements).
 grpc::Status SyncStep(ParameterServer::Stub& stub, const RegisterResponse& registered,
                       int step) {
-  PushRequest push;
-  push.set_clock(step + 1);
-  for (const PartitionInfo& info : registered.partitions()) {
-    GradientPart* part = push.add_parts();
-    part->mutable_key()->set_tensor("w");
-    part->mutable_key()->set_partition(info.partition());
-    part->set_version(step);
-    part->mutable_grad()->set_dtype(DTYPE_F32);
-    std::vector<float> grad(info.size(), 0.25f * (step + 1));
-    common::EncodeDense(grad, DTYPE_F32, part->mutable_grad()->mutable_data());
-  }
+  const PushRequest push =
+      server::SyncPushOfEveryPartition(registered, "w", step, 0.25f * (step + 1));
   PushResponse pushed;
   grpc::ClientContext context;
   return stub.Push(&context, push, &pushed);
