@@ -53,6 +53,14 @@ class CheckpointTest : public ::testing::Test {
   }
 
   // Registers "w" (several partitions) and applies `steps` more updates.
+  // A checkpointer that starts fresh on `dir` and writes one checkpoint
+  // of `shard`.
+  void WriteOneCheckpoint(const std::string& dir, Shard* shard) {
+    Checkpointer writer({dir}, shard, &metrics_);
+    ASSERT_TRUE(writer.RestoreLatest().ok());
+    ASSERT_TRUE(writer.Write().ok());
+  }
+
   void Train(Shard& shard, int steps) {
     RegisterRequest request;
     TensorSpec* spec = request.add_tensors();
@@ -156,9 +164,7 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   const std::string dir = TempDir();
   auto shard = NewShard("adam");
   Train(*shard, 1);
-  Checkpointer writer({dir}, shard.get(), &metrics_);
-  ASSERT_TRUE(writer.RestoreLatest().ok());
-  ASSERT_TRUE(writer.Write().ok());
+  WriteOneCheckpoint(dir, shard.get());
   const auto before = DirectoryFiles(dir);
   auto other = NewShard("sgd");
   Checkpointer reader({dir}, other.get(), &metrics_);
@@ -328,9 +334,7 @@ TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
   const std::string dir = TempDir();
   auto shard = NewShard("adam", /*num_shards=*/1);
   Train(*shard, 1);
-  Checkpointer writer({dir}, shard.get(), &metrics_);
-  ASSERT_TRUE(writer.RestoreLatest().ok());
-  ASSERT_TRUE(writer.Write().ok());
+  WriteOneCheckpoint(dir, shard.get());
   const auto before = DirectoryFiles(dir);
 
   auto two = NewShard("adam", /*num_shards=*/2);
@@ -349,9 +353,7 @@ TEST_F(CheckpointTest, AnotherModeIsRefused) {
   const std::string dir = TempDir();
   auto shard = NewShard();
   Train(*shard, 1);
-  Checkpointer writer({dir}, shard.get(), &metrics_);
-  ASSERT_TRUE(writer.RestoreLatest().ok());
-  ASSERT_TRUE(writer.Write().ok());
+  WriteOneCheckpoint(dir, shard.get());
   auto sync = NewShard("adam", 1, ConsistencyMode::kSync);
   Checkpointer reader({dir}, sync.get(), &metrics_);
   auto path = reader.RestoreLatest();
