@@ -15,8 +15,10 @@ Membership::Membership(int num_workers, absl::Duration timeout,
       workers_(num_workers) {}
 
 Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
-                                    absl::Time now) {
+                                    absl::Time now, int64_t rejoin_step) {
   Join join = Join::kNone;
+  // Dropped: sync steps under way went on without it.
+  const bool was_dropped = w.expired || w.given_up;
   if (!w.seen) {
     join = Join::kFirst;
     LOG(INFO) << "worker " << worker << " joined (incarnation " << incarnation
@@ -38,6 +40,11 @@ Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
               << absl::FormatDuration(now - w.last_seen) << " of silence (clock "
               << w.clock << "); rejoin " << w.rejoins;
   }
+  if (was_dropped) {
+    w.counts_from = std::clamp<int64_t>(rejoin_step, 0, kMaxClock);
+    VLOG(1) << "worker " << worker << " contributes to sync steps from "
+            << w.counts_from;
+  }
   w.seen = true;
   w.expired = false;
   w.given_up = false;
@@ -48,14 +55,14 @@ Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
 
 Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
                                             int64_t clock, bool done,
-                                            absl::Time now) {
+                                            absl::Time now, int64_t rejoin_step) {
   clock = std::clamp<int64_t>(clock, 0, kMaxClock);
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
   const int64_t old_clock = w.clock;
   const bool old_done = w.done;
   UpdateResult result;
-  result.join = Revive(worker, w, incarnation, now);
+  result.join = Revive(worker, w, incarnation, now, rejoin_step);
   if (result.join == Join::kFirst || result.join == Join::kRestart) {
     // A new record: clock and done are the message's.
     w.clock = clock;
@@ -73,10 +80,10 @@ Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
 }
 
 int64_t Membership::Register(int worker, uint64_t incarnation, absl::Time now,
-                             Join* join) {
+                             Join* join, int64_t rejoin_step) {
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
-  const Join joined = Revive(worker, w, incarnation, now);
+  const Join joined = Revive(worker, w, incarnation, now, rejoin_step);
   // The clock is kept (restored or the predecessor's): the new process
   // resumes from it. It is training again, so not done.
   if (joined == Join::kFirst || joined == Join::kRestart) w.done = false;
@@ -127,12 +134,21 @@ int Membership::LiveCount() const {
       [](const Worker& w) { return w.seen && !w.expired && !w.done; }));
 }
 
-int Membership::ContributorsForStep(int64_t step) const {
+int Membership::ContributorsForStep(int64_t step,
+                                    const std::vector<bool>& contributed) const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(std::count_if(
-      workers_.begin(), workers_.end(), [step](const Worker& w) {
-        return !w.expired && !w.given_up && (!w.done || w.clock > step);
-      }));
+  int count = 0;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (Counts(workers_[i], step) || (i < contributed.size() && contributed[i])) {
+      ++count;
+    }
+  }
+  return count;
+}
+
+bool Membership::CountsForStep(int worker, int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  return Counts(workers_[worker], step);
 }
 
 std::vector<WorkerState> Membership::Snapshot(absl::Time now) const {

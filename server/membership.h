@@ -55,10 +55,13 @@ class Membership {
              absl::Time start = absl::Now());
 
   // Records that `worker` (process `incarnation`) is alive at `now` with
-  // `clock` steps done (clamped to [0, kMaxClock]).
+  // `clock` steps done (clamped to [0, kMaxClock]). If this brings back a
+  // worker that had been dropped (silent, or given up on as never joined),
+  // it is a contributor again only from sync step `rejoin_step` on: the
+  // steps already under way went on without it (see ContributorsForStep).
   // REQUIRES: 0 <= worker < num_workers.
   UpdateResult Update(int worker, uint64_t incarnation, int64_t clock,
-                      bool done, absl::Time now);
+                      bool done, absl::Time now, int64_t rejoin_step = 0);
   // As above for incarnation 0: nothing is replaced, only moved forward.
   UpdateResult Update(int worker, int64_t clock, bool done, absl::Time now) {
     return Update(worker, 0, clock, done, now);
@@ -66,8 +69,9 @@ class Membership {
   // A registration: a sign of life that keeps the recorded clock. A new
   // incarnation replaces the record with that clock and done = false, so a
   // restarted worker resumes where its predecessor was. Returns the clock.
+  // `rejoin_step` as for Update.
   int64_t Register(int worker, uint64_t incarnation, absl::Time now,
-                   Join* join = nullptr);
+                   Join* join = nullptr, int64_t rejoin_step = 0);
 
   // Forgets workers silent since before now - timeout and gives up on those
   // never seen within join_timeout of the start.
@@ -82,9 +86,17 @@ class Membership {
   // Workers seen and not yet forgotten or done.
   int LiveCount() const;
   // Workers that may still contribute a gradient to sync step `step`: not
-  // forgotten or given up on, and either not done or done after finishing
-  // that step. Workers never seen count while they may simply start late.
-  int ContributorsForStep(int64_t step) const;
+  // forgotten or given up on, either not done or done after finishing that
+  // step, and, for a worker that came back after being dropped, `step` at
+  // or after its rejoin step (the steps under way when it came back do not
+  // wait for it: it rejoins at a later one). Workers never seen count while
+  // they may simply start late. Workers marked in `contributed` (indexed by
+  // worker; may be empty) count too: their gradient is already in.
+  int ContributorsForStep(int64_t step,
+                          const std::vector<bool>& contributed = {}) const;
+  // Whether `worker` counts for `step` by the rules above (ignoring
+  // `contributed`).
+  bool CountsForStep(int worker, int64_t step) const;
 
   // Every expected worker, seen or not.
   std::vector<WorkerState> Snapshot(absl::Time now) const;
@@ -107,12 +119,20 @@ class Membership {
     int64_t clock = 0;
     uint64_t incarnation = 0;
     int64_t rejoins = 0;
+    // The first sync step this worker contributes to (set when it comes
+    // back after being dropped; 0 for one never dropped).
+    int64_t counts_from = 0;
     absl::Time last_seen;
   };
 
+  static bool Counts(const Worker& w, int64_t step) {
+    return !w.expired && !w.given_up && (!w.done || w.clock > step) &&
+           step >= w.counts_from;
+  }
+
   // The record after a sign of life; returns how it joined.
-  Join Revive(int worker, Worker& w, uint64_t incarnation, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Join Revive(int worker, Worker& w, uint64_t incarnation, absl::Time now,
+               int64_t rejoin_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int num_workers_;
   const absl::Duration timeout_;

@@ -133,5 +133,56 @@ TEST(MembershipTest, WorkersThatNeverJoinAreGivenUpAndMayStillJoin) {
   EXPECT_EQ(members.Snapshot(t0 + absl::Seconds(70))[0].rejoins(), 1);
 }
 
+TEST(MembershipTest, ADroppedWorkerCountsOnlyFromItsRejoinStep) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(3, absl::Seconds(10), absl::Seconds(60), t0);
+  members.Update(0, 1, 4, false, t0 + absl::Seconds(55));
+  members.Update(1, 2, 4, false, t0 + absl::Seconds(1));
+  // Worker 1 is dropped (silent), worker 2 given up on (never joined).
+  EXPECT_TRUE(members.Expire(t0 + absl::Seconds(61)).any());
+  EXPECT_EQ(members.ContributorsForStep(7), 1);
+
+  // Both come back while steps up to 7 are under way: they contribute from
+  // step 8 on, so step 7 still needs only worker 0's gradient.
+  EXPECT_EQ(members.Update(1, 2, 4, false, t0 + absl::Seconds(62), 8).join,
+            Membership::Join::kRejoin);
+  Membership::Join join = Membership::Join::kNone;
+  members.Register(2, 3, t0 + absl::Seconds(62), &join, 8);
+  EXPECT_EQ(join, Membership::Join::kFirst);
+  EXPECT_EQ(members.ContributorsForStep(7), 1);
+  EXPECT_FALSE(members.CountsForStep(1, 7));
+  EXPECT_TRUE(members.CountsForStep(0, 7));
+  EXPECT_EQ(members.ContributorsForStep(8), 3);
+  EXPECT_TRUE(members.CountsForStep(1, 8));
+  // A gradient already in counts, from whichever worker.
+  EXPECT_EQ(members.ContributorsForStep(7, {false, true, false}), 2);
+  EXPECT_EQ(members.ContributorsForStep(8, {true, true, false}), 3);
+
+  // Heard from again while live: nothing changes.
+  members.Update(1, 2, 9, false, t0 + absl::Seconds(63), 20);
+  EXPECT_TRUE(members.CountsForStep(1, 8));
+
+  // A new incarnation replacing a dropped record also waits for a later
+  // step; one replacing a live record counts as before.
+  EXPECT_TRUE(members.Expire(t0 + absl::Seconds(80)).any());  // all silent
+  EXPECT_EQ(members.Update(1, 7, 12, false, t0 + absl::Seconds(81), 15).join,
+            Membership::Join::kRestart);
+  EXPECT_FALSE(members.CountsForStep(1, 14));
+  EXPECT_TRUE(members.CountsForStep(1, 15));
+  EXPECT_EQ(members.Update(1, 8, 12, false, t0 + absl::Seconds(82), 30).join,
+            Membership::Join::kRestart);
+  EXPECT_TRUE(members.CountsForStep(1, 15));
+}
+
+TEST(MembershipTest, AWorkerNeverDroppedCountsForEveryStep) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(2, absl::Seconds(10));
+  members.Update(0, 1, 0, false, t0, 50);
+  members.Update(1, 2, 0, false, t0, 50);
+  EXPECT_EQ(members.ContributorsForStep(0), 2);
+  members.Update(1, 2, 3, false, t0 + absl::Seconds(5), 50);
+  EXPECT_EQ(members.ContributorsForStep(0), 2);
+}
+
 }  // namespace
 }  // namespace shardtrain::server

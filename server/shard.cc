@@ -267,7 +267,7 @@ absl::Status Shard::Register(const RegisterRequest& request,
     Membership::Join join = Membership::Join::kNone;
     response->set_worker_clock(membership_.Register(
         static_cast<int>(request.worker()), request.worker_incarnation(),
-        absl::Now(), &join));
+        absl::Now(), &join, RejoinStep()));
     CountJoin(join);
     UpdateMembershipMetrics();
     if (join != Membership::Join::kNone) NotifyProgress();
@@ -354,11 +354,19 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
   return decoded;
 }
 
-int Shard::RequiredGradients(int64_t step) const {
+int Shard::RequiredGradients(const Partition& part) const {
   const int replicas = options_.replicas_to_aggregate > 0
                            ? options_.replicas_to_aggregate
                            : options_.num_workers;
-  return std::max(1, std::min(replicas, membership_.ContributorsForStep(step)));
+  const int64_t step = part.version.load(std::memory_order_relaxed);
+  return std::max(
+      1, std::min(replicas, membership_.ContributorsForStep(step, part.contributed)));
+}
+
+void Shard::NoteVersion(int64_t version) {
+  int64_t seen = max_version_.load();
+  while (version > seen && !max_version_.compare_exchange_weak(seen, version)) {
+  }
 }
 
 void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
@@ -368,6 +376,7 @@ void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
   optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
                     absl::MakeConstSpan(grad, part.params.size()), slots);
   part.version.store(step + 1, std::memory_order_release);
+  NoteVersion(step + 1);
   if (part.version_gauge != nullptr) {
     part.version_gauge->Set(static_cast<double>(step + 1));
   }
@@ -376,9 +385,8 @@ void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
 }
 
 bool Shard::MaybeFinishStep(Partition& part, bool close) {
-  const int64_t step = part.version.load(std::memory_order_relaxed);
   if (part.contributions == 0 ||
-      (!close && part.contributions < RequiredGradients(step))) {
+      (!close && part.contributions < RequiredGradients(part))) {
     return false;
   }
   const float inverse = 1.0f / static_cast<float>(part.contributions);
@@ -524,6 +532,7 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
           const int64_t now = p.version.load(std::memory_order_relaxed);
           if (part.version > now) {
             p.version.store(part.version, std::memory_order_release);
+            NoteVersion(part.version);
             if (p.version_gauge != nullptr) {
               p.version_gauge->Set(static_cast<double>(part.version));
             }
@@ -580,7 +589,7 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
   response->set_max_staleness(max_staleness);
   const Membership::UpdateResult update =
       membership_.Update(static_cast<int>(worker), request.worker_incarnation(),
-                         request.clock(), false, absl::Now());
+                         request.clock(), false, absl::Now(), RejoinStep());
   CountJoin(update.join);
   UpdateMembershipMetrics();
   return absl::OkStatus();
@@ -704,7 +713,7 @@ absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
   const absl::Time now = absl::Now();
   const Membership::UpdateResult update = membership_.Update(
       static_cast<int>(request.worker()), request.worker_incarnation(),
-      request.clock(), request.done(), now);
+      request.clock(), request.done(), now, RejoinStep());
   CountJoin(update.join);
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
@@ -838,6 +847,7 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
                                           absl::MakeSpan(part.slots[s])));
     }
     part.version.store(record.version());
+    NoteVersion(record.version());
     part.resuming = true;
     if (part.version_gauge != nullptr) {
       part.version_gauge->Set(static_cast<double>(record.version()));

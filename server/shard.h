@@ -150,7 +150,17 @@ class Shard {
   // Decodes, checks and applies a push (no duplicate check); the caller
   // notifies progress.
   absl::Status ApplyPush(const PushRequest& request, PushResponse* response);
-  int RequiredGradients(int64_t step) const;
+  // Sync: gradients that complete `part`'s current step: one per worker
+  // that still counts for it or has already contributed to it (at most
+  // replicas_to_aggregate, at least 1).
+  int RequiredGradients(const Partition& part) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
+  // Raises max_version_ to `version`.
+  void NoteVersion(int64_t version);
+  // The sync step from which a worker coming back now (after being dropped)
+  // contributes: the steps already under way here (up to the highest
+  // partition version) go on without it.
+  int64_t RejoinStep() const { return max_version_.load() + 1; }
   // Applies `grad` to `part` as update number part->version.
   void ApplyUpdate(Partition& part, const float* grad, float lr_scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
@@ -177,6 +187,8 @@ class Shard {
   std::vector<std::unique_ptr<PushLog>> push_logs_;
   std::atomic<int64_t> duplicate_pushes_{0};
 
+  // The highest version of any partition.
+  std::atomic<int64_t> max_version_{0};
   std::atomic<int64_t> updates_applied_{0};
   std::atomic<int64_t> dropped_gradients_{0};
   std::atomic<int64_t> max_staleness_seen_{0};

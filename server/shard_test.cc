@@ -140,6 +140,75 @@ TEST_F(ShardTest, SyncStepCompletesWhenAWorkerIsForgotten) {
   EXPECT_EQ(Value(), std::make_pair(0.0f, int64_t{1}));
 }
 
+// Worker 1 is dropped; worker 0 completes step 0 on "a" but has not pushed
+// it to "b" yet when worker 1 comes back. Worker 1 moves on to step 1 (it
+// pulls the later version), so "b" must not wait for its step-0 gradient.
+TEST_F(ShardTest, ARejoinedWorkerDoesNotHoldBackStepsUnderWay) {
+  ShardOptions options = Options(ConsistencyMode::kSync, 2);
+  options.heartbeat_timeout = absl::Milliseconds(500);
+  StartWith(options);
+  RegisterRequest two;
+  *two.add_tensors() = Spec("a", 1.0f);
+  *two.add_tensors() = Spec("b", 1.0f);
+  RegisterResponse registered;
+  ASSERT_TRUE(shard_->Register(two, &registered).ok());
+  auto push = [&](uint32_t worker, const char* tensor, int64_t version, float grad) {
+    PushRequest request = Push(worker, version, grad);
+    request.mutable_parts(0)->mutable_key()->set_tensor(tensor);
+    return DoPush(request);
+  };
+  auto value = [&](const char* tensor) {
+    PullRequest request = Pull(0, 0, 0);
+    request.mutable_parts(0)->set_tensor(tensor);
+    PullResponse response;
+    EXPECT_TRUE(shard_->ValidatePull(request).ok());
+    shard_->FillPull(request, &response);
+    float v;
+    std::memcpy(&v, response.parts(0).value().data().data(), sizeof(v));
+    return std::make_pair(v, response.parts(0).version());
+  };
+  auto beat = [&](uint32_t worker, int64_t clock) {
+    HeartbeatRequest request;
+    request.set_worker(worker);
+    request.set_worker_incarnation(worker + 100);
+    request.set_clock(clock);
+    HeartbeatResponse ignored;
+    ASSERT_TRUE(shard_->Heartbeat(request, &ignored).ok());
+  };
+  beat(0, 0);
+  beat(1, 0);
+  absl::SleepFor(absl::Milliseconds(700));
+  beat(0, 0);
+  shard_->Tick(absl::Now());  // worker 1 silent for 700 ms: dropped
+  ASSERT_EQ(metrics_.worker_departures("silent").Value(), 1);
+
+  ASSERT_TRUE(push(0, "a", 0, 2.0f).ok());  // step 0 completes on "a" alone
+  EXPECT_EQ(value("a"), std::make_pair(0.0f, int64_t{1}));
+  beat(1, 0);  // back while step 0 is still open on "b"
+  // "b" completes step 0 with worker 0's gradient alone.
+  ASSERT_TRUE(push(0, "b", 0, 2.0f).ok());
+  EXPECT_EQ(value("b"), std::make_pair(0.0f, int64_t{1}));
+  // Worker 1's gradient for step 0 is late.
+  EXPECT_EQ(push(1, "b", 0, 4.0f).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(value("b"), std::make_pair(0.0f, int64_t{1}));
+
+  // Step 1 began here before worker 1 came back: it does not wait for
+  // worker 1, but a gradient of worker 1 that arrives in time is averaged
+  // in (and does not finish the step alone).
+  ASSERT_TRUE(push(1, "a", 1, 4.0f).ok());
+  EXPECT_EQ(value("a").second, 1);
+  ASSERT_TRUE(push(0, "a", 1, 2.0f).ok());
+  EXPECT_EQ(value("a"), std::make_pair(-1.5f, int64_t{2}));  // 0 - 0.5 * 3
+  ASSERT_TRUE(push(0, "b", 1, 2.0f).ok());  // without worker 1
+  EXPECT_EQ(value("b"), std::make_pair(-1.0f, int64_t{2}));
+
+  // From step 2 on worker 1 is a full contributor again.
+  ASSERT_TRUE(push(0, "a", 2, 2.0f).ok());
+  EXPECT_EQ(value("a").second, 2);
+  ASSERT_TRUE(push(1, "a", 2, 4.0f).ok());
+  EXPECT_EQ(value("a"), std::make_pair(-3.0f, int64_t{3}));
+}
+
 TEST_F(ShardTest, AsyncAppliesEachGradientAndMeasuresStaleness) {
   Start(ConsistencyMode::kAsync, 2);
   PushResponse response;

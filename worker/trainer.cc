@@ -123,15 +123,31 @@ absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
       kMaxSyncPulls));
 }
 
-absl::Status Trainer::Rejoin(const absl::Status& why) {
+absl::Status Trainer::Rejoin(const absl::Status& why, bool pull_first) {
   const int64_t was = clock_.load();
-  ASSIGN_OR_RETURN(const int64_t step, SyncToShardStep(/*pull_first=*/true));
+  ASSIGN_OR_RETURN(const int64_t step, SyncToShardStep(pull_first));
   clock_.store(step);
   params_ready_ = true;
   if (metrics_ != nullptr) metrics_->rejoins().Increment();
   LOG(WARNING) << "worker " << options_.worker_index << " rejoined at step " << step
                << " (was at " << was << "): " << why.message();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Trainer::RejoinIfAhead(int64_t step) {
+  const auto [lo, hi] = client_->known_versions();
+  if (lo == step && hi == step) return false;
+  if (lo < step) {
+    return absl::InternalError(absl::StrFormat(
+        "sync step %d received parameters of versions [%d, %d]", step, lo, hi));
+  }
+  RETURN_IF_ERROR(Rejoin(
+      absl::AbortedError(absl::StrFormat(
+          "sync step %d received parameters of versions [%d, %d]: the shards "
+          "went on without this worker",
+          step, lo, hi)),
+      /*pull_first=*/false));
+  return true;
 }
 
 absl::Status Trainer::PullParameters(int64_t min_version) {
@@ -155,7 +171,11 @@ absl::Status Trainer::Drain() {
   }
   RETURN_IF_ERROR(finished);
   // The exchanges pulled what the next step needs (in sync mode, the
-  // version of the step they pushed for).
+  // version of the step they pushed for, or a later one after a rejoin).
+  if (options_.sync) {
+    ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(clock_.load()));
+    (void)rejoined;
+  }
   params_ready_ = true;
   return absl::OkStatus();
 }
@@ -186,18 +206,20 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
       params_ready_ = true;
     }
   }
-  const int64_t step = clock_.load();
-  const int64_t next_min_version = options_.sync ? step + 1 : 0;
+  int64_t step = clock_.load();
   if (!params_ready_) {
     RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
     fetched = true;
   }
-  params_ready_ = false;
-  const absl::Time pulled = absl::Now();
-  if (options_.sync && fetched && pull.min_version != step) {
-    return absl::InternalError(absl::StrFormat(
-        "sync step %d received parameters of version %d", step, pull.min_version));
+  if (options_.sync && fetched) {
+    // A later step: this worker was dropped (it stalled, or its link was
+    // cut) and the others went on; it rejoins at their step.
+    ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(step));
+    if (rejoined) step = clock_.load();
   }
+  params_ready_ = false;
+  const int64_t next_min_version = options_.sync ? step + 1 : 0;
+  const absl::Time pulled = absl::Now();
 
   for (size_t i = 0; i < params_.size(); ++i) {
     RETURN_IF_ERROR(model_->SetParam(static_cast<int>(i), params_[i]));

@@ -13,7 +13,9 @@
 // clock / steps_per_epoch + 1, batch = clock % steps_per_epoch. Run trains
 // until clock = epochs * steps_per_epoch. In sync mode a gradient refused as
 // late (the shards dropped this worker while it stalled) is discarded: the
-// worker pulls the current step's parameters and rejoins there.
+// worker pulls the current step's parameters and rejoins there; so does a
+// worker whose pull (blocking or overlapped) returns a later step than its
+// own (it was dropped and the others went on).
 // A background thread sends heartbeats. The chief worker also evaluates
 // test accuracy at each epoch end and, after the last epoch, waits for the
 // other workers to finish before the final evaluation.
@@ -138,9 +140,15 @@ class Trainer {
   // when `pull_first`, else starting from the versions already known) and
   // returns it: the step the job is at.
   absl::StatusOr<int64_t> SyncToShardStep(bool pull_first);
-  // Sync: drops this worker's late gradient (`why`) and moves clock_ to the
-  // shards' step, with its parameters in params_.
-  absl::Status Rejoin(const absl::Status& why);
+  // Sync: moves clock_ to the shards' step, with its parameters in
+  // params_, after this worker fell behind (`why`: its gradient was refused
+  // as late, or a pull returned a later step). Pulls first when
+  // `pull_first`, else starts from the versions the last pull returned.
+  absl::Status Rejoin(const absl::Status& why, bool pull_first = true);
+  // Sync: checks that the parameters just fetched are those of `step`. If
+  // the shards are past it (they went on without this worker while it was
+  // dropped), rejoins at their step and returns true.
+  absl::StatusOr<bool> RejoinIfAhead(int64_t step);
 
   const TrainerOptions options_;
   PsClient* const client_;
