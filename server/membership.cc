@@ -146,6 +146,14 @@ int Membership::ContributorsForStep(int64_t step,
   return count;
 }
 
+bool Membership::RaiseCountsFrom(int worker, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  Worker& w = workers_[worker];
+  if (w.counts_from == 0 || step <= w.counts_from) return false;
+  w.counts_from = step;
+  return true;
+}
+
 bool Membership::CountsForStep(int worker, int64_t step) const {
   absl::MutexLock lock(&mu_);
   return Counts(workers_[worker], step);

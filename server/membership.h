@@ -97,6 +97,12 @@ class Membership {
   // Whether `worker` counts for `step` by the rules above (ignoring
   // `contributed`).
   bool CountsForStep(int worker, int64_t step) const;
+  // A worker that came back after being dropped and now pulls the
+  // parameters of step `step` will push no earlier step: it counts from
+  // `step` at the latest. (Shards may set different rejoin steps for it;
+  // the pull tells each where it really rejoined.) Returns true if that
+  // changed anything. No-op for a worker never dropped.
+  bool RaiseCountsFrom(int worker, int64_t step);
 
   // Every expected worker, seen or not.
   std::vector<WorkerState> Snapshot(absl::Time now) const;

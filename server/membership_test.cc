@@ -133,6 +133,26 @@ TEST(MembershipTest, WorkersThatNeverJoinAreGivenUpAndMayStillJoin) {
   EXPECT_EQ(members.Snapshot(t0 + absl::Seconds(70))[0].rejoins(), 1);
 }
 
+TEST(MembershipTest, ARejoinedWorkersPullRaisesItsFirstStep) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(2, absl::Seconds(10), absl::Seconds(60), t0);
+  members.Update(0, 1, 4, false, t0 + absl::Seconds(1));
+  members.Update(1, 2, 4, false, t0 + absl::Seconds(1));
+  EXPECT_TRUE(members.Expire(t0 + absl::Seconds(20)).any());
+  members.Update(0, 1, 9, false, t0 + absl::Seconds(20));
+  // This shard let worker 1 back from step 8; it pulls step 9 (another
+  // shard let it back later): step 8 does not wait for it.
+  members.Update(1, 2, 4, false, t0 + absl::Seconds(21), 8);
+  EXPECT_TRUE(members.CountsForStep(1, 8));
+  EXPECT_TRUE(members.RaiseCountsFrom(1, 9));
+  EXPECT_FALSE(members.CountsForStep(1, 8));
+  EXPECT_TRUE(members.CountsForStep(1, 9));
+  EXPECT_FALSE(members.RaiseCountsFrom(1, 9));  // nothing new
+  EXPECT_FALSE(members.RaiseCountsFrom(1, 5));  // never lowered
+  EXPECT_FALSE(members.RaiseCountsFrom(0, 50));  // never dropped: unaffected
+  EXPECT_TRUE(members.CountsForStep(0, 8));
+}
+
 TEST(MembershipTest, ADroppedWorkerCountsOnlyFromItsRejoinStep) {
   const absl::Time t0 = absl::UnixEpoch();
   Membership members(3, absl::Seconds(10), absl::Seconds(60), t0);

@@ -190,6 +190,7 @@ grpc::ServerUnaryReactor* ParameterServerService::StartPull(
     FinishWaiter(reactor, common::ToGrpcStatus(valid));
     return reactor;
   }
+  shard_->NotePull(request);  // may complete steps and wake waiters: before mu_
   {
     absl::MutexLock lock(&mu_);
     // Checked under mu_ so a wake-up between the check and the insertion

@@ -726,6 +726,20 @@ absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
   return absl::OkStatus();
 }
 
+void Shard::NotePull(const PullRequest& request) {
+  if (options_.mode != ConsistencyMode::kSync || request.min_version() <= 0) return;
+  if (!membership_.RaiseCountsFrom(static_cast<int>(request.worker()),
+                                   request.min_version())) {
+    return;
+  }
+  bool finished = false;
+  for (Partition* part : store_.All()) {
+    absl::MutexLock lock(&part->mu);
+    finished = MaybeFinishStep(*part) || finished;
+  }
+  if (finished) NotifyProgress();
+}
+
 void Shard::Tick(absl::Time now) {
   const Membership::ExpireResult expired = membership_.Expire(now);
   if (expired.silent > 0) {

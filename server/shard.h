@@ -61,6 +61,11 @@ class Shard {
   // Checks a pull without answering it: the keys exist here, the worker is
   // known, the version asked for is reachable.
   absl::Status ValidatePull(const PullRequest& request) const;
+  // Sync: a pull of a worker that rejoined after being dropped tells the
+  // shard from which step on it takes part; steps before it no longer wait
+  // for its gradient (they may complete now).
+  // REQUIRES: ValidatePull(request).ok().
+  void NotePull(const PullRequest& request);
   // True when `request` may be answered now.
   // REQUIRES: ValidatePull(request).ok().
   bool PullReady(const PullRequest& request) const;
