@@ -144,6 +144,7 @@ class StallMeter {
   explicit StallMeter(int64_t total_steps) : total_steps_(total_steps) {}
   void Observe(int64_t steps) {
     const absl::Time now = absl::Now();
+    last_observed_ = now;
     if (steps < 0) {  // not serving (yet, or any more: it exited)
       if (last_steps_ >= 0 && last_steps_ < total_steps_) {
         longest_ = std::max(longest_, now - last_change_);
@@ -159,10 +160,11 @@ class StallMeter {
       last_change_ = now;
     }
   }
-  // Includes the stall still in progress.
+  // Includes a stall still in progress at the last observation (not the
+  // time since observing stopped).
   absl::Duration Longest() const {
     if (last_steps_ >= 0 && last_steps_ < total_steps_) {
-      return std::max(longest_, absl::Now() - last_change_);
+      return std::max(longest_, last_observed_ - last_change_);
     }
     return longest_;
   }
@@ -170,6 +172,7 @@ class StallMeter {
  private:
   const int64_t total_steps_;
   int64_t last_steps_ = -1;
+  absl::Time last_observed_ = absl::InfinitePast();
   absl::Time last_change_;
   absl::Duration longest_ = absl::ZeroDuration();
 };
