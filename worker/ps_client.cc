@@ -119,11 +119,17 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
 absl::Status PsClient::CallAllShards(const char* method,
                                      absl::Duration attempt_timeout,
                                      absl::Duration retry_for,
-                                     const StartFn& start) {
+                                     const StartFn& start, bool data_only) {
   const int n = num_shards();
   std::vector<absl::Status> statuses(n);
-  absl::BlockingCounter pending(n);
+  std::vector<int> shards;
   for (int s = 0; s < n; ++s) {
+    // A shard holding none of the tensors gets no push or pull (an empty
+    // one is refused).
+    if (!data_only || !calls_[s].slices.empty()) shards.push_back(s);
+  }
+  absl::BlockingCounter pending(static_cast<int>(shards.size()));
+  for (int s : shards) {
     ShardRpc rpc;
     rpc.method = method;
     rpc.attempt_timeout = attempt_timeout;
@@ -524,7 +530,8 @@ absl::Status PsClient::Push(int64_t clock,
               if (status.ok() && sync_) replay_.Acked(s, &calls.request.push());
               done(std::move(status));
             });
-      }));
+      },
+      /*data_only=*/true));
   CollectPush(stats);
   return absl::OkStatus();
 }
@@ -547,7 +554,8 @@ absl::Status PsClient::Pull(int64_t clock, int64_t min_version,
               if (status.ok()) replay_.Pulled(s, &calls.request.push());
               done(std::move(status));
             });
-      }));
+      },
+      /*data_only=*/true));
   return CollectPull(params, stats);
 }
 
@@ -575,7 +583,8 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                         calls.response.ByteSizeLong(), start);
               done(std::move(status));
             });
-      }));
+      },
+      /*data_only=*/true));
   CollectPush(push_stats);
   return CollectPull(params, pull_stats);
 }

@@ -199,8 +199,11 @@ class PsClient {
   using StartFn = std::function<void(int shard, grpc::ClientContext* context,
                                      uint64_t shard_incarnation,
                                      std::function<void(grpc::Status)> done)>;
+  // `data_only`: only the shards holding partitions of the registered
+  // tensors (Push, Pull, PushPull).
   absl::Status CallAllShards(const char* method, absl::Duration attempt_timeout,
-                             absl::Duration retry_for, const StartFn& start);
+                             absl::Duration retry_for, const StartFn& start,
+                             bool data_only = false);
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Sync: sends the pushes `channel`'s shard acknowledged before it
