@@ -56,6 +56,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/flags/flag.h"
+#include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -735,6 +736,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
 }  // namespace shardtrain::bench
 
 int main(int argc, char** argv) {
+  shardtrain::common::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage(
       "Times PsClient Push/Pull/PushPull against a raw gRPC echo baseline, or with\n"
       "--secure over mutual TLS + token against plaintext.");

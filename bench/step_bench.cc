@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "server/ps_server.h"
 #include "worker/model_factory.h"
@@ -110,6 +111,7 @@ Cluster StartShards(int shards) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  shardtrain::common::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage("Splits a worker step into compute/push/pull/wait.");
   absl::ParseCommandLine(argc, argv);
   // As ps-server and ps-worker do; applies to the baseline too.

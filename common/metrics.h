@@ -4,8 +4,9 @@
 // RpcMetrics records, per RPC method, request counts by status code, bytes
 // in each direction and a latency histogram. Both are thread-safe.
 //
-//   ASSIGN_OR_RETURN(auto exposer, MetricsExposer::Create("0.0.0.0:9100"));
-//   RpcMetrics rpc(*exposer->registry());
+//   ASSIGN_OR_RETURN(std::unique_ptr<MetricsExposer> exposer,
+//                    MetricsExposer::Create("0.0.0.0:9100"));
+//   RpcMetrics rpc(exposer->registry(), "server");
 //   rpc.Record("Push", grpc::StatusCode::OK, request_bytes, reply_bytes, secs);
 #ifndef SHARDTRAIN_COMMON_METRICS_H_
 #define SHARDTRAIN_COMMON_METRICS_H_

@@ -14,7 +14,9 @@
 // same partition must not.
 //
 // Example:
-//   TopKCompressor topk(0.01, {16384, 16384, 300});
+//   ASSIGN_OR_RETURN(TopKCompressor topk,
+//                    TopKCompressor::Create(0.01, {16384, 16384, 300}));
+//   Payload payload;
 //   topk.Encode(/*partition=*/0, grad_of_partition_0, DTYPE_F32, &payload);
 #ifndef SHARDTRAIN_COMMON_TOPK_COMPRESSOR_H_
 #define SHARDTRAIN_COMMON_TOPK_COMPRESSOR_H_

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the build and tests need (Debian packages), builds shardtrain
-# in Release into build/ and runs every test with ctest, then fuzzes the
-# shard's request path for 60 s (scripts/fuzz.sh; SHARDTRAIN_FUZZ_SECONDS
-# sets the time, 0 skips it). Extra arguments go to ctest (e.g. -R
-# SyncEquivalence, -L e2e) and skip the fuzzing.
+# in Release into build/ and runs every test with ctest, then checks the lock
+# annotations with clang (scripts/check-thread-safety.sh, into build-tsa/;
+# SHARDTRAIN_TSA=0 skips it) and fuzzes the shard's request path for 60 s
+# (scripts/fuzz.sh; SHARDTRAIN_FUZZ_SECONDS sets the time, 0 skips it).
+# Extra arguments go to ctest (e.g. -R SyncEquivalence, -L e2e) and skip the
+# lock check and the fuzzing.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -13,6 +15,9 @@ build_targets
 log "running tests"
 cd "$BUILD_DIR"
 ctest --output-on-failure -j2 "$@"
+if [ $# -eq 0 ] && [ "${SHARDTRAIN_TSA:-1}" != 0 ]; then
+  "$SHARDTRAIN_ROOT/scripts/check-thread-safety.sh"
+fi
 fuzz_seconds="${SHARDTRAIN_FUZZ_SECONDS:-60}"
 if [ $# -eq 0 ] && [ "$fuzz_seconds" -gt 0 ]; then
   "$SHARDTRAIN_ROOT/scripts/fuzz.sh" "$fuzz_seconds"

@@ -13,6 +13,7 @@
 #include <prometheus/registry.h>
 
 #include "common/payload.h"
+#include "common/testing/status_matchers.h"
 #include "server/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -28,8 +29,6 @@ std::string TempDir() {
   return dir;
 }
 
-
-
 int CountFiles(const std::string& dir) {
   int count = 0;
   DIR* d = opendir(dir.c_str());
@@ -40,16 +39,14 @@ int CountFiles(const std::string& dir) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Shard> NewShard(const std::string& optimizer = "adam",
-                                  int num_shards = 1,
-                                  ConsistencyMode mode = ConsistencyMode::kAsync) {
+  absl::StatusOr<std::unique_ptr<Shard>> NewShard(
+      const std::string& optimizer = "adam", int num_shards = 1,
+      ConsistencyMode mode = ConsistencyMode::kAsync) {
     ShardOptions options;
     options.optimizer.name = optimizer;
     options.partitioning.num_shards = num_shards;
     options.mode = mode;
-    auto shard = Shard::Create(options, &metrics_);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    return std::move(*shard);
+    return Shard::Create(options, &metrics_);
   }
 
   // Registers "w" (several partitions) and applies `steps` more updates.
@@ -95,7 +92,7 @@ class CheckpointTest : public ::testing::Test {
 
 TEST_F(CheckpointTest, RestoreGivesBackTheExactState) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Train(*shard, 3);
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
@@ -104,7 +101,7 @@ TEST_F(CheckpointTest, RestoreGivesBackTheExactState) {
   EXPECT_EQ(written->partitions(), 3);
   EXPECT_GT(written->bytes(), 3 * 40000 * 4);
 
-  auto restored = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto restored, NewShard());
   Checkpointer reader({dir}, restored.get(), &metrics_);
   auto path = reader.RestoreLatest();
   ASSERT_TRUE(path.ok()) << path.status();
@@ -115,7 +112,7 @@ TEST_F(CheckpointTest, RestoreGivesBackTheExactState) {
 
 TEST_F(CheckpointTest, KeepsTheNewestTwoAndFallsBackPastACorruptOne) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
   Train(*shard, 1);
@@ -134,7 +131,7 @@ TEST_F(CheckpointTest, KeepsTheNewestTwoAndFallsBackPastACorruptOne) {
     file.seekp(newest->bytes() / 2);
     file.put('\x7f');
   }
-  auto restored = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto restored, NewShard());
   Checkpointer reader({dir}, restored.get(), &metrics_);
   auto path = reader.RestoreLatest();
   ASSERT_TRUE(path.ok()) << path.status();
@@ -144,7 +141,7 @@ TEST_F(CheckpointTest, KeepsTheNewestTwoAndFallsBackPastACorruptOne) {
 
 TEST_F(CheckpointTest, TruncatedAndForeignFilesAreDataLoss) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Train(*shard, 1);
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
@@ -162,11 +159,11 @@ TEST_F(CheckpointTest, TruncatedAndForeignFilesAreDataLoss) {
 
 TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   const std::string dir = TempDir();
-  auto shard = NewShard("adam");
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard("adam"));
   Train(*shard, 1);
   WriteOneCheckpoint(dir, shard.get());
   const auto before = DirectoryFiles(dir);
-  auto other = NewShard("sgd");
+  ASSERT_OK_AND_ASSIGN(auto other, NewShard("sgd"));
   Checkpointer reader({dir}, other.get(), &metrics_);
   auto path = reader.RestoreLatest();
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -180,7 +177,7 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
 }
 
 TEST_F(CheckpointTest, NoDirectoryMeansAFreshStart) {
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Checkpointer reader({TempDir() + "/absent"}, shard.get(), &metrics_);
   auto path = reader.RestoreLatest();
   ASSERT_TRUE(path.ok());
@@ -220,7 +217,7 @@ TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
   const std::string dir = TempDir();
   auto write_elsewhere = [&](bool with_bias, const std::string& name) {
     const std::string other = TempDir();
-    auto shard = NewShard();
+    ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
     Train(*shard, 1);
     if (with_bias) {
       RegisterRequest request;
@@ -240,7 +237,7 @@ TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
   write_elsewhere(true, "shard-0-of-1-000000000000.ckpt");
   write_elsewhere(false, "shard-0-of-1-000000000001.ckpt");
 
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Checkpointer writer({dir}, shard.get(), &metrics_);
   auto path = writer.RestoreLatest();
   ASSERT_TRUE(path.ok());
@@ -254,7 +251,7 @@ TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
 
 TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
   const std::string dir = TempDir();
-  auto big = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto big, NewShard());
   Train(*big, 1);
   {
     Checkpointer writer({dir}, big.get(), &metrics_);
@@ -264,7 +261,7 @@ TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
   }
   const auto old_files = DirectoryFiles(dir);
   ASSERT_EQ(old_files.size(), 2u);
-  auto restored = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto restored, NewShard());
   Checkpointer writer({dir}, restored.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
   RegisterRequest request;
@@ -283,7 +280,7 @@ TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
 
 TEST_F(CheckpointTest, NoEmptyCheckpointIsEverWritten) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
   auto written = writer.Write();
@@ -295,7 +292,7 @@ TEST_F(CheckpointTest, NoEmptyCheckpointIsEverWritten) {
 
 TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Train(*shard, 1);
   Checkpointer writer({dir}, shard.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
@@ -306,7 +303,7 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   CorruptMiddleByte(second->path());
   const auto before = DirectoryFiles(dir);
 
-  auto refused = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto refused, NewShard());
   Checkpointer reader({dir}, refused.get(), &metrics_);
   auto path = reader.RestoreLatest();
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -315,7 +312,7 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
   EXPECT_EQ(DirectoryFiles(dir), before);
 
   // Allowed: fresh, and new checkpoints never prune the unreadable ones.
-  auto fresh = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto fresh, NewShard());
   Checkpointer allowed({dir, 2, /*allow_fresh_start=*/true}, fresh.get(), &metrics_);
   path = allowed.RestoreLatest();
   ASSERT_TRUE(path.ok()) << path.status();
@@ -332,12 +329,12 @@ TEST_F(CheckpointTest, AllFilesUnreadableIsAnErrorUnlessAllowed) {
 
 TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
   const std::string dir = TempDir();
-  auto shard = NewShard("adam", /*num_shards=*/1);
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard("adam", /*num_shards=*/1));
   Train(*shard, 1);
   WriteOneCheckpoint(dir, shard.get());
   const auto before = DirectoryFiles(dir);
 
-  auto two = NewShard("adam", /*num_shards=*/2);
+  ASSERT_OK_AND_ASSIGN(auto two, NewShard("adam", /*num_shards=*/2));
   Checkpointer refused({dir}, two.get(), &metrics_);
   auto path = refused.RestoreLatest();
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -351,10 +348,10 @@ TEST_F(CheckpointTest, AnotherShardCountIsRefusedAndFreshStartLeavesItsFiles) {
 
 TEST_F(CheckpointTest, AnotherModeIsRefused) {
   const std::string dir = TempDir();
-  auto shard = NewShard();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Train(*shard, 1);
   WriteOneCheckpoint(dir, shard.get());
-  auto sync = NewShard("adam", 1, ConsistencyMode::kSync);
+  ASSERT_OK_AND_ASSIGN(auto sync, NewShard("adam", 1, ConsistencyMode::kSync));
   Checkpointer reader({dir}, sync.get(), &metrics_);
   auto path = reader.RestoreLatest();
   EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -365,7 +362,7 @@ TEST_F(CheckpointTest, AnUnwritableDirectoryIsRefused) {
   const std::string file = TempDir() + "/plain-file";
   std::ofstream(file) << "x";
   for (const std::string& dir : {file, file + "/sub"}) {
-    auto shard = NewShard();
+    ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
     Checkpointer reader({dir}, shard.get(), &metrics_);
     auto path = reader.RestoreLatest();
     EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition) << dir;

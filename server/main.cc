@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "common/atomic_file.h"
 #include "common/flags_usage.h"
@@ -166,6 +167,7 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  shardtrain::common::SkipDeadlockDetectionInRelease();
   shardtrain::common::ParseFlags(argc, argv, "One shard of a shardtrain parameter server.");
   shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;

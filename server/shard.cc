@@ -13,6 +13,7 @@
 #include "common/float_env.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "server/internal/partition_locks.h"
 
 namespace shardtrain::server {
 namespace {
@@ -472,8 +473,7 @@ absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* respon
   return absl::OkStatus();
 }
 
-absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response)
-    ABSL_NO_THREAD_SAFETY_ANALYSIS {
+absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response) {
   common::EnableFlushToZero();  // gRPC threads run the optimizer
   ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
   const bool sync = options_.mode == ConsistencyMode::kSync;
@@ -481,85 +481,92 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
 
   // All partitions of the request are locked, in id order, for the checks
   // and the update together: either every part is applied or none is.
-  for (DecodedPart& part : parts) part.partition->mu.Lock();
   absl::Status verdict;
-  for (DecodedPart& part : parts) {
-    const Partition& p = *part.partition;
-    const int64_t version = p.version.load(std::memory_order_relaxed);
-    if (part.version > version) {
-      // A resuming partition catches up (see shard.h): from any step when
-      // no gradient is pending; with gradients pending (a step it redoes),
-      // only from the next step, which workers one step ahead push.
-      if (sync && p.resuming &&
-          (p.contributions == 0 || part.version == version + 1)) {
-        part.ahead = true;
-        continue;
-      }
-      verdict = absl::OutOfRangeError(absl::StrFormat(
-          "%s/%d: gradient computed from version %d, but the partition is at "
-          "version %d",
-          p.tensor, p.index, part.version, version));
-      break;
-    }
-    if (sync && part.version < version) {
-      verdict = absl::FailedPreconditionError(absl::StrFormat(
-          "%s/%d: step %d is finished (partition at version %d); late "
-          "gradient dropped",
-          p.tensor, p.index, part.version, version));
-      break;
-    }
-    if (sync && p.contributed[worker]) {
-      verdict = absl::AlreadyExistsError(absl::StrFormat(
-          "%s/%d: worker %d already pushed a gradient for step %d", p.tensor,
-          p.index, worker, part.version));
-      break;
-    }
-  }
   int64_t max_staleness = 0;
   int64_t lost = 0;
   int fast_forwarded = 0;
-  if (verdict.ok()) {
+  {
+    std::vector<Partition*> to_lock;
+    to_lock.reserve(parts.size());
+    for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
+    const internal::PartitionLocks locks(std::move(to_lock));
     for (DecodedPart& part : parts) {
-      Partition& p = *part.partition;
-      const absl::Span<const float> grad = part.grad;
-      if (sync) {
-        if (part.ahead) {
-          // A restarted shard redoing a step (a worker sent again the
-          // gradient it had pushed to the previous incarnation) is overtaken
-          // by a worker that had that step's result before the restart:
-          // the step is closed with the gradients it has.
-          if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
-          const int64_t now = p.version.load(std::memory_order_relaxed);
-          if (part.version > now) {
-            p.version.store(part.version, std::memory_order_release);
-            NoteVersion(part.version);
-            if (p.version_gauge != nullptr) {
-              p.version_gauge->Set(static_cast<double>(part.version));
-            }
-            lost += part.version - now;
-            ++fast_forwarded;
-          }
+      const Partition& p = *part.partition;
+      p.mu.AssertHeld();  // by `locks`
+      const int64_t version = p.version.load(std::memory_order_relaxed);
+      if (part.version > version) {
+        // A resuming partition catches up (see shard.h): from any step when
+        // no gradient is pending; with gradients pending (a step it redoes),
+        // only from the next step, which workers one step ahead push.
+        if (sync && p.resuming &&
+            (p.contributions == 0 || part.version == version + 1)) {
+          part.ahead = true;
+          continue;
         }
-        if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
-        float* __restrict accum = p.accum.data();
-        const float* __restrict g = grad.data();
-        for (size_t i = 0; i < grad.size(); ++i) accum[i] += g[i];
-        p.contributed[worker] = true;
-        ++p.contributions;
-        MaybeFinishStep(p);
-      } else {
-        const int64_t staleness = p.version.load(std::memory_order_relaxed) - part.version;
-        max_staleness = std::max(max_staleness, staleness);
-        metrics_->staleness().Observe(static_cast<double>(staleness));
-        const float lr_scale =
-            options_.staleness_aware_lr && staleness > 1
-                ? 1.0f / static_cast<float>(staleness)
-                : 1.0f;
-        ApplyUpdate(p, grad.data(), lr_scale);
+        verdict = absl::OutOfRangeError(absl::StrFormat(
+            "%s/%d: gradient computed from version %d, but the partition is at "
+            "version %d",
+            p.tensor, p.index, part.version, version));
+        break;
+      }
+      if (sync && part.version < version) {
+        verdict = absl::FailedPreconditionError(absl::StrFormat(
+            "%s/%d: step %d is finished (partition at version %d); late "
+            "gradient dropped",
+            p.tensor, p.index, part.version, version));
+        break;
+      }
+      if (sync && p.contributed[worker]) {
+        verdict = absl::AlreadyExistsError(absl::StrFormat(
+            "%s/%d: worker %d already pushed a gradient for step %d", p.tensor,
+            p.index, worker, part.version));
+        break;
       }
     }
-  }
-  for (auto it = parts.rbegin(); it != parts.rend(); ++it) it->partition->mu.Unlock();
+    if (verdict.ok()) {
+      for (DecodedPart& part : parts) {
+        Partition& p = *part.partition;
+        p.mu.AssertHeld();  // by `locks`
+        const absl::Span<const float> grad = part.grad;
+        if (sync) {
+          if (part.ahead) {
+            // A restarted shard redoing a step (a worker sent again the
+            // gradient it had pushed to the previous incarnation) is overtaken
+            // by a worker that had that step's result before the restart:
+            // the step is closed with the gradients it has.
+            if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
+            const int64_t now = p.version.load(std::memory_order_relaxed);
+            if (part.version > now) {
+              p.version.store(part.version, std::memory_order_release);
+              NoteVersion(part.version);
+              if (p.version_gauge != nullptr) {
+                p.version_gauge->Set(static_cast<double>(part.version));
+              }
+              lost += part.version - now;
+              ++fast_forwarded;
+            }
+          }
+          if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
+          float* __restrict accum = p.accum.data();
+          const float* __restrict g = grad.data();
+          for (size_t i = 0; i < grad.size(); ++i) accum[i] += g[i];
+          p.contributed[worker] = true;
+          ++p.contributions;
+          MaybeFinishStep(p);
+        } else {
+          const int64_t staleness =
+              p.version.load(std::memory_order_relaxed) - part.version;
+          max_staleness = std::max(max_staleness, staleness);
+          metrics_->staleness().Observe(static_cast<double>(staleness));
+          const float lr_scale =
+              options_.staleness_aware_lr && staleness > 1
+                  ? 1.0f / static_cast<float>(staleness)
+                  : 1.0f;
+          ApplyUpdate(p, grad.data(), lr_scale);
+        }
+      }
+    }
+  }  // unlocks the partitions
   // Large scratch is not kept past a request that needed it.
   std::vector<std::vector<float>>& scratch = GradScratch();
   size_t scratch_elements = 0;

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 #include "worker/ps_client.h"
@@ -25,7 +26,7 @@ struct Outcome {
   double fast_wait_seconds = 0;
 };
 
-Outcome RunTwoWorkers(int64_t bound) {
+absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
   std::vector<std::unique_ptr<server::PsServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < 2; ++s) {
@@ -36,10 +37,10 @@ Outcome RunTwoWorkers(int64_t bound) {
     options.shard.mode = server::ConsistencyMode::kAsync;
     options.shard.num_workers = kWorkers;
     options.shard.max_staleness = bound;
-    auto shard = server::PsServer::Start(options);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    addresses.push_back("127.0.0.1:" + std::to_string((*shard)->port()));
-    shards.push_back(std::move(*shard));
+    ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard,
+                     server::PsServer::Start(options));
+    addresses.push_back("127.0.0.1:" + std::to_string(shard->port()));
+    shards.push_back(std::move(shard));
   }
   TensorSpec spec;
   spec.set_name("w");
@@ -108,7 +109,7 @@ Outcome RunTwoWorkers(int64_t bound) {
 
 TEST(StalenessBound, FastWorkerWaitsAndStalenessStaysBounded) {
   for (int64_t bound : {0, 2}) {
-    const Outcome outcome = RunTwoWorkers(bound);
+    ASSERT_OK_AND_ASSIGN(const Outcome outcome, RunTwoWorkers(bound));
     EXPECT_LE(outcome.max_gap, bound + 1) << "bound " << bound;
     EXPECT_LE(outcome.max_staleness, (kWorkers - 1) * (2 * bound + 1)) << "bound " << bound;
     // The fast worker spent most of the slow worker's 24 x 15 ms waiting.
@@ -117,7 +118,7 @@ TEST(StalenessBound, FastWorkerWaitsAndStalenessStaysBounded) {
 }
 
 TEST(StalenessBound, WithoutABoundTheFastWorkerRunsAhead) {
-  const Outcome outcome = RunTwoWorkers(-1);
+  ASSERT_OK_AND_ASSIGN(const Outcome outcome, RunTwoWorkers(-1));
   EXPECT_GT(outcome.max_gap, 3);
   EXPECT_GT(outcome.max_staleness, 3);
   EXPECT_LT(outcome.fast_wait_seconds, 0.05);

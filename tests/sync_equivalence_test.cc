@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/initializer.h"
+#include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/optimizer.h"
 #include "server/ps_server.h"
@@ -86,9 +87,9 @@ std::vector<std::vector<float>> TrainReference(const worker::ModelSpec& spec,
   return params;
 }
 
-std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
-                                                 const Data& data, int workers,
-                                                 bool overlap, bool pipelined) {
+absl::StatusOr<std::vector<std::vector<float>>> TrainDistributed(
+    const worker::ModelSpec& spec, const Data& data, int workers, bool overlap,
+    bool pipelined) {
   std::vector<std::unique_ptr<server::PsServer>> shards;
   std::vector<std::string> addresses;
   for (int s = 0; s < kShards; ++s) {
@@ -99,10 +100,10 @@ std::vector<std::vector<float>> TrainDistributed(const worker::ModelSpec& spec,
     options.shard.mode = server::ConsistencyMode::kSync;
     options.shard.num_workers = workers;
     options.shard.optimizer = Optimizer();
-    auto shard = server::PsServer::Start(options);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    addresses.push_back("127.0.0.1:" + std::to_string((*shard)->port()));
-    shards.push_back(std::move(*shard));
+    ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard,
+                     server::PsServer::Start(options));
+    addresses.push_back("127.0.0.1:" + std::to_string(shard->port()));
+    shards.push_back(std::move(shard));
   }
   std::vector<std::unique_ptr<worker::Backend>> backends;
   std::vector<std::unique_ptr<worker::PsClient>> clients;
@@ -161,10 +162,12 @@ class SyncEquivalence
 
 TEST_P(SyncEquivalence, MatchesOneProcessOnTheUnionOfBatches) {
   const auto [workers, overlap, pipelined] = GetParam();
-  const worker::ModelSpec spec = worker::ModelSpec::Parse("mlp:40-24-16-5").value();
+  ASSERT_OK_AND_ASSIGN(const worker::ModelSpec spec,
+                       worker::ModelSpec::Parse("mlp:40-24-16-5"));
   const Data data = MakeData(kSteps * workers * kBatch, 40, 5);
   const auto expected = TrainReference(spec, data, workers);
-  const auto actual = TrainDistributed(spec, data, workers, overlap, pipelined);
+  ASSERT_OK_AND_ASSIGN(const auto actual,
+                       TrainDistributed(spec, data, workers, overlap, pipelined));
   ASSERT_EQ(actual.size(), expected.size());
   float max_diff = 0, max_moved = 0;
   for (size_t i = 0; i < expected.size(); ++i) {

@@ -15,12 +15,16 @@
 // The public methods validate their arguments once, here, and forward to the
 // protected Do* hooks, so an implementation only ever sees well-formed calls.
 //
-// Example:
+// Example (C = A * B; MakeCpuBackend is in worker/cpu/cpu_backend.h):
 //   std::unique_ptr<Backend> backend = MakeCpuBackend();
-//   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> a, backend->Allocate(m *
-//   k)); RETURN_IF_ERROR(backend->CopyFromHost(host_a, a.get(), 0));
+//   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> a, backend->Allocate(m * k));
+//   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> b, backend->Allocate(k * n));
+//   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> c, backend->Allocate(m * n));
+//   RETURN_IF_ERROR(backend->CopyFromHost(host_a, a.get(), 0));
+//   RETURN_IF_ERROR(backend->CopyFromHost(host_b, b.get(), 0));
 //   RETURN_IF_ERROR(backend->Gemm(Trans::kNo, Trans::kNo, m, n, k, 1.0f,
 //                                 a->data(), b->data(), 0.0f, c->data()));
+//   RETURN_IF_ERROR(backend->CopyToHost(*c, 0, absl::MakeSpan(host_c)));
 #ifndef SHARDTRAIN_WORKER_BACKEND_H_
 #define SHARDTRAIN_WORKER_BACKEND_H_
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
+#include "common/deadlock_detection.h"
 #include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
@@ -232,6 +233,7 @@ absl::Status RunWorker() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  shardtrain::common::SkipDeadlockDetectionInRelease();
   shardtrain::common::ParseFlags(argc, argv, "One trainer of a shardtrain job.");
   shardtrain::common::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/cpu/cpu_backend.h"
@@ -102,12 +103,9 @@ double ReferenceLoss(const std::vector<double>& logits, int batch, int classes,
 
 class MlpTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Mlp> MakeMlp(const char* text, int max_batch) {
-    auto spec = ModelSpec::Parse(text);
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    auto mlp = Mlp::Create(*spec, backend_.get(), max_batch);
-    EXPECT_TRUE(mlp.ok()) << mlp.status();
-    return std::move(mlp).value();
+  absl::StatusOr<std::unique_ptr<Mlp>> MakeMlp(const char* text, int max_batch) {
+    ASSIGN_OR_RETURN(const ModelSpec spec, ModelSpec::Parse(text));
+    return Mlp::Create(spec, backend_.get(), max_batch);
   }
   std::vector<float> Grad(const Mlp& mlp, int index) {
     std::vector<float> g(NumElements(mlp.params()[index]));
@@ -119,7 +117,7 @@ class MlpTest : public ::testing::Test {
 };
 
 TEST_F(MlpTest, DescribesParameters) {
-  auto mlp = MakeMlp("mlp:784-256-128-10", 8);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:784-256-128-10", 8));
   std::vector<std::string> names;
   for (const ParamInfo& p : mlp->params()) names.push_back(p.name);
   EXPECT_THAT(names, ElementsAre("fc0.weight", "fc0.bias", "fc1.weight",
@@ -136,7 +134,7 @@ TEST_F(MlpTest, DescribesParameters) {
 }
 
 TEST_F(MlpTest, SetParamGetParamRoundTrip) {
-  auto mlp = MakeMlp("mlp:3-2", 1);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:3-2", 1));
   const std::vector<float> w = {1, 2, 3, 4, 5, 6};
   ASSERT_TRUE(mlp->SetParam(0, w).ok());
   std::vector<float> out(6);
@@ -149,10 +147,10 @@ TEST_F(MlpTest, SetParamGetParamRoundTrip) {
 TEST_F(MlpTest, GradientsMatchFiniteDifferences) {
   constexpr int kBatch = 4;
   constexpr float kEps = 1e-2f;
-  auto spec = *ModelSpec::Parse("mlp:7-5-4-3");
+  ASSERT_OK_AND_ASSIGN(auto spec, ModelSpec::Parse("mlp:7-5-4-3"));
   int checked = 0, skipped = 0;
   for (uint64_t seed = 1; seed <= 5; ++seed) {
-    auto mlp = MakeMlp("mlp:7-5-4-3", kBatch);
+    ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:7-5-4-3", kBatch));
     auto params = InitAll(*mlp, seed);
     const auto x = RandomInputs(kBatch * 7, seed);
     const auto labels = RandomLabels(kBatch, 3, seed);
@@ -206,8 +204,8 @@ TEST_F(MlpTest, GradientsMatchFiniteDifferences) {
 }
 
 TEST_F(MlpTest, GradientIsMeanOverBatch) {
-  auto single = MakeMlp("mlp:6-4-3", 2);
-  auto doubled = MakeMlp("mlp:6-4-3", 2);
+  ASSERT_OK_AND_ASSIGN(auto single, MakeMlp("mlp:6-4-3", 2));
+  ASSERT_OK_AND_ASSIGN(auto doubled, MakeMlp("mlp:6-4-3", 2));
   const auto params = InitAll(*single, 11);
   InitAll(*doubled, 11);
   const auto x = RandomInputs(6, 12);
@@ -230,7 +228,7 @@ TEST_F(MlpTest, GradientIsMeanOverBatch) {
 }
 
 TEST_F(MlpTest, OnGradReadyRunsOncePerParamInReverseOrder) {
-  auto mlp = MakeMlp("mlp:5-4-4-3", 3);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:5-4-4-3", 3));
   InitAll(*mlp, 3);
   const auto x = RandomInputs(15, 4);
   const auto labels = RandomLabels(3, 3, 5);
@@ -248,7 +246,7 @@ TEST_F(MlpTest, OnGradReadyRunsOncePerParamInReverseOrder) {
 // What the trainer does with overlap: start each gradient's host copy from
 // the callback and wait for it later.
 TEST_F(MlpTest, StartGradCopyFromTheCallbackGivesTheFinalGradient) {
-  auto mlp = MakeMlp("mlp:5-4-4-3", 3);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:5-4-4-3", 3));
   InitAll(*mlp, 3);
   const auto x = RandomInputs(15, 4);
   const auto labels = RandomLabels(3, 3, 5);
@@ -270,7 +268,7 @@ TEST_F(MlpTest, StartGradCopyFromTheCallbackGivesTheFinalGradient) {
 }
 
 TEST_F(MlpTest, RejectsBadInputs) {
-  auto mlp = MakeMlp("mlp:4-3", 2);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:4-3", 2));
   const std::vector<float> x(8, 0.5f);
   const int32_t ok_labels[] = {0, 2};
   const int32_t negative[] = {0, -1};
@@ -297,7 +295,7 @@ TEST_F(MlpTest, RejectsBadInputs) {
   EXPECT_EQ(mlp->SetParam(-1, bias).code(), kInvalid);
   EXPECT_TRUE(mlp->SetParam(1, bias).ok());
 
-  auto spec = *ModelSpec::Parse("mlp:4-3");
+  ASSERT_OK_AND_ASSIGN(auto spec, ModelSpec::Parse("mlp:4-3"));
   EXPECT_EQ(code(Mlp::Create(spec, backend_.get(), 0)), kInvalid);
   EXPECT_EQ(code(Mlp::Create(spec, nullptr, 4)), kInvalid);
   EXPECT_EQ(code(Mlp::Create(ModelSpec{{4}}, backend_.get(), 4)), kInvalid);
@@ -305,8 +303,8 @@ TEST_F(MlpTest, RejectsBadInputs) {
 
 TEST_F(MlpTest, CountCorrectMatchesReferenceAcrossChunks) {
   constexpr int kExamples = 23;  // Not a multiple of max_batch.
-  auto spec = *ModelSpec::Parse("mlp:6-8-4");
-  auto mlp = MakeMlp("mlp:6-8-4", 5);
+  ASSERT_OK_AND_ASSIGN(auto spec, ModelSpec::Parse("mlp:6-8-4"));
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:6-8-4", 5));
   const auto params = InitAll(*mlp, 21);
   const auto x = RandomInputs(kExamples * 6, 22);
   const auto labels = RandomLabels(kExamples, 4, 23);
@@ -324,7 +322,7 @@ TEST_F(MlpTest, CountCorrectMatchesReferenceAcrossChunks) {
 
 TEST_F(MlpTest, SgdStepsReduceLoss) {
   constexpr int kBatch = 16;
-  auto mlp = MakeMlp("mlp:10-16-4", kBatch);
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:10-16-4", kBatch));
   auto params = InitAll(*mlp, 31);
   const auto x = RandomInputs(kBatch * 10, 32);
   const auto labels = RandomLabels(kBatch, 4, 33);

@@ -81,17 +81,17 @@ void TensorExchange::SendLoop() {
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](TensorExchange* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return self->stopping_ || !self->queue_.empty();
-          },
-          this));
+      mu_.Await(absl::Condition(this, &TensorExchange::HasWorkOrStopping));
       if (queue_.empty()) return;  // stopping
       task = std::move(queue_.front());
       queue_.pop_front();
     }
     Send(task);
   }
+}
+
+bool TensorExchange::HasWorkOrStopping() const {
+  return stopping_ || !queue_.empty();
 }
 
 void TensorExchange::Send(const Task& task) {

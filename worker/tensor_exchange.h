@@ -117,6 +117,8 @@ class TensorExchange {
   };
 
   void SendLoop();
+  // SendLoop's wake-up condition: a task is queued or Finish is stopping.
+  bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(const Task& task);
   void StartPull(Call* call);
   void OnPushed(Call* call, const absl::Status& status);
