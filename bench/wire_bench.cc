@@ -93,9 +93,13 @@ ABSL_FLAG(double, seconds_per_case, 1.6,
           "split evenly over the rounds");
 ABSL_FLAG(int, rounds, 4, "Rounds per case; figures are medians over rounds");
 ABSL_FLAG(int, max_mb, 64, "Skip payloads larger than this many MiB");
+ABSL_FLAG(int, min_kb, 0, "Skip payloads smaller than this many KiB");
 ABSL_FLAG(bool, quick, false,
           "Payloads 4K, 1M and 16M only, --rounds=2, --seconds_per_case=0.6: "
           "under a minute");
+ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
+          "Systems to time, comma-separated (e.g. st1x1 alone while profiling)");
+ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server to start");
 ABSL_FLAG(bool, serve_echo, false,
           "Run the Echo baseline server instead (until SIGTERM), writing its "
@@ -462,6 +466,8 @@ struct BenchOptions {
   std::vector<int64_t> sizes;
   absl::Duration start_timeout = absl::Seconds(30);
   std::string out_path;
+  bool systems[kNumSystems] = {true, true, true, true};
+  std::vector<Op> ops = {Op::kPush, Op::kPull, Op::kPushPull};
 };
 
 // ps-server processes started with --port_file, with their PIDs.
@@ -553,7 +559,7 @@ std::string MakeTempDir() {
 
 absl::Status Run(const BenchOptions& options, const std::string& self,
                  const std::string& command_line, const std::string& dir) {
-  if (options.sizes.empty()) return absl::InvalidArgumentError("--max_mb leaves no sizes");
+  if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
   if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
   if (options.seconds_per_case <= 0) {
     return absl::InvalidArgumentError("--seconds_per_case must be positive");
@@ -578,7 +584,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
                                                     echo_log, options.start_timeout));
   std::unique_ptr<Iperf> iperf;
   std::string iperf_note;
-  {
+  if (options.systems[kIperf]) {
     absl::StatusOr<std::unique_ptr<Iperf>> started =
         Iperf::Start(children, options.iperf3, dir, options.iperf_seconds);
     if (started.ok()) {
@@ -589,6 +595,8 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
     } else {
       iperf_note = absl::StrCat("# iperf3 left out: ", started.status().message(), "\n");
     }
+  } else {
+    iperf_note = "# iperf3 not selected (--systems)\n";
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client1, Connect(one, 0));
@@ -624,14 +632,14 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
     // A tensor of one partition lives whole on one shard, and PsClient
     // refuses to push nothing to the other (INVALID_ARGUMENT "push carries
     // no gradients"): 2x2 needs a payload of at least two partitions.
-    const bool spread = common::NumPartitions(
-                            bytes / static_cast<int64_t>(sizeof(float)),
-                            {common::kDefaultMaxPartitionElements, 2}) >= 2;
+    const bool spread = options.systems[kSt2x2] &&
+                        common::NumPartitions(bytes / static_cast<int64_t>(sizeof(float)),
+                                              {common::kDefaultMaxPartitionElements, 2}) >= 2;
     std::unique_ptr<BenchTensor> tensors2[2];
     for (int w = 0; w < 2 && spread; ++w) {
       ASSIGN_OR_RETURN(tensors2[w], BenchTensor::Register(*clients2[w], bytes));
     }
-    for (Op op : {Op::kPush, Op::kPull, Op::kPushPull}) {
+    for (Op op : options.ops) {
       Row row;
       row.payload_bytes = bytes;
       row.op = op;
@@ -646,6 +654,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
           {[&] { return echo.Call(echo_source, echo_request_bytes, echo_reply_bytes); }}};
       const std::vector<pid_t> servers[3] = {one.pids, two.pids, {echo_pid}};
       for (int s = 0; s < 3; ++s) {
+        if (!options.systems[s]) continue;
         for (const OpFn& fn : ops[s]) RETURN_IF_ERROR(WarmUp(fn));
       }
       for (int round = 0; round < options.rounds; ++round) {
@@ -653,7 +662,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
         for (int turn = 0; turn < kNumSystems; ++turn) {
           const int s = (turn + round) % kNumSystems;
           Block block;
-          if (s == kSt2x2 && !spread) continue;
+          if (!options.systems[s] || (s == kSt2x2 && !spread)) continue;
           if (s == kIperf) {
             if (iperf == nullptr) continue;
             RETURN_IF_ERROR(iperf->Run(&block));
@@ -666,8 +675,8 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
         }
         for (int s = 0; s < kNumSystems; ++s) {
           if (rate[s] == 0) continue;
-          if (iperf != nullptr) row.vs_iperf[s].push_back(rate[s] / rate[kIperf]);
-          if (s != kEcho) row.vs_echo[s].push_back(rate[s] / rate[kEcho]);
+          if (iperf != nullptr && rate[kIperf] > 0) row.vs_iperf[s].push_back(rate[s] / rate[kIperf]);
+          if (s != kEcho && rate[kEcho] > 0) row.vs_echo[s].push_back(rate[s] / rate[kEcho]);
         }
       }
       row.vs_iperf[kIperf].clear();
@@ -761,8 +770,35 @@ int main(int argc, char** argv) {
     options.rounds = 2;
     options.seconds_per_case = 0.6;
   }
+  const std::map<std::string, int> system_names = {
+      {"st1x1", b::kSt1x1}, {"st2x2", b::kSt2x2}, {"echo", b::kEcho}, {"iperf3", b::kIperf}};
+  std::fill(std::begin(options.systems), std::end(options.systems), false);
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',')) {
+    const auto it = system_names.find(std::string(name));
+    if (it == system_names.end()) {
+      LOG(ERROR) << "--systems: unknown system " << name;
+      return 2;
+    }
+    options.systems[it->second] = true;
+  }
+  options.ops.clear();
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_ops), ',')) {
+    if (name == "push") {
+      options.ops.push_back(shardtrain::bench::Op::kPush);
+    } else if (name == "pull") {
+      options.ops.push_back(shardtrain::bench::Op::kPull);
+    } else if (name == "pushpull") {
+      options.ops.push_back(shardtrain::bench::Op::kPushPull);
+    } else {
+      LOG(ERROR) << "--ops: unknown op " << name;
+      return 2;
+    }
+  }
   for (int64_t bytes : candidates) {
-    if (bytes <= int64_t{absl::GetFlag(FLAGS_max_mb)} << 20) options.sizes.push_back(bytes);
+    if (bytes <= int64_t{absl::GetFlag(FLAGS_max_mb)} << 20 &&
+        bytes >= int64_t{absl::GetFlag(FLAGS_min_kb)} << 10) {
+      options.sizes.push_back(bytes);
+    }
   }
   const std::string dir = b::MakeTempDir();
   if (dir.empty()) {
