@@ -66,6 +66,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_util.h"
 #include "bench/echo.grpc.pb.h"
 #include "common/credentials.h"
 #include "common/status_macros.h"
@@ -92,11 +93,6 @@ ABSL_FLAG(int, rounds, 9,
 namespace shardtrain::bench {
 namespace {
 
-constexpr int kMaxMessageBytes = 256 << 20;
-constexpr int kWarmupCalls = 4;
-
-using Clock = std::chrono::steady_clock;
-
 struct BenchOptions {
   // Each case runs for at least `seconds_per_case` and `min_iterations`
   // calls, and stops after `max_seconds_per_case` once it has 2 calls.
@@ -114,188 +110,15 @@ struct BenchOptions {
 };
 
 // ---------------------------------------------------------------------------
-// The Echo baseline server.
-
-// Answers every Echo with `reply_bytes` bytes copied from a buffer filled at
-// start-up. Request and reply messages are recycled, so their byte buffers
-// keep their capacity from call to call. Thread-safe.
-class EchoServiceImpl final : public Echo::CallbackService {
- public:
-  explicit EchoServiceImpl(int64_t max_reply_bytes)
-      : source_(static_cast<size_t>(max_reply_bytes), '\x5a') {
-    SetMessageAllocatorFor_Echo(&pool_);
-  }
-
-  grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
-                                 const EchoRequest* request,
-                                 EchoReply* reply) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    if (request->reply_bytes() > source_.size()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   "reply_bytes is larger than the server's buffer"));
-      return reactor;
-    }
-    reply->mutable_payload()->assign(source_.data(), request->reply_bytes());
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
- private:
-  const std::string source_;
-  server::internal::MessagePool<EchoRequest, EchoReply> pool_{4};
-};
-
-// The Echo service and its gRPC server on 127.0.0.1, port chosen free.
-// Thread-safe.
-class EchoServer {
- public:
-  static absl::StatusOr<std::unique_ptr<EchoServer>> Start(int64_t max_reply_bytes) {
-    std::unique_ptr<EchoServer> server(new EchoServer(max_reply_bytes));
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
-                             &server->port_);
-    builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    builder.SetMaxSendMessageSize(kMaxMessageBytes);
-    builder.RegisterService(&server->service_);
-    server->server_ = builder.BuildAndStart();
-    if (server->server_ == nullptr || server->port_ == 0) {
-      return absl::UnavailableError("echo server cannot listen on 127.0.0.1:0");
-    }
-    return server;
-  }
-  ~EchoServer() {
-    if (server_ != nullptr) server_->Shutdown();
-  }
-
-  int port() const { return port_; }
-
- private:
-  explicit EchoServer(int64_t max_reply_bytes) : service_(max_reply_bytes) {}
-
-  EchoServiceImpl service_;  // outlives server_
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-};
-
-// One Echo call at a time over the callback API, as PsClient makes its
-// calls; the request and reply messages are reused. Thread-compatible.
-class EchoClient {
- public:
-  explicit EchoClient(const std::string& address) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
-    stub_ = Echo::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args));
-  }
-
-  // Sends `request_bytes` bytes copied from `source` and asks for
-  // `reply_bytes` back. REQUIRES: request_bytes <= source.size().
-  absl::Status Call(const std::string& source, int64_t request_bytes,
-                    int64_t reply_bytes) {
-    request_.mutable_payload()->assign(source.data(),
-                                       static_cast<size_t>(request_bytes));
-    request_.set_reply_bytes(static_cast<uint64_t>(reply_bytes));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    absl::Notification done;
-    grpc::Status status;
-    stub_->async()->Echo(&context, &request_, &reply_,
-                         [&status, &done](grpc::Status s) {
-                           status = std::move(s);
-                           done.Notify();
-                         });
-    done.WaitForNotification();
-    if (!status.ok()) {
-      return absl::UnavailableError(absl::StrCat("echo: ", status.error_message()));
-    }
-    if (reply_.payload().size() != static_cast<size_t>(reply_bytes)) {
-      return absl::InternalError("echo reply has the wrong size");
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  std::unique_ptr<Echo::Stub> stub_;
-  EchoRequest request_;
-  EchoReply reply_;
-};
-
-// ---------------------------------------------------------------------------
 // Timing.
 
-struct Timing {
-  int iterations = 0;
-  double total_seconds = 0;
-  double p50_seconds = 0;
-  double p99_seconds = 0;
-};
-
-double Percentile(std::vector<double> sorted, double q) {
-  // Nearest rank: with few samples p99 is the slowest call.
-  const size_t rank = static_cast<size_t>(q * static_cast<double>(sorted.size()) + 0.999999);
-  return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+// A case has enough calls of a system, or has run long enough to stop.
+bool Enough(const Sampler& sampler, const BenchOptions& options) {
+  return sampler.calls() >= options.min_iterations &&
+         sampler.total_seconds() >= options.seconds_per_case;
 }
-
-using OpFn = std::function<absl::Status()>;
-
-// Call-by-call times of one op.
-class Sampler {
- public:
-  // Calls `op` until `block_seconds` have passed (at least once).
-  absl::Status RunBlock(const OpFn& op, double block_seconds) {
-    const Clock::time_point block_start = Clock::now();
-    while (true) {
-      const Clock::time_point call_start = Clock::now();
-      RETURN_IF_ERROR(op());
-      const Clock::time_point call_end = Clock::now();
-      const double seconds = std::chrono::duration<double>(call_end - call_start).count();
-      samples_.push_back(seconds);
-      total_seconds_ += seconds;
-      if (std::chrono::duration<double>(call_end - block_start).count() >= block_seconds) {
-        return absl::OkStatus();
-      }
-    }
-  }
-
-  bool Enough(const BenchOptions& options) const {
-    return static_cast<int>(samples_.size()) >= options.min_iterations &&
-           total_seconds_ >= options.seconds_per_case;
-  }
-  bool Capped(const BenchOptions& options) const {
-    return samples_.size() >= 2 && total_seconds_ >= options.max_seconds_per_case;
-  }
-
-  int calls() const { return static_cast<int>(samples_.size()); }
-  double total_seconds() const { return total_seconds_; }
-
-  Timing Summary() const {
-    Timing timing;
-    timing.iterations = static_cast<int>(samples_.size());
-    timing.total_seconds = total_seconds_;
-    std::vector<double> sorted = samples_;
-    std::sort(sorted.begin(), sorted.end());
-    timing.p50_seconds = Percentile(sorted, 0.50);
-    timing.p99_seconds = Percentile(sorted, 0.99);
-    return timing;
-  }
-
- private:
-  std::vector<double> samples_;
-  double total_seconds_ = 0;
-};
-
-// Grows every reused buffer to size and faults its pages in. One call is
-// not enough: the servers recycle request/response pairs from a pool, and a
-// call may start before the previous pair is back.
-absl::Status WarmUp(const OpFn& op) {
-  const Clock::time_point warm_start = Clock::now();
-  for (int i = 0; i < kWarmupCalls || (i < 1000 && Clock::now() - warm_start <
-                                                       std::chrono::milliseconds(100));
-       ++i) {
-    RETURN_IF_ERROR(op());
-  }
-  return absl::OkStatus();
+bool Capped(const Sampler& sampler, const BenchOptions& options) {
+  return sampler.calls() >= 2 && sampler.total_seconds() >= options.max_seconds_per_case;
 }
 
 // Warms both ops up, then times them in alternating blocks of about a
@@ -310,8 +133,8 @@ absl::Status TimePair(const BenchOptions& options, const OpFn& shard_op,
   const double block_seconds = options.seconds_per_case / 4;
   Sampler shard;
   Sampler echo;
-  while (!(shard.Enough(options) && echo.Enough(options)) &&
-         !(shard.Capped(options) || echo.Capped(options))) {
+  while (!(Enough(shard, options) && Enough(echo, options)) &&
+         !(Capped(shard, options) || Capped(echo, options))) {
     RETURN_IF_ERROR(shard.RunBlock(shard_op, block_seconds));
     RETURN_IF_ERROR(echo.RunBlock(echo_op, block_seconds));
   }
@@ -323,20 +146,6 @@ absl::Status TimePair(const BenchOptions& options, const OpFn& shard_op,
 // ---------------------------------------------------------------------------
 // The benchmark.
 
-enum class Op { kPush, kPull, kPushPull };
-
-const char* OpName(Op op) {
-  switch (op) {
-    case Op::kPush:
-      return "push";
-    case Op::kPull:
-      return "pull";
-    case Op::kPushPull:
-      return "pushpull";
-  }
-  return "?";
-}
-
 struct Row {
   int64_t payload_bytes = 0;
   Op op = Op::kPush;
@@ -344,30 +153,11 @@ struct Row {
   Timing echo;
 };
 
-std::string SizeName(int64_t bytes) {
-  if (bytes >= (1 << 20)) return absl::StrCat(bytes >> 20, "M");
-  return absl::StrCat(bytes >> 10, "K");
-}
-
 // Payload bytes moved per second, in MB/s (1e6 bytes).
 double MegabytesPerSecond(int64_t payload_bytes, Op op, const Timing& timing) {
   const double bytes_per_call =
       static_cast<double>(payload_bytes) * (op == Op::kPushPull ? 2 : 1);
   return bytes_per_call * timing.iterations / timing.total_seconds / 1e6;
-}
-
-std::string MachineDescription() {
-  std::string cpu = "unknown CPU";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) cpu = line.substr(colon + 2);
-      break;
-    }
-  }
-  return absl::StrFormat("machine: %s, %d online cores", cpu,
-                         sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 std::string TableHeader() {
@@ -408,57 +198,6 @@ absl::StatusOr<std::unique_ptr<worker::PsClient>> ConnectClient(
   return worker::PsClient::Create(client_options, nullptr);
 }
 
-// One f32 tensor of a payload size, registered through one client, with
-// that client's gradient and parameter buffers and push clock: makes the
-// calls that the benchmark times. Thread-compatible; must outlive the ops it
-// makes.
-class BenchTensor {
- public:
-  static absl::StatusOr<std::unique_ptr<BenchTensor>> Register(worker::PsClient& client,
-                                                                int64_t payload_bytes) {
-    const int64_t elements = payload_bytes / static_cast<int64_t>(sizeof(float));
-    TensorSpec spec;
-    spec.set_name(absl::StrCat("bench_", SizeName(payload_bytes)));
-    spec.add_shape(elements);
-    spec.set_dtype(DTYPE_F32);
-    RETURN_IF_ERROR(client.Register({spec}));
-    return std::unique_ptr<BenchTensor>(new BenchTensor(client, elements));
-  }
-
-  // PsClient::Push, Pull or PushPull of the whole tensor.
-  OpFn MakeOp(Op op) {
-    switch (op) {
-      case Op::kPush:
-        return [this] { return client_.Push(++clock_, grads_, &push_stats_); };
-      case Op::kPull:
-        return [this] { return client_.Pull(clock_, 0, outs_, &pull_stats_); };
-      case Op::kPushPull:
-        return [this] {
-          return client_.PushPull(++clock_, 0, grads_, outs_, &push_stats_, &pull_stats_);
-        };
-    }
-    return [] { return absl::InternalError("unknown op"); };
-  }
-
- private:
-  BenchTensor(worker::PsClient& client, int64_t elements)
-      : client_(client),
-        // Small, finite gradients: SGD moves the parameters a little each push.
-        grad_(static_cast<size_t>(elements), 1e-3f),
-        params_(static_cast<size_t>(elements), 0.0f),
-        grads_{grad_},
-        outs_{absl::MakeSpan(params_)} {}
-
-  worker::PsClient& client_;
-  std::vector<float> grad_;
-  std::vector<float> params_;
-  const absl::Span<const float> grads_[1];
-  const absl::Span<float> outs_[1];
-  int64_t clock_ = 0;
-  worker::PushStats push_stats_;
-  worker::PullStats pull_stats_;
-};
-
 // Measures every op for one payload size; appends a row per op.
 absl::Status BenchSize(const BenchOptions& options, int64_t payload_bytes,
                        worker::PsClient& client, EchoClient& echo,
@@ -491,30 +230,9 @@ std::vector<int64_t> PayloadSizes(const BenchOptions& options) {
   return sizes;
 }
 
-std::string CommonHeader(const std::string& command_line) {
-  return absl::StrCat(
-      "# command: ", command_line, "\n",
-      "# date: ", absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", absl::Now(), absl::UTCTimeZone()),
-      "\n# ", MachineDescription(), "\n");
-}
-
-absl::Status WriteTable(const std::string& path, const std::string& table) {
-  std::ofstream out(path);
-  out << table;
-  out.close();
-  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  std::printf("wrote %s\n", path.c_str());
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------
 // --secure: the same PsClient calls over plaintext and over mutual TLS with
 // the shared token.
-
-double Median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
 
 // A fresh temporary directory holding what scripts/make-certs.sh writes: a
 // CA, a shard certificate for 127.0.0.1, a client certificate and a token.

@@ -1,0 +1,816 @@
+// wire_bench: how close PsClient gets to the wire, with every server in its
+// own process, as in a real job.
+//
+//   wire_bench --out=bench/results/wire_cpu.txt       (about 4 minutes)
+//   wire_bench --quick                                (under a minute)
+//
+// Systems, each measured for every payload (4K ... 64M of f32) and op
+// (push, pull, pushpull):
+//   st 1x1   one PsClient (one thread) against one ps-server process
+//   st 2x2   two PsClients (worker 0 and 1, one thread each, at once)
+//            against two ps-server processes (the tensor's partitions
+//            spread over both shards)
+//   echo     the raw gRPC Echo (bench/echo.proto) against a second
+//            wire_bench process started with --serve_echo, carrying the same
+//            payload bytes in the same direction(s)
+//   iperf3   a single-stream `iperf3 -c 127.0.0.1 -t N` (default settings)
+//            against an `iperf3 -s` process: the reference for what one TCP
+//            stream over loopback moves on this machine
+// The ps-servers run async with sgd (--bin_dir/ps-server). Each (size, op)
+// case runs --rounds rounds after warm-up; a round times one block of
+// --seconds_per_case / --rounds of each gRPC system and one iperf3 run, in an
+// order that rotates from round to round, so that a shared machine's
+// drifting speed touches every system alike. Figures:
+//   MB/s       1e6 payload bytes per second of wall time (both directions for
+//              pushpull; 2x2: both workers together), median over rounds
+//   p50, p99   call latency in ms over all rounds' calls (2x2: both workers)
+//   CPU ms/MB  (CPU time of the client process, from getrusage, + CPU time of
+//              the server process(es), from /proc/PID/stat utime + stime)
+//              over all timed blocks / MB moved: the least noisy figure on a
+//              shared machine. iperf3: its client's (reaped child, from
+//              getrusage) + its server's (/proc).
+//   x iperf3   median over rounds of MB/s / the same round's iperf3 MB/s
+//   x echo     median over rounds of MB/s / the same round's echo MB/s
+// Without iperf3 on the PATH (or at --iperf3) its rows and column are left
+// out with a note. Every process the bench starts is stopped (by PID) when
+// it ends, on error, and on SIGINT/SIGTERM/SIGHUP.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <glog/logging.h>
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "bench/bench_util.h"
+#include "common/malloc_tuning.h"
+#include "common/partition.h"
+#include "common/status_macros.h"
+#include "worker/ps_client.h"
+
+ABSL_FLAG(std::string, out, "", "If set, also write the results table to this file");
+ABSL_FLAG(std::string, bin_dir, "",
+          "Directory holding ps-server; default: this binary's own directory");
+ABSL_FLAG(std::string, iperf3, "iperf3",
+          "iperf3 binary (looked up on the PATH); its rows are skipped if absent");
+ABSL_FLAG(int, iperf_seconds, 1, "Length of each iperf3 run (-t), in seconds");
+ABSL_FLAG(double, seconds_per_case, 1.6,
+          "Time each (size, op, gRPC system) case for about this long in all, "
+          "split evenly over the rounds");
+ABSL_FLAG(int, rounds, 4, "Rounds per case; figures are medians over rounds");
+ABSL_FLAG(int, max_mb, 64, "Skip payloads larger than this many MiB");
+ABSL_FLAG(int, min_kb, 0, "Skip payloads smaller than this many KiB");
+ABSL_FLAG(bool, quick, false,
+          "Payloads 4K, 1M and 16M only, --rounds=2, --seconds_per_case=0.6: "
+          "under a minute");
+ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
+          "Systems to time, comma-separated (e.g. st1x1 alone while profiling)");
+ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
+ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server to start");
+ABSL_FLAG(bool, serve_echo, false,
+          "Run the Echo baseline server instead (until SIGTERM), writing its "
+          "port to --port_file");
+ABSL_FLAG(std::string, port_file, "", "--serve_echo: write the port here");
+ABSL_FLAG(int, echo_max_mb, 64, "--serve_echo: largest reply in MiB");
+
+extern char** environ;
+
+namespace shardtrain::bench {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Child processes.
+
+// The PIDs of running children, for the signal handler.
+constexpr int kMaxChildren = 16;
+std::atomic<pid_t> g_children[kMaxChildren];
+
+void KillChildrenAndExit(int signal) {
+  for (std::atomic<pid_t>& child : g_children) {
+    const pid_t pid = child.load();
+    if (pid > 0) kill(pid, SIGKILL);
+  }
+  _exit(128 + signal);
+}
+
+// Processes started by the bench, stopped (SIGTERM, then SIGKILL after 5 s)
+// when this object goes, and killed by the signal handler if the bench is
+// interrupted. Not thread-safe.
+class Children {
+ public:
+  Children() = default;
+  Children(const Children&) = delete;
+  Children& operator=(const Children&) = delete;
+  ~Children() {
+    for (std::atomic<pid_t>& child : g_children) {
+      const pid_t pid = child.load();
+      if (pid > 0) kill(pid, SIGTERM);
+    }
+    for (std::atomic<pid_t>& child : g_children) {
+      const pid_t pid = child.load();
+      if (pid <= 0) continue;
+      if (!Wait(pid, absl::Seconds(5)).ok()) {
+        kill(pid, SIGKILL);
+        (void)Wait(pid, absl::Seconds(5));
+      }
+    }
+  }
+
+  // Starts `argv` with stdout and stderr going to `log_path`.
+  absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
+                              const std::string& log_path) {
+    std::atomic<pid_t>* slot = nullptr;
+    for (std::atomic<pid_t>& child : g_children) {
+      if (child.load() == 0) {
+        slot = &child;
+        break;
+      }
+    }
+    if (slot == nullptr) return absl::ResourceExhaustedError("too many child processes");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> args;
+    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = 0;
+    // Block the stop signals around the spawn so that the handler never
+    // misses a PID: it is stored before they are let through again.
+    sigset_t stop, old;
+    sigemptyset(&stop);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+    pthread_sigmask(SIG_BLOCK, &stop, &old);
+    const int err = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
+    if (err == 0) slot->store(pid);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    posix_spawn_file_actions_destroy(&actions);
+    if (err != 0) {
+      return absl::NotFoundError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(err)));
+    }
+    return pid;
+  }
+
+  // Waits up to `timeout` for `pid` to exit; returns its exit code.
+  absl::StatusOr<int> Wait(pid_t pid, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (true) {
+      int status = 0;
+      const pid_t done = waitpid(pid, &status, WNOHANG);
+      if (done == pid) {
+        Forget(pid);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      if (done < 0) {
+        Forget(pid);
+        return absl::InternalError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("process ", pid, " still running"));
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  }
+
+  // Whether `pid` has exited (and is then reaped).
+  bool Exited(pid_t pid) { return Wait(pid, absl::ZeroDuration()).ok(); }
+
+ private:
+  static void Forget(pid_t pid) {
+    for (std::atomic<pid_t>& child : g_children) {
+      if (child.load() == pid) child.store(0);
+    }
+  }
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Waits for `path` to name a port while `pid` runs.
+absl::StatusOr<int> WaitForPort(Children& children, pid_t pid, const std::string& path,
+                                const std::string& log_path, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    std::ifstream in(path);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    if (children.Exited(pid)) {
+      return absl::UnavailableError(absl::StrCat("process ", pid, " exited before writing ",
+                                                 path, "; its log:\n", ReadFile(log_path)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
+}
+
+// A free TCP port on 127.0.0.1 now (bound and released), for iperf3, which
+// cannot report the port it picked.
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
+    close(fd);
+    return absl::InternalError("cannot pick a free port");
+  }
+  close(fd);
+  return static_cast<int>(ntohs(addr.sin_port));
+}
+
+// ---------------------------------------------------------------------------
+// CPU time.
+
+double SelfCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+double ReapedChildrenCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_CHILDREN, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
+         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+// utime + stime of a running process, from /proc/PID/stat.
+absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
+  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) {
+    return absl::NotFoundError(absl::StrCat("cannot read /proc/", pid, "/stat"));
+  }
+  // Fields after the command name start at field 3 (state); utime and
+  // stime are fields 14 and 15.
+  const std::vector<std::string> fields =
+      absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
+  if (fields.size() < 13) return absl::InternalError("short /proc/PID/stat");
+  const double ticks = std::strtod(fields[11].c_str(), nullptr) +
+                       std::strtod(fields[12].c_str(), nullptr);
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+absl::StatusOr<double> ProcessesCpuSeconds(const std::vector<pid_t>& pids) {
+  double total = 0;
+  for (pid_t pid : pids) {
+    ASSIGN_OR_RETURN(double seconds, ProcessCpuSeconds(pid));
+    total += seconds;
+  }
+  return total;
+}
+
+// ---------------------------------------------------------------------------
+// Measurements.
+
+enum System { kSt1x1 = 0, kSt2x2, kEcho, kIperf, kNumSystems };
+const char* const kSystemNames[kNumSystems] = {"st 1x1", "st 2x2", "echo", "iperf3"};
+
+// What one system did in one (size, op) case, over all rounds.
+struct CaseFigures {
+  std::vector<double> rates;  // MB/s per round
+  Sampler calls;              // every call's latency (not iperf3)
+  double megabytes = 0;
+  double client_cpu_seconds = 0;
+  double server_cpu_seconds = 0;
+  bool measured = false;
+};
+
+// One timed block: wall time, bytes and CPU.
+struct Block {
+  double seconds = 0;
+  double megabytes = 0;
+  double client_cpu_seconds = 0;
+  double server_cpu_seconds = 0;
+};
+
+void Add(const Block& block, CaseFigures* figures) {
+  figures->rates.push_back(block.megabytes / block.seconds);
+  figures->megabytes += block.megabytes;
+  figures->client_cpu_seconds += block.client_cpu_seconds;
+  figures->server_cpu_seconds += block.server_cpu_seconds;
+  figures->measured = true;
+}
+
+// Runs `ops` (one per thread, all at once) for `block_seconds` and measures
+// the block; `servers` are the server processes whose CPU counts.
+absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
+                       double megabytes_per_call, const std::vector<pid_t>& servers,
+                       Block* block, Sampler* calls) {
+  std::vector<Sampler> samplers(ops.size());
+  std::vector<absl::Status> statuses(ops.size());
+  ASSIGN_OR_RETURN(const double server_before, ProcessesCpuSeconds(servers));
+  const double client_before = SelfCpuSeconds();
+  const Clock::time_point start = Clock::now();
+  if (ops.size() == 1) {
+    statuses[0] = samplers[0].RunBlock(ops[0], block_seconds);
+  } else {
+    absl::Notification go;
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      threads.emplace_back([&, i] {
+        go.WaitForNotification();
+        statuses[i] = samplers[i].RunBlock(ops[i], block_seconds);
+      });
+    }
+    go.Notify();
+    for (std::thread& thread : threads) thread.join();
+  }
+  const Clock::time_point end = Clock::now();
+  const double client_after = SelfCpuSeconds();
+  ASSIGN_OR_RETURN(const double server_after, ProcessesCpuSeconds(servers));
+  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
+  block->seconds = std::chrono::duration<double>(end - start).count();
+  block->megabytes = 0;
+  for (const Sampler& sampler : samplers) {
+    block->megabytes += megabytes_per_call * sampler.calls();
+    calls->Merge(sampler);
+  }
+  block->client_cpu_seconds = client_after - client_before;
+  block->server_cpu_seconds = server_after - server_before;
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// iperf3.
+
+// A running `iperf3 -s` and single-stream client runs against it.
+class Iperf {
+ public:
+  static absl::StatusOr<std::unique_ptr<Iperf>> Start(Children& children,
+                                                      const std::string& binary,
+                                                      const std::string& dir, int seconds) {
+    ASSIGN_OR_RETURN(const int port, PickFreePort());
+    std::unique_ptr<Iperf> iperf(new Iperf(children, binary, dir, seconds, port));
+    ASSIGN_OR_RETURN(iperf->server_pid_,
+                     children.Start({binary, "-s", "-p", absl::StrCat(port), "-B", "127.0.0.1"},
+                                    absl::StrCat(dir, "/iperf3-server.log")));
+    // The server has no port file: retry the first run until it listens.
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    Block ignored;
+    while (true) {
+      const absl::Status run = iperf->Run(&ignored);
+      if (run.ok()) break;
+      if (absl::Now() > deadline || children.Exited(iperf->server_pid_)) {
+        return absl::UnavailableError(absl::StrCat("iperf3 does not run: ", run.message()));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return iperf;
+  }
+
+  // One `iperf3 -c 127.0.0.1 -t N -J` run.
+  absl::Status Run(Block* block) {
+    const std::string json_path = absl::StrCat(dir_, "/iperf3-client.json");
+    const double children_before = ReapedChildrenCpuSeconds();
+    ASSIGN_OR_RETURN(const double server_before, ProcessCpuSeconds(server_pid_));
+    ASSIGN_OR_RETURN(const pid_t pid,
+                     children_.Start({binary_, "-c", "127.0.0.1", "-p", absl::StrCat(port_),
+                                      "-t", absl::StrCat(seconds_), "-J"},
+                                     json_path));
+    ASSIGN_OR_RETURN(const int code, children_.Wait(pid, absl::Seconds(seconds_ + 20)));
+    ASSIGN_OR_RETURN(const double server_after, ProcessCpuSeconds(server_pid_));
+    const double children_after = ReapedChildrenCpuSeconds();
+    const std::string json = ReadFile(json_path);
+    if (code != 0) return absl::UnavailableError(absl::StrCat("iperf3 client exited ", code));
+    google::protobuf::Struct result;
+    if (!google::protobuf::util::JsonStringToMessage(json, &result).ok()) {
+      return absl::InternalError("iperf3 -J output is not JSON");
+    }
+    const auto& fields = result.fields();
+    if (!fields.contains("end")) return absl::InternalError("iperf3 JSON has no end");
+    const auto& end = fields.at("end").struct_value().fields();
+    if (!end.contains("sum_received")) {
+      return absl::InternalError("iperf3 JSON has no end.sum_received");
+    }
+    const auto& received = end.at("sum_received").struct_value().fields();
+    if (!received.contains("bytes") || !received.contains("seconds")) {
+      return absl::InternalError("iperf3 JSON end.sum_received lacks bytes or seconds");
+    }
+    block->megabytes = received.at("bytes").number_value() / 1e6;
+    block->seconds = received.at("seconds").number_value();
+    if (block->seconds <= 0) return absl::InternalError("iperf3 ran for no time");
+    block->client_cpu_seconds = children_after - children_before;
+    block->server_cpu_seconds = server_after - server_before;
+    return absl::OkStatus();
+  }
+
+ private:
+  Iperf(Children& children, std::string binary, std::string dir, int seconds, int port)
+      : children_(children),
+        binary_(std::move(binary)),
+        dir_(std::move(dir)),
+        seconds_(seconds),
+        port_(port) {}
+
+  Children& children_;
+  const std::string binary_;
+  const std::string dir_;
+  const int seconds_;
+  const int port_;
+  pid_t server_pid_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// The benchmark.
+
+struct BenchOptions {
+  std::string bin_dir;
+  std::string iperf3;
+  int iperf_seconds = 1;
+  double seconds_per_case = 1.6;
+  int rounds = 4;
+  std::vector<int64_t> sizes;
+  absl::Duration start_timeout = absl::Seconds(30);
+  std::string out_path;
+  bool systems[kNumSystems] = {true, true, true, true};
+  std::vector<Op> ops = {Op::kPush, Op::kPull, Op::kPushPull};
+};
+
+// ps-server processes started with --port_file, with their PIDs.
+struct Shards {
+  std::vector<pid_t> pids;
+  std::vector<std::string> addresses;
+};
+
+absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& options,
+                                   const std::string& dir, const std::string& name,
+                                   int count) {
+  Shards shards;
+  std::vector<std::string> port_files;
+  for (int i = 0; i < count; ++i) {
+    const std::string port_file = absl::StrCat(dir, "/", name, "-", i, ".port");
+    const std::string log = absl::StrCat(dir, "/", name, "-", i, ".log");
+    ASSIGN_OR_RETURN(
+        const pid_t pid,
+        children.Start({absl::StrCat(options.bin_dir, "/ps-server"), "--listen=127.0.0.1:0",
+                        "--metrics_listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
+                        absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
+                        absl::StrCat("--num_workers=", count), "--mode=async",
+                        "--optimizer=sgd", "--max_message_mb=256",
+                        "--heartbeat_timeout_s=600"},
+                       log));
+    ASSIGN_OR_RETURN(const int port,
+                     WaitForPort(children, pid, port_file, log, options.start_timeout));
+    shards.pids.push_back(pid);
+    shards.addresses.push_back(absl::StrCat("127.0.0.1:", port));
+  }
+  return shards;
+}
+
+absl::StatusOr<std::unique_ptr<worker::PsClient>> Connect(const Shards& shards,
+                                                          int worker_index) {
+  worker::PsClientOptions options;
+  options.servers = shards.addresses;
+  options.worker_index = static_cast<uint32_t>(worker_index);
+  options.num_workers = static_cast<uint32_t>(shards.addresses.size());
+  options.max_message_bytes = kMaxMessageBytes;
+  return worker::PsClient::Create(options, nullptr);
+}
+
+struct Row {
+  int64_t payload_bytes = 0;
+  Op op = Op::kPush;
+  CaseFigures figures[kNumSystems];
+  // Median over rounds of the round's rate / iperf3's and / echo's.
+  std::vector<double> vs_iperf[kNumSystems];
+  std::vector<double> vs_echo[kNumSystems];
+};
+
+std::string TableHeader() {
+  return absl::StrFormat("%-7s %-8s %-7s %9s %8s %8s %7s %7s %7s %7s %7s\n", "payload", "op",
+                         "system", "MB/s", "p50 ms", "p99 ms", "cpu/MB", "cli/MB",
+                         "srv/MB", "x iperf", "x echo");
+}
+
+std::string FormatRows(const Row& row, bool with_iperf) {
+  std::string text;
+  for (int s = 0; s < kNumSystems; ++s) {
+    const CaseFigures& f = row.figures[s];
+    if (!f.measured) continue;
+    const std::string p50 = s == kIperf ? "-" : absl::StrFormat("%.3f", 1e3 * f.calls.Summary().p50_seconds);
+    const std::string p99 = s == kIperf ? "-" : absl::StrFormat("%.3f", 1e3 * f.calls.Summary().p99_seconds);
+    const std::string vs_iperf =
+        with_iperf && !row.vs_iperf[s].empty() ? absl::StrFormat("%.2f", Median(row.vs_iperf[s])) : "-";
+    const std::string vs_echo =
+        !row.vs_echo[s].empty() ? absl::StrFormat("%.2f", Median(row.vs_echo[s])) : "-";
+    text += absl::StrFormat(
+        "%-7s %-8s %-7s %9.1f %8s %8s %7.3f %7.3f %7.3f %7s %7s\n", SizeName(row.payload_bytes),
+        s == kIperf ? "tcp" : OpName(row.op), kSystemNames[s], Median(f.rates), p50, p99,
+        1e3 * (f.client_cpu_seconds + f.server_cpu_seconds) / f.megabytes,
+        1e3 * f.client_cpu_seconds / f.megabytes, 1e3 * f.server_cpu_seconds / f.megabytes,
+        vs_iperf, vs_echo);
+  }
+  return text;
+}
+
+// A temporary directory for port files and logs; removed at the end unless
+// the bench failed.
+std::string MakeTempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string path = absl::StrCat(base != nullptr && *base != '\0' ? base : "/tmp",
+                                  "/wire_bench-XXXXXX");
+  if (mkdtemp(path.data()) == nullptr) return "";
+  return path;
+}
+
+absl::Status Run(const BenchOptions& options, const std::string& self,
+                 const std::string& command_line, const std::string& dir) {
+  if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
+  if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
+  if (options.seconds_per_case <= 0) {
+    return absl::InvalidArgumentError("--seconds_per_case must be positive");
+  }
+  if (options.iperf_seconds < 1) {
+    return absl::InvalidArgumentError("--iperf_seconds must be at least 1");
+  }
+  Children children;
+
+  // Servers, each its own process.
+  ASSIGN_OR_RETURN(const Shards one, StartShards(children, options, dir, "shard1x1", 1));
+  ASSIGN_OR_RETURN(const Shards two, StartShards(children, options, dir, "shard2x2", 2));
+  const std::string echo_port_file = absl::StrCat(dir, "/echo.port");
+  const std::string echo_log = absl::StrCat(dir, "/echo.log");
+  ASSIGN_OR_RETURN(const pid_t echo_pid,
+                   children.Start({self, "--serve_echo",
+                                   absl::StrCat("--port_file=", echo_port_file),
+                                   absl::StrCat("--echo_max_mb=",
+                                                (options.sizes.back() + (1 << 20) - 1) >> 20)},
+                                  echo_log));
+  ASSIGN_OR_RETURN(const int echo_port, WaitForPort(children, echo_pid, echo_port_file,
+                                                    echo_log, options.start_timeout));
+  std::unique_ptr<Iperf> iperf;
+  std::string iperf_note;
+  if (options.systems[kIperf]) {
+    absl::StatusOr<std::unique_ptr<Iperf>> started =
+        Iperf::Start(children, options.iperf3, dir, options.iperf_seconds);
+    if (started.ok()) {
+      iperf = std::move(*started);
+      iperf_note = absl::StrFormat("# iperf3: `%s -s` and `%s -c 127.0.0.1 -t %d -J` (one TCP "
+                                   "stream, default settings), one run per round\n",
+                                   options.iperf3, options.iperf3, options.iperf_seconds);
+    } else {
+      iperf_note = absl::StrCat("# iperf3 left out: ", started.status().message(), "\n");
+    }
+  } else {
+    iperf_note = "# iperf3 not selected (--systems)\n";
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client1, Connect(one, 0));
+  std::unique_ptr<worker::PsClient> clients2[2];
+  for (int w = 0; w < 2; ++w) {
+    ASSIGN_OR_RETURN(clients2[w], Connect(two, w));
+  }
+  EchoClient echo(absl::StrCat("127.0.0.1:", echo_port));
+  const std::string echo_source(static_cast<size_t>(options.sizes.back()), '\x3c');
+
+  const std::string header = absl::StrCat(
+      "# wire_bench: PsClient against ps-server processes (async, sgd), a raw gRPC echo in "
+      "another process, and iperf3 single-stream loopback\n",
+      CommonHeader(command_line), iperf_note,
+      absl::StrFormat("# each case: %d rounds after warm-up; a round times a block of >= %.3f s "
+                      "(>= 1 call) of st 1x1, st 2x2 and echo and one iperf3 run, in an order "
+                      "rotating by round\n",
+                      options.rounds, options.seconds_per_case / options.rounds),
+      "# MB/s = 1e6 payload bytes per second of wall time (both directions for pushpull; "
+      "2x2 = both workers), median over rounds; p50/p99 in ms over all calls; cpu/MB = "
+      "(client + server process CPU ms) / MB moved over all blocks, cli/MB and srv/MB its "
+      "parts (iperf3: its client and server processes); x iperf, x echo = median over "
+      "rounds of MB/s / that round's iperf3 (one direction) or echo MB/s\n",
+      "# st 2x2 is left out where the payload is one partition (4K): it lives on one shard and "
+      "PsClient sends the other an empty push, which the shard refuses\n");
+  std::printf("%s%s", header.c_str(), TableHeader().c_str());
+  std::fflush(stdout);
+  std::string table = header + TableHeader();
+
+  const double block_seconds = options.seconds_per_case / options.rounds;
+  for (int64_t bytes : options.sizes) {
+    ASSIGN_OR_RETURN(std::unique_ptr<BenchTensor> tensor1, BenchTensor::Register(*client1, bytes));
+    // A tensor of one partition lives whole on one shard, and PsClient
+    // refuses to push nothing to the other (INVALID_ARGUMENT "push carries
+    // no gradients"): 2x2 needs a payload of at least two partitions.
+    const bool spread = options.systems[kSt2x2] &&
+                        common::NumPartitions(bytes / static_cast<int64_t>(sizeof(float)),
+                                              {common::kDefaultMaxPartitionElements, 2}) >= 2;
+    std::unique_ptr<BenchTensor> tensors2[2];
+    for (int w = 0; w < 2 && spread; ++w) {
+      ASSIGN_OR_RETURN(tensors2[w], BenchTensor::Register(*clients2[w], bytes));
+    }
+    for (Op op : options.ops) {
+      Row row;
+      row.payload_bytes = bytes;
+      row.op = op;
+      const double megabytes_per_call = bytes * (op == Op::kPushPull ? 2.0 : 1.0) / 1e6;
+      const int64_t echo_request_bytes = op == Op::kPull ? 0 : bytes;
+      const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
+      std::vector<OpFn> ops2;
+      if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
+      const std::vector<OpFn> ops[3] = {
+          {tensor1->MakeOp(op)},
+          ops2,
+          {[&] { return echo.Call(echo_source, echo_request_bytes, echo_reply_bytes); }}};
+      const std::vector<pid_t> servers[3] = {one.pids, two.pids, {echo_pid}};
+      for (int s = 0; s < 3; ++s) {
+        if (!options.systems[s]) continue;
+        for (const OpFn& fn : ops[s]) RETURN_IF_ERROR(WarmUp(fn));
+      }
+      for (int round = 0; round < options.rounds; ++round) {
+        double rate[kNumSystems] = {0, 0, 0, 0};
+        for (int turn = 0; turn < kNumSystems; ++turn) {
+          const int s = (turn + round) % kNumSystems;
+          Block block;
+          if (!options.systems[s] || (s == kSt2x2 && !spread)) continue;
+          if (s == kIperf) {
+            if (iperf == nullptr) continue;
+            RETURN_IF_ERROR(iperf->Run(&block));
+          } else {
+            RETURN_IF_ERROR(TimeBlock(ops[s], block_seconds, megabytes_per_call, servers[s],
+                                      &block, &row.figures[s].calls));
+          }
+          Add(block, &row.figures[s]);
+          rate[s] = block.megabytes / block.seconds;
+        }
+        for (int s = 0; s < kNumSystems; ++s) {
+          if (rate[s] == 0) continue;
+          if (iperf != nullptr && rate[kIperf] > 0) row.vs_iperf[s].push_back(rate[s] / rate[kIperf]);
+          if (s != kEcho && rate[kEcho] > 0) row.vs_echo[s].push_back(rate[s] / rate[kEcho]);
+        }
+      }
+      row.vs_iperf[kIperf].clear();
+      row.vs_echo[kIperf].clear();
+      const std::string lines = FormatRows(row, iperf != nullptr);
+      table += lines;
+      std::printf("%s", lines.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!options.out_path.empty()) RETURN_IF_ERROR(WriteTable(options.out_path, table));
+  return absl::OkStatus();
+}
+
+// --serve_echo: the Echo server as its own process.
+int ServeEcho() {
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (port_file.empty()) {
+    LOG(ERROR) << "--serve_echo needs --port_file";
+    return 2;
+  }
+  sigset_t stop;
+  sigemptyset(&stop);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before gRPC starts threads
+  absl::StatusOr<std::unique_ptr<EchoServer>> server =
+      EchoServer::Start(int64_t{absl::GetFlag(FLAGS_echo_max_mb)} << 20);
+  if (!server.ok()) {
+    LOG(ERROR) << server.status();
+    return 1;
+  }
+  const std::string temp = absl::StrCat(port_file, ".tmp");
+  {
+    std::ofstream out(temp);
+    out << (*server)->port() << "\n";
+  }
+  if (std::rename(temp.c_str(), port_file.c_str()) != 0) {
+    LOG(ERROR) << "cannot write " << port_file;
+    return 1;
+  }
+  int signal = 0;
+  sigwait(&stop, &signal);
+  return 0;
+}
+
+std::string SelfPath() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  return error ? "" : self.string();
+}
+
+}  // namespace
+}  // namespace shardtrain::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times PsClient against ps-server processes next to a raw gRPC echo process and\n"
+      "iperf3 over loopback: MB/s, p50/p99 and CPU ms per MB.");
+  std::string command_line = argv[0];
+  for (int i = 1; i < argc; ++i) absl::StrAppend(&command_line, " ", argv[i]);
+  absl::ParseCommandLine(argc, argv);
+  // As ps-server and ps-worker do; applies to the baseline too.
+  shardtrain::common::KeepLargeBuffersInHeap();
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = google::WARNING;
+  google::InitGoogleLogging(argv[0]);
+  namespace b = shardtrain::bench;
+  if (absl::GetFlag(FLAGS_serve_echo)) return b::ServeEcho();
+
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, b::KillChildrenAndExit);
+  const std::string self = b::SelfPath();
+  if (self.empty()) {
+    LOG(ERROR) << "cannot find this binary through /proc/self/exe";
+    return 1;
+  }
+  b::BenchOptions options;
+  options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (options.bin_dir.empty()) {
+    options.bin_dir = std::filesystem::path(self).parent_path().string();
+  }
+  options.iperf3 = absl::GetFlag(FLAGS_iperf3);
+  options.iperf_seconds = absl::GetFlag(FLAGS_iperf_seconds);
+  options.seconds_per_case = absl::GetFlag(FLAGS_seconds_per_case);
+  options.rounds = absl::GetFlag(FLAGS_rounds);
+  options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
+  options.out_path = absl::GetFlag(FLAGS_out);
+  std::vector<int64_t> candidates = {int64_t{4} << 10,  int64_t{64} << 10, int64_t{1} << 20,
+                                     int64_t{4} << 20,  int64_t{16} << 20, int64_t{64} << 20};
+  if (absl::GetFlag(FLAGS_quick)) {
+    candidates = {int64_t{4} << 10, int64_t{1} << 20, int64_t{16} << 20};
+    options.rounds = 2;
+    options.seconds_per_case = 0.6;
+  }
+  const std::map<std::string, int> system_names = {
+      {"st1x1", b::kSt1x1}, {"st2x2", b::kSt2x2}, {"echo", b::kEcho}, {"iperf3", b::kIperf}};
+  std::fill(std::begin(options.systems), std::end(options.systems), false);
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',')) {
+    const auto it = system_names.find(std::string(name));
+    if (it == system_names.end()) {
+      LOG(ERROR) << "--systems: unknown system " << name;
+      return 2;
+    }
+    options.systems[it->second] = true;
+  }
+  options.ops.clear();
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_ops), ',')) {
+    if (name == "push") {
+      options.ops.push_back(shardtrain::bench::Op::kPush);
+    } else if (name == "pull") {
+      options.ops.push_back(shardtrain::bench::Op::kPull);
+    } else if (name == "pushpull") {
+      options.ops.push_back(shardtrain::bench::Op::kPushPull);
+    } else {
+      LOG(ERROR) << "--ops: unknown op " << name;
+      return 2;
+    }
+  }
+  for (int64_t bytes : candidates) {
+    if (bytes <= int64_t{absl::GetFlag(FLAGS_max_mb)} << 20 &&
+        bytes >= int64_t{absl::GetFlag(FLAGS_min_kb)} << 10) {
+      options.sizes.push_back(bytes);
+    }
+  }
+  const std::string dir = b::MakeTempDir();
+  if (dir.empty()) {
+    LOG(ERROR) << "cannot make a temporary directory";
+    return 1;
+  }
+  const absl::Status status = b::Run(options, self, command_line, dir);
+  if (!status.ok()) {
+    LOG(ERROR) << status << " (logs in " << dir << ")";
+    return 1;
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);
+  return 0;
+}
