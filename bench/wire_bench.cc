@@ -620,8 +620,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       "(client + server process CPU ms) / MB moved over all blocks, cli/MB and srv/MB its "
       "parts (iperf3: its client and server processes); x iperf, x echo = median over "
       "rounds of MB/s / that round's iperf3 (one direction) or echo MB/s\n",
-      "# st 2x2 is left out where the payload is one partition (4K): it lives on one shard and "
-      "PsClient sends the other an empty push, which the shard refuses\n");
+      "# st 2x2 at 4K: the payload is one partition, which lives on one of the two shards\n");
   std::printf("%s%s", header.c_str(), TableHeader().c_str());
   std::fflush(stdout);
   std::string table = header + TableHeader();
@@ -629,12 +628,8 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   const double block_seconds = options.seconds_per_case / options.rounds;
   for (int64_t bytes : options.sizes) {
     ASSIGN_OR_RETURN(std::unique_ptr<BenchTensor> tensor1, BenchTensor::Register(*client1, bytes));
-    // A tensor of one partition lives whole on one shard, and PsClient
-    // refuses to push nothing to the other (INVALID_ARGUMENT "push carries
-    // no gradients"): 2x2 needs a payload of at least two partitions.
-    const bool spread = options.systems[kSt2x2] &&
-                        common::NumPartitions(bytes / static_cast<int64_t>(sizeof(float)),
-                                              {common::kDefaultMaxPartitionElements, 2}) >= 2;
+    // A tensor of one partition (4K) lives whole on one of the two shards.
+    const bool spread = options.systems[kSt2x2];
     std::unique_ptr<BenchTensor> tensors2[2];
     for (int w = 0; w < 2 && spread; ++w) {
       ASSIGN_OR_RETURN(tensors2[w], BenchTensor::Register(*clients2[w], bytes));
