@@ -1,5 +1,13 @@
 #include "bench/bench_util.h"
 
+#include <glog/logging.h>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "common/deadlock_detection.h"
+#include "common/malloc_tuning.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -219,6 +227,20 @@ absl::Status WriteTable(const std::string& path, const std::string& table) {
   if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
   std::printf("wrote %s\n", path.c_str());
   return absl::OkStatus();
+}
+
+std::string StartBenchmark(int argc, char** argv, const char* usage) {
+  common::SkipDeadlockDetectionInRelease();
+  absl::SetProgramUsageMessage(usage);
+  std::string command_line = argv[0];
+  for (int i = 1; i < argc; ++i) absl::StrAppend(&command_line, " ", argv[i]);
+  absl::ParseCommandLine(argc, argv);
+  // As ps-server and ps-worker do; applies to the baselines too.
+  common::KeepLargeBuffersInHeap();
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = google::WARNING;
+  google::InitGoogleLogging(argv[0]);
+  return command_line;
 }
 
 }  // namespace shardtrain::bench

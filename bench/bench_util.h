@@ -170,6 +170,12 @@ std::string CommonHeader(const std::string& command_line);
 
 absl::Status WriteTable(const std::string& path, const std::string& table);
 
+// A benchmark's start, as ps-server and ps-worker start: no deadlock
+// detection in release builds, large buffers kept in the heap, flags parsed
+// (with `usage`), glog to stderr from WARNING up. Returns the command line
+// as given, for the results file.
+std::string StartBenchmark(int argc, char** argv, const char* usage);
+
 }  // namespace shardtrain::bench
 
 #endif  // SHARDTRAIN_BENCH_BENCH_UTIL_H_

@@ -454,18 +454,10 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
 }  // namespace shardtrain::bench
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
-  absl::SetProgramUsageMessage(
+  const std::string command_line = shardtrain::bench::StartBenchmark(
+      argc, argv,
       "Times PsClient Push/Pull/PushPull against a raw gRPC echo baseline, or with\n"
       "--secure over mutual TLS + token against plaintext.");
-  std::string command_line = argv[0];
-  for (int i = 1; i < argc; ++i) absl::StrAppend(&command_line, " ", argv[i]);
-  absl::ParseCommandLine(argc, argv);
-  // As ps-server and ps-worker do; applies to the baseline too.
-  shardtrain::common::KeepLargeBuffersInHeap();
-  FLAGS_logtostderr = true;
-  FLAGS_minloglevel = google::WARNING;
-  google::InitGoogleLogging(argv[0]);
 
   shardtrain::bench::BenchOptions options;
   options.seconds_per_case = absl::GetFlag(FLAGS_seconds_per_case);

@@ -727,17 +727,10 @@ std::string SelfPath() {
 }  // namespace shardtrain::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const std::string command_line = shardtrain::bench::StartBenchmark(
+      argc, argv,
       "Times PsClient against ps-server processes next to a raw gRPC echo process and\n"
       "iperf3 over loopback: MB/s, p50/p99 and CPU ms per MB.");
-  std::string command_line = argv[0];
-  for (int i = 1; i < argc; ++i) absl::StrAppend(&command_line, " ", argv[i]);
-  absl::ParseCommandLine(argc, argv);
-  // As ps-server and ps-worker do; applies to the baseline too.
-  shardtrain::common::KeepLargeBuffersInHeap();
-  FLAGS_logtostderr = true;
-  FLAGS_minloglevel = google::WARNING;
-  google::InitGoogleLogging(argv[0]);
   namespace b = shardtrain::bench;
   if (absl::GetFlag(FLAGS_serve_echo)) return b::ServeEcho();
 
