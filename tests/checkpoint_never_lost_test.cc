@@ -32,7 +32,7 @@
 namespace shardtrain {
 namespace {
 
-using testing::ProcessGroup;
+using testutil::ProcessGroup;
 
 constexpr int kElements = 3000;  // 3 partitions of 1000
 
@@ -51,7 +51,7 @@ class CheckpointNeverLost : public ::testing::Test {
     std::unique_ptr<ParameterServer::Stub> stub;
   };
 
-  void SetUp() override { dir_ = testing::MakeTempDir("never_lost") + "/ckpt"; }
+  void SetUp() override { dir_ = testutil::MakeTempDir("never_lost") + "/ckpt"; }
 
   std::vector<std::string> Argv(const std::string& dir,
                                 const std::vector<std::string>& extra,
@@ -65,7 +65,7 @@ class CheckpointNeverLost : public ::testing::Test {
   }
 
   std::string NextLog() {
-    return absl::StrCat(testing::MakeTempDir("never_lost_log"), "/ps-server-",
+    return absl::StrCat(testutil::MakeTempDir("never_lost_log"), "/ps-server-",
                         ++runs_, ".log");
   }
 
@@ -78,10 +78,10 @@ class CheckpointNeverLost : public ::testing::Test {
     auto pid = group_.Start(Argv(dir.empty() ? dir_ : dir, extra, port_file), running.log);
     if (!pid.ok()) return pid.status();
     running.pid = *pid;
-    auto ports = testing::ReadPortFile(port_file, absl::Seconds(30));
+    auto ports = testutil::ReadPortFile(port_file, absl::Seconds(30));
     if (!ports.ok() || ports->size() != 2) {
       return absl::UnavailableError(absl::StrCat("ps-server did not start: ",
-                                                 testing::ReadFile(running.log)));
+                                                 testutil::ReadFile(running.log)));
     }
     running.port = (*ports)[0];
     running.metrics_port = (*ports)[1];
@@ -98,8 +98,8 @@ class CheckpointNeverLost : public ::testing::Test {
     EXPECT_TRUE(pid.ok());
     if (!pid.ok()) return {-1, ""};
     auto code = group_.Wait(*pid, absl::Seconds(30));
-    EXPECT_TRUE(code.ok()) << "ps-server kept running: " << testing::ReadFile(log);
-    return {code.ok() ? *code : -1, testing::ReadFile(log)};
+    EXPECT_TRUE(code.ok()) << "ps-server kept running: " << testutil::ReadFile(log);
+    return {code.ok() ? *code : -1, testutil::ReadFile(log)};
   }
 
   // SIGTERM; returns the exit code.
@@ -170,7 +170,7 @@ class CheckpointNeverLost : public ::testing::Test {
   }
 
   std::string Metrics(const Running& running) {
-    auto body = testing::HttpGet(running.metrics_port, "/metrics");
+    auto body = testutil::HttpGet(running.metrics_port, "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
     return body.ok() ? *body : "";
   }
@@ -188,7 +188,7 @@ class CheckpointNeverLost : public ::testing::Test {
     EXPECT_TRUE(running->stub->Checkpoint(&context, CheckpointRequest(), &written).ok());
     Train(*running, 2);
     model = Pull(*running);
-    EXPECT_EQ(Stop(*running), 0) << testing::ReadFile(running->log);
+    EXPECT_EQ(Stop(*running), 0) << testutil::ReadFile(running->log);
     EXPECT_EQ(server::DirectoryFiles(dir_).size(), 2u);
     return model;
   }
@@ -216,7 +216,7 @@ TEST_F(CheckpointNeverLost, OptimizerTypoThenTheRightFlagsRestoresTheModel) {
   EXPECT_TRUE(absl::StrContains(metrics,
                                 "shardtrain_checkpoint_restores_total{result=\"ok\"} 1"))
       << metrics;
-  const std::string log2 = testing::ReadFile(restored->log);
+  const std::string log2 = testutil::ReadFile(restored->log);
   EXPECT_TRUE(absl::StrContains(log2, "updates applied after it was written are lost"))
       << log2;
   EXPECT_EQ(Stop(*restored), 0);
@@ -274,7 +274,7 @@ TEST_F(CheckpointNeverLost, AChangedShardCountIsAnError) {
 }
 
 TEST_F(CheckpointNeverLost, AnUnusableDirectoryIsAnError) {
-  const std::string file = testing::MakeTempDir("never_lost_file") + "/plain";
+  const std::string file = testutil::MakeTempDir("never_lost_file") + "/plain";
   std::ofstream(file) << "not a directory";
   for (const std::string& dir : {file, file + "/sub"}) {
     auto [code, log] = RunRefused({}, dir);
@@ -282,7 +282,7 @@ TEST_F(CheckpointNeverLost, AnUnusableDirectoryIsAnError) {
     EXPECT_TRUE(absl::StrContains(log, "checkpoint directory")) << log;
     EXPECT_TRUE(absl::StrContains(log, dir)) << log;
   }
-  EXPECT_EQ(testing::ReadFile(file), "not a directory");
+  EXPECT_EQ(testutil::ReadFile(file), "not a directory");
 }
 
 TEST_F(CheckpointNeverLost, AFailedFinalCheckpointExitsNonZero) {
@@ -301,7 +301,7 @@ TEST_F(CheckpointNeverLost, AFailedFinalCheckpointExitsNonZero) {
   std::ofstream(dir_) << "in the way";
   Train(*running, 1);
   EXPECT_EQ(Stop(*running), 1);
-  const std::string log = testing::ReadFile(running->log);
+  const std::string log = testutil::ReadFile(running->log);
   EXPECT_TRUE(absl::StrContains(log, "final checkpoint failed")) << log;
   EXPECT_EQ(server::DirectoryFiles(moved), files);
 }

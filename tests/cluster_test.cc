@@ -25,15 +25,15 @@
 namespace shardtrain {
 namespace {
 
-using testing::ProcessGroup;
+using testutil::ProcessGroup;
 
 constexpr int kShards = 2;
 constexpr int kWorkers = 2;
 
 // 2 shards and 2 workers with run-local.sh's flags, on a subset.
-absl::StatusOr<testing::LocalCluster> StartCluster(ProcessGroup& group,
+absl::StatusOr<testutil::LocalCluster> StartCluster(ProcessGroup& group,
                                                    const std::string& mode) {
-  testing::LocalClusterOptions options;
+  testutil::LocalClusterOptions options;
   options.bin_dir = SHARDTRAIN_BIN_DIR;
   options.mode = mode;
   options.shards = kShards;
@@ -41,20 +41,20 @@ absl::StatusOr<testing::LocalCluster> StartCluster(ProcessGroup& group,
   options.server_flags = {"--optimizer=adam", "--lr=0.002", "--max_staleness=4"};
   options.worker_flags = {"--epochs=3", "--batch=32", "--max_train_examples=8000",
                           "--max_test_examples=2000", "--linger_s=60"};
-  return testing::StartLocalCluster(group, options);
+  return testutil::StartLocalCluster(group, options);
 }
 
 // Waits for the chief's results; meanwhile records the most live workers
 // any shard reported.
-double WaitForResults(ProcessGroup& group, const testing::LocalCluster& cluster,
+double WaitForResults(ProcessGroup& group, const testutil::LocalCluster& cluster,
                       double* max_live_workers) {
   absl::StatusOr<double> accuracy =
-      testing::WaitForFinalAccuracy(group, cluster, absl::Minutes(4), [&] {
+      testutil::WaitForFinalAccuracy(group, cluster, absl::Minutes(4), [&] {
         for (int port : cluster.shard_metrics_ports) {
-          auto body = testing::HttpGet(port, "/metrics");
+          auto body = testutil::HttpGet(port, "/metrics");
           if (body.ok()) {
             *max_live_workers = std::max(
-                *max_live_workers, testing::SumByName(*body)["shardtrain_live_workers"]);
+                *max_live_workers, testutil::SumByName(*body)["shardtrain_live_workers"]);
           }
         }
       });
@@ -87,7 +87,7 @@ TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   ProcessGroup group;
   auto started = StartCluster(group, "async");
   ASSERT_TRUE(started.ok()) << started.status();
-  const testing::LocalCluster& cluster = *started;
+  const testutil::LocalCluster& cluster = *started;
   dir_ = cluster.dir;
   double max_live = 0;
   const double accuracy = WaitForResults(group, cluster, &max_live);
@@ -95,9 +95,9 @@ TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
   EXPECT_EQ(max_live, kWorkers);  // as seen by the busiest shard
 
   for (int s = 0; s < kShards; ++s) {
-    auto body = testing::HttpGet(cluster.shard_metrics_ports[s], "/metrics");
+    auto body = testutil::HttpGet(cluster.shard_metrics_ports[s], "/metrics");
     ASSERT_TRUE(body.ok()) << body.status();
-    ExpectNonZero(testing::SumByName(*body),
+    ExpectNonZero(testutil::SumByName(*body),
                   {"shardtrain_rpc_requests_total",
                    "shardtrain_rpc_received_bytes_total",
                    "shardtrain_rpc_sent_bytes_total",
@@ -112,14 +112,14 @@ TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
     EXPECT_NE(body->find("method=\"Pull\""), std::string::npos);
   }
   for (int w = 0; w < kWorkers; ++w) {
-    auto body = testing::HttpGet(cluster.worker_metrics_ports[w], "/metrics");
+    auto body = testutil::HttpGet(cluster.worker_metrics_ports[w], "/metrics");
     ASSERT_TRUE(body.ok()) << body.status();
     std::vector<std::string> names = {
         "shardtrain_worker_phase_seconds_count", "shardtrain_worker_step_seconds_count",
         "shardtrain_worker_samples_per_second", "shardtrain_worker_loss",
         "shardtrain_worker_steps_total", "shardtrain_rpc_requests_total"};
     if (w == 0) names.push_back("shardtrain_worker_test_accuracy");
-    ExpectNonZero(testing::SumByName(*body), names, absl::StrCat("worker ", w));
+    ExpectNonZero(testutil::SumByName(*body), names, absl::StrCat("worker ", w));
     for (const char* phase : {"compute", "push", "pull", "wait"}) {
       EXPECT_NE(body->find(absl::StrCat("phase=\"", phase, "\"")), std::string::npos);
     }
@@ -130,7 +130,7 @@ TEST_F(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
   ProcessGroup group;
   auto started = StartCluster(group, "sync");
   ASSERT_TRUE(started.ok()) << started.status();
-  const testing::LocalCluster& cluster = *started;
+  const testutil::LocalCluster& cluster = *started;
   dir_ = cluster.dir;
   double max_live = 0;
   const double accuracy = WaitForResults(group, cluster, &max_live);
@@ -161,9 +161,9 @@ TEST_F(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
   grpc::ClientContext context;
   EXPECT_EQ(stub->Push(&context, late, &response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
-  auto body = testing::HttpGet(cluster.shard_metrics_ports[0], "/metrics");
+  auto body = testutil::HttpGet(cluster.shard_metrics_ports[0], "/metrics");
   ASSERT_TRUE(body.ok());
-  ExpectNonZero(testing::SumByName(*body), {"shardtrain_dropped_gradients_total"},
+  ExpectNonZero(testutil::SumByName(*body), {"shardtrain_dropped_gradients_total"},
                 "shard 0");
 }
 
@@ -172,7 +172,7 @@ TEST_F(ClusterTest, SyncClusterTrainsAndCountsLateGradients) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (access((std::string(shardtrain::testing::kFashionMnistDir) +
+  if (access((std::string(shardtrain::testutil::kFashionMnistDir) +
               "/train-images-idx3-ubyte.gz")
                  .c_str(),
              R_OK) != 0) {

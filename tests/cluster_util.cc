@@ -23,7 +23,7 @@
 
 extern char** environ;
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 ProcessGroup::~ProcessGroup() { StopAll(); }
 
@@ -189,4 +189,4 @@ std::string ReadFile(const std::string& path) {
   return contents.str();
 }
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil

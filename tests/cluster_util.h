@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 // Processes started by a test. Not thread-safe.
 class ProcessGroup {
@@ -62,6 +62,6 @@ std::string MakeTempDir(const std::string& prefix);
 
 std::string ReadFile(const std::string& path);
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil
 
 #endif  // SHARDTRAIN_TESTS_CLUSTER_UTIL_H_

@@ -33,9 +33,9 @@
 namespace shardtrain {
 namespace {
 
-using testing::LocalCluster;
-using testing::LocalClusterOptions;
-using testing::ProcessGroup;
+using testutil::LocalCluster;
+using testutil::LocalClusterOptions;
+using testutil::ProcessGroup;
 
 constexpr int kShards = 2;
 constexpr int kWorkers = 2;
@@ -78,14 +78,14 @@ LocalClusterOptions Job(const std::string& mode, const std::string& dir, int epo
 
 // The last `n` characters of a log, for failure messages.
 std::string Tail(const std::string& path, size_t n = 4000) {
-  const std::string text = testing::ReadFile(path);
+  const std::string text = testutil::ReadFile(path);
   return text.size() <= n ? text : "..." + text.substr(text.size() - n);
 }
 
 // One scrape of a /metrics endpoint; nullopt when it does not answer.
 std::optional<std::string> Scrape(int port) {
   if (port <= 0) return std::nullopt;
-  absl::StatusOr<std::string> body = testing::HttpGet(port, "/metrics");
+  absl::StatusOr<std::string> body = testutil::HttpGet(port, "/metrics");
   if (!body.ok()) return std::nullopt;
   return *body;
 }
@@ -95,7 +95,7 @@ std::optional<std::string> Scrape(int port) {
 double Metric(int port, const std::string& name) {
   std::optional<std::string> body = Scrape(port);
   if (!body) return -1;
-  return testing::SumByName(*body)[name];
+  return testutil::SumByName(*body)[name];
 }
 
 // The value of the one sample written exactly `series` (name{labels}).
@@ -202,7 +202,7 @@ class FaultTest : public ::testing::Test {
   }
 
   std::string NewDir() {
-    std::string dir = testing::MakeTempDir("shardtrain-fault-");
+    std::string dir = testutil::MakeTempDir("shardtrain-fault-");
     dirs_.push_back(dir);
     return dir;
   }
@@ -221,12 +221,12 @@ class FaultTest : public ::testing::Test {
   // A clean run of the job; its final accuracy.
   double CleanRun(const std::string& mode) {
     ProcessGroup group;
-    auto cluster = testing::StartLocalCluster(group, Job(mode, NewDir()));
+    auto cluster = testutil::StartLocalCluster(group, Job(mode, NewDir()));
     if (!cluster.ok()) {
       ADD_FAILURE() << cluster.status();
       return -1;
     }
-    absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, *cluster, kJobTimeout);
+    absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, *cluster, kJobTimeout);
     if (!accuracy.ok()) {
       ADD_FAILURE() << "clean run: " << accuracy.status();
       return -1;
@@ -276,7 +276,7 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
   ASSERT_GT(clean_accuracy, 0);
 
   ProcessGroup group;
-  auto started = testing::StartLocalCluster(group, Job(mode, NewDir()));
+  auto started = testutil::StartLocalCluster(group, Job(mode, NewDir()));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
   const int64_t total = kEpochs * kStepsPerEpoch;
@@ -290,7 +290,7 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
   absl::SleepFor(absl::Seconds(2));
   std::vector<int64_t> before(kWorkers);
   for (int w = 0; w < kWorkers; ++w) before[w] = Steps(cluster, w);
-  absl::Status restarted = testing::RestartShard(group, cluster, kVictim);
+  absl::Status restarted = testutil::RestartShard(group, cluster, kVictim);
   ASSERT_TRUE(restarted.ok()) << restarted;
 
   // Recovered: every worker has stepped since the restart (or finished).
@@ -299,7 +299,7 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
     for (int w = 0; w < kWorkers; ++w) {
       std::optional<std::string> body = Scrape(cluster.worker_metrics_ports[w]);
       if (!body) continue;
-      auto sums = testing::SumByName(*body);
+      auto sums = testutil::SumByName(*body);
       worker_lost[w] = std::max(worker_lost[w], sums["shardtrain_worker_lost_updates_total"]);
       shard_restarts[w] =
           std::max(shard_restarts[w], sums["shardtrain_worker_shard_restarts_total"]);
@@ -324,7 +324,7 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
   EXPECT_TRUE(recovery.has_value())
       << "the workers made no progress after the restart (or one exited)";
 
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, cluster, kJobTimeout, watch);
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout, watch);
   ASSERT_TRUE(accuracy.ok()) << accuracy.status();
   ExpectWorkersExitZero(group, cluster);
 
@@ -363,7 +363,7 @@ TEST_P(JobResume, FinishesTheRemainingEpochs) {
   const std::string dir = NewDir();
   ProcessGroup group;
   LocalClusterOptions options = Job(mode, dir);
-  auto first = testing::StartLocalCluster(group, options);
+  auto first = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(WaitForSteps(group, *first, 0, total / 2).ok());
   const int64_t stopped_at = Steps(*first, 0);
@@ -378,17 +378,17 @@ TEST_P(JobResume, FinishesTheRemainingEpochs) {
   ASSERT_NE(access(first->ResultsPath().c_str(), F_OK), 0) << "a stopped job wrote results";
 
   options.shard_ports = Ports(*first);
-  auto second = testing::StartLocalCluster(group, options);
+  auto second = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(second.ok()) << second.status();
   LocalCluster& cluster = *second;
   std::optional<absl::Duration> recovery;
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
     if (!recovery && Steps(cluster, 0) > 0) recovery = absl::Now() - stopped;
   });
   ASSERT_TRUE(accuracy.ok()) << accuracy.status();
   ExpectWorkersExitZero(group, cluster);
 
-  const int64_t resumed_at = ResumedAt(testing::ReadFile(cluster.WorkerLog(0)));
+  const int64_t resumed_at = ResumedAt(testutil::ReadFile(cluster.WorkerLog(0)));
   const double shard_lost = ShardSum(cluster, "shardtrain_lost_updates_total");
   Report(absl::StrCat("JobResume/", mode), recovery ? absl::ToDoubleSeconds(*recovery) : -1,
          absl::StrFormat("%.0f(shard) redone=%s", shard_lost,
@@ -400,7 +400,7 @@ TEST_P(JobResume, FinishesTheRemainingEpochs) {
   // Resumed from the newest checkpoint, not ahead of the job (a few steps
   // may finish between the scrape and the signal).
   EXPECT_LE(resumed_at, stopped_at + 20);
-  absl::StatusOr<testing::RunResults> results = testing::ReadResults(cluster.ResultsPath());
+  absl::StatusOr<testutil::RunResults> results = testutil::ReadResults(cluster.ResultsPath());
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ(results->epochs, kEpochs);
   EXPECT_EQ(results->last_epoch, kEpochs);
@@ -426,7 +426,7 @@ TEST_F(WorkerStallRejoin, OthersContinueAndTheStalledOneRejoins) {
   constexpr int kEpochsHere = 12;  // worker 0 still trains when worker 1 wakes
   const int64_t total = kEpochsHere * kStepsPerEpoch;
   ProcessGroup group;
-  auto started = testing::StartLocalCluster(group, Job("sync", NewDir(), kEpochsHere));
+  auto started = testutil::StartLocalCluster(group, Job("sync", NewDir(), kEpochsHere));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
   ASSERT_TRUE(WaitForSteps(group, cluster, 0, 200).ok());
@@ -445,7 +445,7 @@ TEST_F(WorkerStallRejoin, OthersContinueAndTheStalledOneRejoins) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   double rejoins = 0;
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
     rejoins = std::max(rejoins, Metric(cluster.worker_metrics_ports[1],
                                        "shardtrain_worker_rejoins_total"));
   });
@@ -478,7 +478,7 @@ TEST_P(WorkerRestart, ResumesAndTheJobFinishes) {
   const int victim = GetParam();
   const int64_t total = kEpochs * kStepsPerEpoch;
   ProcessGroup group;
-  auto started = testing::StartLocalCluster(group, Job("sync", NewDir()));
+  auto started = testutil::StartLocalCluster(group, Job("sync", NewDir()));
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
   ASSERT_TRUE(WaitForSteps(group, cluster, 0, total / 3).ok());
@@ -488,16 +488,16 @@ TEST_P(WorkerRestart, ResumesAndTheJobFinishes) {
   ASSERT_TRUE(group.Wait(cluster.workers[victim], absl::Seconds(10)).ok());
   const absl::Time killed = absl::Now();
   absl::SleepFor(absl::Seconds(1));
-  absl::Status restarted = testing::StartWorker(group, cluster, victim);
+  absl::Status restarted = testutil::StartWorker(group, cluster, victim);
   ASSERT_TRUE(restarted.ok()) << restarted;
   std::optional<absl::Duration> recovery;
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout, [&] {
     if (!recovery && Steps(cluster, victim) > 0) recovery = absl::Now() - killed;
   });
   ASSERT_TRUE(accuracy.ok()) << accuracy.status();
   ExpectWorkersExitZero(group, cluster);
 
-  const int64_t resumed_at = ResumedAt(testing::ReadFile(cluster.WorkerLog(victim)));
+  const int64_t resumed_at = ResumedAt(testutil::ReadFile(cluster.WorkerLog(victim)));
   Report(victim == 0 ? "WorkerRestart/chief" : "WorkerRestart/worker",
          recovery ? absl::ToDoubleSeconds(*recovery) : -1,
          absl::StrFormat("%.0f(shard) killed_at=%d resumed_at=%d",
@@ -507,7 +507,7 @@ TEST_P(WorkerRestart, ResumesAndTheJobFinishes) {
   EXPECT_GE(resumed_at, killed_at) << "worker " << victim << "'s log:\n"
                                    << Tail(cluster.WorkerLog(victim));
   EXPECT_GT(resumed_at, 0);
-  absl::StatusOr<testing::RunResults> results = testing::ReadResults(cluster.ResultsPath());
+  absl::StatusOr<testutil::RunResults> results = testutil::ReadResults(cluster.ResultsPath());
   ASSERT_TRUE(results.ok()) << results.status();
   EXPECT_EQ(results->last_epoch, kEpochs);
   EXPECT_GE(results->final_test_accuracy, 0.7);
@@ -535,7 +535,7 @@ TEST_P(LateWorker, OthersAreNotBlockedBeyondTheJoinTimeout) {
   options.start_workers = 1;
   ProcessGroup group;
   const absl::Time shards_started = absl::Now();
-  auto started = testing::StartLocalCluster(group, options);
+  auto started = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
 
@@ -552,10 +552,10 @@ TEST_P(LateWorker, OthersAreNotBlockedBeyondTheJoinTimeout) {
     absl::SleepFor(absl::Milliseconds(50));
   }
   // Worker 0 may be done already (its exit is checked below).
-  absl::Status joined = testing::StartWorker(group, cluster, 1);
+  absl::Status joined = testutil::StartWorker(group, cluster, 1);
   ASSERT_TRUE(joined.ok()) << joined;
   absl::StatusOr<double> accuracy =
-      testing::WaitForFinalAccuracy(group, cluster, kJobTimeout, observe);
+      testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout, observe);
   ASSERT_TRUE(accuracy.ok()) << accuracy.status();
   ExpectWorkersExitZero(group, cluster);
 
@@ -570,7 +570,7 @@ TEST_P(LateWorker, OthersAreNotBlockedBeyondTheJoinTimeout) {
   EXPECT_LE(*first_steps, absl::Seconds(kJoinTimeoutS + 8));
   EXPECT_LE(longest, absl::Seconds(kJoinTimeoutS + 4));
   for (int w = 0; w < kWorkers; ++w) {
-    EXPECT_EQ(testing::ReadFile(cluster.WorkerLog(w)).find("DEADLINE_EXCEEDED"),
+    EXPECT_EQ(testutil::ReadFile(cluster.WorkerLog(w)).find("DEADLINE_EXCEEDED"),
               std::string::npos)
         << "worker " << w << "'s log:\n" << Tail(cluster.WorkerLog(w));
   }
@@ -601,7 +601,7 @@ pid_t FindWorkerByLog(const std::string& log) {
 
 // The value of --flag= on a process's command line.
 std::string FlagOf(pid_t pid, const std::string& flag) {
-  const std::string cmdline = testing::ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  const std::string cmdline = testutil::ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
   for (absl::string_view arg : absl::StrSplit(cmdline, '\0')) {
     if (absl::ConsumePrefix(&arg, "--" + flag + "=")) return std::string(arg);
   }
@@ -626,24 +626,24 @@ TEST_F(ChiefLoss, RunLocalFailsAndSaysTheChiefDied) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (absl::Now() < deadline) {
     ASSERT_FALSE(group.Wait(*run, absl::Milliseconds(100)).ok())
-        << "run-local ended first:\n" << testing::ReadFile(dir + "/run-local.out");
+        << "run-local ended first:\n" << testutil::ReadFile(dir + "/run-local.out");
     if (chief == 0) chief = FindWorkerByLog(logs + "/worker0.log");
     if (chief != 0 && chief_metrics == 0) {
       const std::string port_file = FlagOf(chief, "port_file");
-      auto ports = testing::ReadPortFile(port_file, absl::Milliseconds(100));
+      auto ports = testutil::ReadPortFile(port_file, absl::Milliseconds(100));
       if (ports.ok()) chief_metrics = (*ports)[0];
     }
     if (chief_metrics != 0 && Metric(chief_metrics, "shardtrain_worker_steps_total") >= 50) break;
   }
   ASSERT_NE(chief_metrics, 0) << "the chief did not start training:\n"
-                              << testing::ReadFile(dir + "/run-local.out");
+                              << testutil::ReadFile(dir + "/run-local.out");
   ASSERT_EQ(kill(chief, SIGKILL), 0);
   const absl::Time killed = absl::Now();
   absl::StatusOr<int> code = group.Wait(*run, absl::Minutes(2));
   ASSERT_TRUE(code.ok()) << "run-local still runs 2 min after the chief died:\n"
-                         << testing::ReadFile(dir + "/run-local.out");
+                         << testutil::ReadFile(dir + "/run-local.out");
   const double exit_s = absl::ToDoubleSeconds(absl::Now() - killed);
-  const std::string output = testing::ReadFile(dir + "/run-local.out");
+  const std::string output = testutil::ReadFile(dir + "/run-local.out");
   Report("ChiefLoss", exit_s, "n/a", 0, -1);
   EXPECT_NE(*code, 0) << output;
   EXPECT_TRUE(std::regex_search(output, std::regex("chief", std::regex::icase)))
@@ -660,7 +660,7 @@ TEST_F(NumWorkersMismatch, WorkerExitsQuicklyNamingBothNumbers) {
   LocalClusterOptions options = Job("sync", NewDir());
   options.start_workers = 0;
   ProcessGroup group;
-  auto started = testing::StartLocalCluster(group, options);
+  auto started = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
   std::vector<std::string> argv = cluster.worker_argv[1];
@@ -679,7 +679,7 @@ TEST_F(NumWorkersMismatch, WorkerExitsQuicklyNamingBothNumbers) {
   EXPECT_LE(exit_s, 15);
   // Some message line (past glog's prefix) names 3 and 2.
   bool named = false;
-  const std::string log = testing::ReadFile(cluster.WorkerLog(1));
+  const std::string log = testutil::ReadFile(cluster.WorkerLog(1));
   static const std::regex kTwo("\\b2\\b"), kThree("\\b3\\b");
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     const size_t prefix = line.find("] ");
@@ -734,9 +734,9 @@ class NetNs {
         ns_addr_(absl::StrCat("10.200.", id, ".2")) {}
 
   static absl::Status Run(const std::string& command) {
-    const std::string out = testing::MakeTempDir("shardtrain-ip-");
+    const std::string out = testutil::MakeTempDir("shardtrain-ip-");
     const int rc = std::system((command + " >" + out + "/log 2>&1").c_str());
-    const std::string log = testing::ReadFile(out + "/log");
+    const std::string log = testutil::ReadFile(out + "/log");
     std::filesystem::remove_all(out);
     if (rc != 0) return absl::UnavailableError(absl::StrCat("`", command, "` failed: ", log));
     return absl::OkStatus();
@@ -757,7 +757,7 @@ TEST_F(Partition, WorkerCutOffFor5sContinues) {
   options.listen_host = (*ns)->host_addr();  // both workers reach the shards there
   options.worker_prefix[1] = (*ns)->Exec();
   ProcessGroup group;
-  auto started = testing::StartLocalCluster(group, options);
+  auto started = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(started.ok()) << started.status();
   LocalCluster& cluster = *started;
   ASSERT_TRUE(WaitForSteps(group, cluster, 0, 200).ok());
@@ -771,7 +771,7 @@ TEST_F(Partition, WorkerCutOffFor5sContinues) {
   }
   absl::Status restored = (*ns)->SetLink(true);
   ASSERT_TRUE(restored.ok()) << restored;
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(
       group, cluster, kJobTimeout, [&] { others.Observe(Steps(cluster, 0)); });
   ASSERT_TRUE(accuracy.ok()) << accuracy.status();
   ExpectWorkersExitZero(group, cluster);
@@ -791,7 +791,7 @@ TEST_F(Partition, WorkerCutOffFor5sContinues) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  if (access((std::string(shardtrain::testing::kFashionMnistDir) + "/train-images-idx3-ubyte.gz")
+  if (access((std::string(shardtrain::testutil::kFashionMnistDir) + "/train-images-idx3-ubyte.gz")
                  .c_str(),
              R_OK) != 0) {
     std::fprintf(stderr, "Fashion-MNIST is not installed (dataset-fashion-mnist)\n");

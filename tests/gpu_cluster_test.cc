@@ -21,17 +21,17 @@ namespace {
 
 // Final test accuracy of a 2-shard, 2-worker sync job on `device`.
 absl::StatusOr<double> Train(const std::string& device, std::vector<std::string> extra) {
-  testing::ProcessGroup group;
-  testing::LocalClusterOptions options;
+  testutil::ProcessGroup group;
+  testutil::LocalClusterOptions options;
   options.bin_dir = SHARDTRAIN_BIN_DIR;
   options.mode = "sync";
   options.server_flags = {"--optimizer=adam", "--lr=0.001"};
   options.worker_flags = {"--device=" + device, "--epochs=2", "--batch=64",
                           "--max_test_examples=10000", "--linger_s=60"};
   options.worker_flags.insert(options.worker_flags.end(), extra.begin(), extra.end());
-  absl::StatusOr<testing::LocalCluster> cluster = testing::StartLocalCluster(group, options);
+  absl::StatusOr<testutil::LocalCluster> cluster = testutil::StartLocalCluster(group, options);
   if (!cluster.ok()) return cluster.status();
-  absl::StatusOr<double> accuracy = testing::WaitForFinalAccuracy(group, *cluster, absl::Minutes(8));
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, *cluster, absl::Minutes(8));
   group.StopAll();
   if (accuracy.ok()) std::filesystem::remove_all(cluster->dir);  // logs only of failures
   return accuracy;
@@ -41,7 +41,7 @@ class GpuCluster : public ::testing::Test {
  protected:
   void SetUp() override {
     SKIP_WITHOUT_CUDA_DEVICE();
-    ASSERT_EQ(access(absl::StrCat(testing::kFashionMnistDir, "/train-images-idx3-ubyte.gz").c_str(),
+    ASSERT_EQ(access(absl::StrCat(testutil::kFashionMnistDir, "/train-images-idx3-ubyte.gz").c_str(),
                      R_OK),
               0)
         << "Fashion-MNIST is not installed (dataset-fashion-mnist)";

@@ -91,7 +91,7 @@ class LateGradCopy : public ::testing::TestWithParam<bool> {
   // Trains one worker; `late` wraps its model in LateCopyModel. Returns the
   // parameters afterwards, or the first error.
   absl::StatusOr<std::vector<std::vector<float>>> Train(bool late, absl::Status copy_error) {
-    testing::OneWorkerJob job;
+    testutil::OneWorkerJob job;
     job.overlap = GetParam();
     if (late) {
       job.wrap_model = [copy_error](std::unique_ptr<worker::Model> model) {
@@ -99,7 +99,7 @@ class LateGradCopy : public ::testing::TestWithParam<bool> {
             std::make_unique<LateCopyModel>(std::move(model), copy_error));
       };
     }
-    absl::StatusOr<testing::OneWorkerResult> result = testing::RunOneWorkerJob(job);
+    absl::StatusOr<testutil::OneWorkerResult> result = testutil::RunOneWorkerJob(job);
     if (!result.ok()) return result.status();
     return result->params;
   }

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 namespace {
 
 // The ports `pid` writes to `port_file` once it serves; fails at once,
@@ -218,4 +218,4 @@ absl::StatusOr<RunResults> ReadResults(const std::string& path) {
   return results;
 }
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil

@@ -16,7 +16,7 @@
 #include "absl/time/time.h"
 #include "tests/cluster_util.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 // Where Fashion-MNIST is installed (Debian's dataset-fashion-mnist), which
 // is also ps-worker's default --data_dir.
@@ -97,6 +97,6 @@ struct RunResults {
 };
 absl::StatusOr<RunResults> ReadResults(const std::string& path);
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil
 
 #endif  // SHARDTRAIN_TESTS_LOCAL_CLUSTER_H_

@@ -84,7 +84,7 @@ class MembershipSpoof : public ::testing::Test {
     return shard_.Call(&ParameterServer::Stub::Pull, request, &response, timeout);
   }
 
-  testing::ShardProcess shard_;
+  testutil::ShardProcess shard_;
   uint64_t incarnation_ = 0;
 };
 
@@ -134,7 +134,7 @@ TEST_F(MembershipSpoof, SpoofsDoNotDisableTheStalenessBound) {
   EXPECT_EQ(far.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 
-  absl::StatusOr<std::string> metrics = testing::HttpGet(shard_.metrics_port(), "/metrics");
+  absl::StatusOr<std::string> metrics = testutil::HttpGet(shard_.metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_THAT(*metrics, ::testing::HasSubstr("shardtrain_worker_joins_total{kind=\"restart\"} 2"));
 }

@@ -9,7 +9,7 @@
 #include "worker/cpu/cpu_backend.h"
 #include "worker/mlp.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 absl::StatusOr<OneWorkerResult> RunOneWorkerJob(const OneWorkerJob& job) {
   constexpr int kFeatures = 30;
@@ -69,4 +69,4 @@ absl::StatusOr<OneWorkerResult> RunOneWorkerJob(const OneWorkerJob& job) {
   return result;
 }
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil

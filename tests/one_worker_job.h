@@ -15,7 +15,7 @@
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 struct OneWorkerJob {
   int shards = 2;
@@ -40,6 +40,6 @@ struct OneWorkerResult {
 // error of any step, if one fails.
 absl::StatusOr<OneWorkerResult> RunOneWorkerJob(const OneWorkerJob& job);
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil
 
 #endif  // SHARDTRAIN_TESTS_ONE_WORKER_JOB_H_

@@ -83,7 +83,7 @@ class ResourceLimits : public ::testing::Test {
     EXPECT_GE(status.num_tensors(), 1);
   }
 
-  testing::ShardProcess shard_;
+  testutil::ShardProcess shard_;
   int64_t baseline_rss_ = 0;
 };
 
@@ -167,10 +167,10 @@ TEST_F(ResourceLimits, AMillionTinyTensorsInBatches) {
   EXPECT_EQ(status.partitions_size(), 100);
   EXPECT_TRUE(status.partitions_truncated());
   // /metrics stays bounded too: 64 partition series, not 10001.
-  absl::StatusOr<std::string> metrics = testing::HttpGet(shard_.metrics_port(), "/metrics");
+  absl::StatusOr<std::string> metrics = testutil::HttpGet(shard_.metrics_port(), "/metrics");
   ASSERT_TRUE(metrics.ok()) << metrics.status();
   EXPECT_LT(metrics->size(), size_t{1} << 20);
-  EXPECT_EQ(testing::SumByName(*metrics)["shardtrain_requests_refused_total"], 1);
+  EXPECT_EQ(testutil::SumByName(*metrics)["shardtrain_requests_refused_total"], 1);
 }
 
 }  // namespace

@@ -32,7 +32,7 @@ constexpr int64_t kElements = 100;
 class Security : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::string(testing::MakeTempDir("shardtrain-certs-"));
+    dir_ = new std::string(testutil::MakeTempDir("shardtrain-certs-"));
     for (const char* which : {"cluster", "stranger"}) {
       const std::string command = absl::StrCat(SHARDTRAIN_SOURCE_DIR, "/scripts/make-certs.sh ",
                                                *dir_, "/", which, " >/dev/null");
@@ -121,9 +121,9 @@ class Security : public ::testing::Test {
   }
 
   double UnauthenticatedCount() {
-    auto body = testing::HttpGet(server_->metrics_port(), "/metrics");
+    auto body = testutil::HttpGet(server_->metrics_port(), "/metrics");
     EXPECT_TRUE(body.ok()) << body.status();
-    return body.ok() ? testing::SumByName(*body)["shardtrain_rpc_unauthenticated_total"] : -1;
+    return body.ok() ? testutil::SumByName(*body)["shardtrain_rpc_unauthenticated_total"] : -1;
   }
 
   static std::string* dir_;

@@ -25,7 +25,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "tests/cluster_util.h"
 
-namespace shardtrain::testing {
+namespace shardtrain::testutil {
 
 class ShardProcess {
  public:
@@ -89,6 +89,6 @@ class ShardProcess {
   std::unique_ptr<ParameterServer::Stub> stub_;
 };
 
-}  // namespace shardtrain::testing
+}  // namespace shardtrain::testutil
 
 #endif  // SHARDTRAIN_TESTS_SHARD_PROCESS_H_

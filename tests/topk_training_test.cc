@@ -33,12 +33,12 @@ double PushedBytes(prometheus::Registry& registry) {
 class TopKTraining : public ::testing::TestWithParam<bool> {};
 
 TEST_P(TopKTraining, RatioOneIsExactlyDense) {
-  testing::OneWorkerJob job;
+  testutil::OneWorkerJob job;
   job.overlap = GetParam();
-  auto dense = testing::RunOneWorkerJob(job);
+  auto dense = testutil::RunOneWorkerJob(job);
   ASSERT_TRUE(dense.ok()) << dense.status();
   job.client.topk_ratio = 1.0;
-  auto sparse = testing::RunOneWorkerJob(job);
+  auto sparse = testutil::RunOneWorkerJob(job);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
   ASSERT_EQ(sparse->params.size(), dense->params.size());
   for (size_t i = 0; i < dense->params.size(); ++i) {
@@ -47,7 +47,7 @@ TEST_P(TopKTraining, RatioOneIsExactlyDense) {
 }
 
 TEST_P(TopKTraining, FivePercentStillLearnsOnAFractionOfTheBytes) {
-  testing::OneWorkerJob job;
+  testutil::OneWorkerJob job;
   job.overlap = GetParam();
   job.steps = 60;
   job.batch = 16;
@@ -55,11 +55,11 @@ TEST_P(TopKTraining, FivePercentStillLearnsOnAFractionOfTheBytes) {
   common::RpcMetrics dense_metrics(dense_registry, "client");
   common::RpcMetrics sparse_metrics(sparse_registry, "client");
   job.rpc_metrics = &dense_metrics;
-  auto dense = testing::RunOneWorkerJob(job);
+  auto dense = testutil::RunOneWorkerJob(job);
   ASSERT_TRUE(dense.ok()) << dense.status();
   job.client.topk_ratio = 0.05;
   job.rpc_metrics = &sparse_metrics;
-  auto sparse = testing::RunOneWorkerJob(job);
+  auto sparse = testutil::RunOneWorkerJob(job);
   ASSERT_TRUE(sparse.ok()) << sparse.status();
 
   // The data is random, so "learning" is fitting it: the loss of the last
@@ -86,9 +86,9 @@ TEST_P(TopKTraining, FivePercentStillLearnsOnAFractionOfTheBytes) {
 
 TEST(TopKTrainingOptions, RatioOutsideZeroOneIsRejected) {
   for (double ratio : {-0.5, 1.5}) {
-    testing::OneWorkerJob job;
+    testutil::OneWorkerJob job;
     job.client.topk_ratio = ratio;
-    EXPECT_EQ(testing::RunOneWorkerJob(job).status().code(),
+    EXPECT_EQ(testutil::RunOneWorkerJob(job).status().code(),
               absl::StatusCode::kInvalidArgument)
         << ratio;
   }
