@@ -8,27 +8,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "worker/idx_test_util.h"
 
 namespace shardtrain::worker {
 namespace {
 
-std::string Header(const std::vector<uint32_t>& dims) {
-  std::string h = {0, 0, 0x08, static_cast<char>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      h.push_back(static_cast<char>((d >> shift) & 0xff));
-    }
-  }
-  return h;
-}
 
-void WriteGzip(const std::string& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
 
 // A 3-example, 2x2-pixel dataset in Fashion-MNIST file layout under a fresh
 // directory; returns the directory.
@@ -36,13 +21,13 @@ std::string WriteTinyFashionMnist(const std::string& name,
                                   const std::string& labels) {
   const std::string dir = ::testing::TempDir() + "/dataset_test_" + name;
   mkdir(dir.c_str(), 0755);
-  std::string images = Header({3, 2, 2});
+  std::string images = IdxHeader({3, 2, 2});
   const unsigned char pixels[] = {0, 255, 51,  102, 0,   0,
                                   0, 0,   255, 255, 255, 255};
   images.append(reinterpret_cast<const char*>(pixels), sizeof(pixels));
-  WriteGzip(dir + "/t10k-images-idx3-ubyte.gz", images);
-  WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz",
-            Header({static_cast<uint32_t>(labels.size())}) + labels);
+  WriteGzipFile(dir + "/t10k-images-idx3-ubyte.gz", images);
+  WriteGzipFile(dir + "/t10k-labels-idx1-ubyte.gz",
+            IdxHeader({static_cast<uint32_t>(labels.size())}) + labels);
   return dir;
 }
 

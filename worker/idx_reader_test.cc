@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/idx_test_util.h"
 
 namespace shardtrain::worker {
 namespace {
@@ -15,39 +16,16 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// Big-endian IDX header for unsigned bytes.
-std::string Header(const std::vector<uint32_t>& dims) {
-  std::string h = {0, 0, 0x08, static_cast<char>(dims.size())};
-  for (uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      h.push_back(static_cast<char>((d >> shift) & 0xff));
-    }
-  }
-  return h;
-}
 
 std::string Path(const std::string& name) {
   return ::testing::TempDir() + "/idx_reader_test_" + name;
 }
 
-void WritePlain(const std::string& path, const std::string& bytes) {
-  FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
-  std::fclose(f);
-}
 
-void WriteGzip(const std::string& path, const std::string& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()),
-            static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
 
 std::string Images() {
   // 2 images of 2x3.
-  std::string bytes = Header({2, 2, 3});
+  std::string bytes = IdxHeader({2, 2, 3});
   for (int i = 0; i < 12; ++i) bytes.push_back(static_cast<char>(i * 20));
   return bytes;
 }
@@ -55,7 +33,7 @@ std::string Images() {
 TEST(IdxReaderTest, ReadsPlainAndGzippedImages) {
   for (bool gzip : {false, true}) {
     const std::string path = Path(gzip ? "images.gz" : "images");
-    gzip ? WriteGzip(path, Images()) : WritePlain(path, Images());
+    gzip ? WriteGzipFile(path, Images()) : WritePlainFile(path, Images());
     auto array = ReadIdx(path);
     ASSERT_TRUE(array.ok()) << array.status();
     EXPECT_THAT(array->dims, ElementsAre(2, 2, 3));
@@ -65,9 +43,9 @@ TEST(IdxReaderTest, ReadsPlainAndGzippedImages) {
 }
 
 TEST(IdxReaderTest, ReadsLabels) {
-  std::string bytes = Header({5});
+  std::string bytes = IdxHeader({5});
   bytes += std::string{0, 9, 3, 3, 7};
-  WriteGzip(Path("labels.gz"), bytes);
+  WriteGzipFile(Path("labels.gz"), bytes);
   auto array = ReadIdx(Path("labels.gz"));
   ASSERT_TRUE(array.ok()) << array.status();
   EXPECT_THAT(array->dims, ElementsAre(5));
@@ -76,9 +54,9 @@ TEST(IdxReaderTest, ReadsLabels) {
 
 TEST(IdxReaderTest, ReadsLargerThanOneChunk) {
   const uint32_t n = (1u << 20) + 12345;
-  std::string bytes = Header({n});
+  std::string bytes = IdxHeader({n});
   for (uint32_t i = 0; i < n; ++i) bytes.push_back(static_cast<char>(i % 251));
-  WriteGzip(Path("big.gz"), bytes);
+  WriteGzipFile(Path("big.gz"), bytes);
   auto array = ReadIdx(Path("big.gz"));
   ASSERT_TRUE(array.ok()) << array.status();
   ASSERT_EQ(array->data.size(), n);
@@ -94,7 +72,7 @@ TEST(IdxReaderTest, MissingFileIsNotFound) {
 void ExpectDataLoss(const std::string& name, const std::string& bytes,
                     bool gzip, const std::string& message) {
   const std::string path = Path(name);
-  gzip ? WriteGzip(path, bytes) : WritePlain(path, bytes);
+  gzip ? WriteGzipFile(path, bytes) : WritePlainFile(path, bytes);
   auto array = ReadIdx(path);
   EXPECT_EQ(array.status().code(), absl::StatusCode::kDataLoss)
       << name << ": " << array.status();
@@ -117,23 +95,23 @@ TEST(IdxReaderTest, CorruptFilesAreDataLoss) {
     std::string no_dims = images;
     no_dims[3] = 0;
     ExpectDataLoss("no_dims", no_dims, gzip, "0 dimensions");
-    ExpectDataLoss("huge", Header({0xFFFFFFF0u, 0xFFFFFFF0u}), gzip,
+    ExpectDataLoss("huge", IdxHeader({0xFFFFFFF0u, 0xFFFFFFF0u}), gzip,
                    "too large");
-    ExpectDataLoss("many", Header({1u << 30, 1u << 30}), gzip,
+    ExpectDataLoss("many", IdxHeader({1u << 30, 1u << 30}), gzip,
                    "too many elements");
   }
 }
 
 TEST(IdxReaderTest, TruncatedGzipStreamIsDataLoss) {
   const std::string full = Path("full.gz");
-  WriteGzip(full, Images());
+  WriteGzipFile(full, Images());
   FILE* f = std::fopen(full.c_str(), "rb");
   ASSERT_NE(f, nullptr);
   std::string compressed(4096, '\0');
   compressed.resize(std::fread(compressed.data(), 1, compressed.size(), f));
   std::fclose(f);
   // Cutting the gzip trailer and part of the deflate stream.
-  WritePlain(Path("cut.gz"), compressed.substr(0, compressed.size() - 12));
+  WritePlainFile(Path("cut.gz"), compressed.substr(0, compressed.size() - 12));
   auto array = ReadIdx(Path("cut.gz"));
   EXPECT_EQ(array.status().code(), absl::StatusCode::kDataLoss)
       << array.status();
