@@ -6,6 +6,7 @@
 
 #include "common/status_macros.h"
 #include "server/ps_server.h"
+#include "tests/in_process_shards.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/mlp.h"
 
@@ -20,22 +21,16 @@ absl::StatusOr<OneWorkerResult> RunOneWorkerJob(const OneWorkerJob& job) {
   std::vector<int32_t> labels(size_t(job.steps) * job.batch);
   for (int32_t& l : labels) l = static_cast<int32_t>(rng() % 4);
 
-  std::vector<std::unique_ptr<server::PsServer>> shards;
+  server::ShardOptions shard_options;
+  shard_options.partitioning.max_partition_elements = job.partition_elements;
+  shard_options.mode = server::ConsistencyMode::kSync;
+  shard_options.num_workers = 1;
+  shard_options.optimizer.name = "momentum";
+  shard_options.optimizer.learning_rate = 0.05f;
+  ASSIGN_OR_RETURN(testutil::InProcessShards cluster,
+                   testutil::StartInProcessShards(shard_options, job.shards));
   worker::PsClientOptions client_options = job.client;
-  client_options.servers.clear();
-  for (int s = 0; s < job.shards; ++s) {
-    server::PsServerOptions options;
-    options.shard.shard_index = s;
-    options.metrics_address = "";
-    options.shard.partitioning = {job.partition_elements, job.shards};
-    options.shard.mode = server::ConsistencyMode::kSync;
-    options.shard.num_workers = 1;
-    options.shard.optimizer.name = "momentum";
-    options.shard.optimizer.learning_rate = 0.05f;
-    ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard, server::PsServer::Start(options));
-    client_options.servers.push_back("127.0.0.1:" + std::to_string(shard->port()));
-    shards.push_back(std::move(shard));
-  }
+  client_options.servers = cluster.addresses;
   client_options.max_partition_elements = job.partition_elements;
   client_options.pull_timeout = absl::Seconds(30);
   ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client,

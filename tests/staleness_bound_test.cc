@@ -11,6 +11,7 @@
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
+#include "tests/in_process_shards.h"
 #include "worker/ps_client.h"
 
 namespace shardtrain {
@@ -27,21 +28,14 @@ struct Outcome {
 };
 
 absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
-  std::vector<std::unique_ptr<server::PsServer>> shards;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < 2; ++s) {
-    server::PsServerOptions options;
-    options.shard.shard_index = s;
-    options.metrics_address = "";  // no HTTP server: nothing scrapes it here
-    options.shard.partitioning = {500, 2};
-    options.shard.mode = server::ConsistencyMode::kAsync;
-    options.shard.num_workers = kWorkers;
-    options.shard.max_staleness = bound;
-    ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard,
-                     server::PsServer::Start(options));
-    addresses.push_back("127.0.0.1:" + std::to_string(shard->port()));
-    shards.push_back(std::move(shard));
-  }
+  server::ShardOptions options;
+  options.partitioning.max_partition_elements = 500;
+  options.mode = server::ConsistencyMode::kAsync;
+  options.num_workers = kWorkers;
+  options.max_staleness = bound;
+  ASSIGN_OR_RETURN(testutil::InProcessShards cluster,
+                   testutil::StartInProcessShards(options, 2));
+  const std::vector<std::string>& addresses = cluster.addresses;
   TensorSpec spec;
   spec.set_name("w");
   spec.add_shape(kElements);
@@ -81,7 +75,7 @@ absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
   std::thread monitor([&] {
     while (!done.load()) {
       StatusResponse status;
-      shards[0]->shard().FillStatus(StatusRequest(), &status);
+      cluster.shards[0]->shard().FillStatus(StatusRequest(), &status);
       int64_t lo = INT64_MAX, hi = 0;
       for (const WorkerState& w : status.workers()) {
         lo = std::min(lo, w.clock());
@@ -102,7 +96,7 @@ absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
   outcome.max_staleness = max_staleness.load();
   outcome.fast_wait_seconds = fast_wait.load();
   StatusResponse status;
-  shards[1]->shard().FillStatus(StatusRequest(), &status);
+  cluster.shards[1]->shard().FillStatus(StatusRequest(), &status);
   outcome.max_staleness = std::max(outcome.max_staleness, status.max_staleness_seen());
   return outcome;
 }

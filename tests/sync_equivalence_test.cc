@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/optimizer.h"
 #include "server/ps_server.h"
+#include "tests/in_process_shards.h"
 #include "worker/cpu/cpu_backend.h"
 #include "worker/mlp.h"
 #include "worker/pipeline/pipeline_model.h"
@@ -90,21 +91,14 @@ std::vector<std::vector<float>> TrainReference(const worker::ModelSpec& spec,
 absl::StatusOr<std::vector<std::vector<float>>> TrainDistributed(
     const worker::ModelSpec& spec, const Data& data, int workers, bool overlap,
     bool pipelined) {
-  std::vector<std::unique_ptr<server::PsServer>> shards;
-  std::vector<std::string> addresses;
-  for (int s = 0; s < kShards; ++s) {
-    server::PsServerOptions options;
-    options.shard.shard_index = s;
-    options.metrics_address = "";  // no HTTP server: nothing scrapes it here
-    options.shard.partitioning = {kPartition, kShards};
-    options.shard.mode = server::ConsistencyMode::kSync;
-    options.shard.num_workers = workers;
-    options.shard.optimizer = Optimizer();
-    ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard,
-                     server::PsServer::Start(options));
-    addresses.push_back("127.0.0.1:" + std::to_string(shard->port()));
-    shards.push_back(std::move(shard));
-  }
+  server::ShardOptions options;
+  options.partitioning.max_partition_elements = kPartition;
+  options.mode = server::ConsistencyMode::kSync;
+  options.num_workers = workers;
+  options.optimizer = Optimizer();
+  ASSIGN_OR_RETURN(testutil::InProcessShards cluster,
+                   testutil::StartInProcessShards(options, kShards));
+  const std::vector<std::string>& addresses = cluster.addresses;
   std::vector<std::unique_ptr<worker::Backend>> backends;
   std::vector<std::unique_ptr<worker::PsClient>> clients;
   std::vector<std::unique_ptr<worker::Trainer>> trainers;
