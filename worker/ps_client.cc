@@ -156,88 +156,121 @@ absl::Status PsClient::CallAllShards(const char* method,
 }
 
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
-  // Nothing may still write into versions_ or read topk_ while they are
-  // rebuilt below.
-  exchange_.reset();
-  register_request_.Clear();
-  for (const TensorSpec& spec : tensors) *register_request_.add_tensors() = spec;
-  register_request_.set_worker(options_.worker_index);
-  register_request_.set_num_workers(options_.num_workers);
-  register_request_.set_worker_incarnation(worker_incarnation_);
+  RegisterRequest request;
+  for (const TensorSpec& spec : tensors) *request.add_tensors() = spec;
+  request.set_worker(options_.worker_index);
+  request.set_num_workers(options_.num_workers);
+  request.set_worker_incarnation(worker_incarnation_);
   std::vector<RegisterResponse> responses(channels_.size());
-  RETURN_IF_ERROR(CallAllShards(
-      "Register", options_.rpc_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-        const absl::Time start = absl::Now();
-        responses[s].Clear();
-        channels_[s]->stub()->async()->Register(
-            context, &register_request_, &responses[s],
-            [this, &responses, s, start, done = std::move(done)](grpc::Status status) {
-              RecordRpc("Register", status, register_request_.ByteSizeLong(),
-                        responses[s].ByteSizeLong(), start);
-              done(std::move(status));
-            });
-      }));
-
-  tensors_ = tensors;
-  tensor_sizes_.clear();
-  versions_.clear();
-  partition_index_.assign(channels_.size(), {});
-  calls_.assign(channels_.size(), ShardCalls());
-  std::vector<std::vector<TensorExchange::Group>> groups(tensors.size());
-  common::PartitionConfig config{options_.max_partition_elements, num_shards()};
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    int64_t elements = 1;
-    for (int64_t dim : tensors[t].shape()) elements *= dim;
-    tensor_sizes_.push_back(elements);
-    std::vector<int> group_of_shard(channels_.size(), -1);
-    for (const common::PlacedPartition& placed :
-         common::PlaceTensor(tensors[t].name(), elements, config)) {
-      const PartitionSlice slice{static_cast<int>(t),
-                                 static_cast<uint32_t>(placed.partition),
-                                 placed.range.offset, placed.range.size,
-                                 versions_.size()};
-      partition_index_[placed.shard][{tensors[t].name(), slice.partition}] =
-          slice.version_index;
-      versions_.emplace_back(0);
-      ShardCalls& calls = calls_[placed.shard];
-      calls.slices.push_back(slice);
-      PartitionKey key;
-      key.set_tensor(tensors[t].name());
-      key.set_partition(slice.partition);
-      GradientPart* part = calls.request.mutable_push()->add_parts();
-      *part->mutable_key() = key;
-      part->mutable_grad()->set_dtype(options_.wire_dtype);
-      part->mutable_grad()->set_encoding(ENCODING_DENSE);
-      *calls.request.mutable_pull()->add_parts() = key;
-      int& group = group_of_shard[placed.shard];
-      if (group < 0) {
-        group = static_cast<int>(groups[t].size());
-        groups[t].push_back(TensorExchange::Group{placed.shard, {}});
-      }
-      groups[t][group].slices.push_back(slice);
-    }
+  RETURN_IF_ERROR(RegisterOnEveryShard(request, &responses));
+  Layout layout = PlanLayout(tensors);
+  // Every shard must hold exactly the partitions this worker places there,
+  // checked before anything of the client changes.
+  for (size_t s = 0; s < channels_.size(); ++s) {
+    RETURN_IF_ERROR(
+        MatchPartitions(static_cast<int>(s), layout.partition_index[s], responses[s])
+            .status());
   }
-  topk_.reset();
+  std::unique_ptr<common::TopKCompressor> topk;
   if (options_.topk_ratio > 0) {
-    std::vector<int64_t> partition_sizes(versions_.size());
-    for (const ShardCalls& calls : calls_) {
-      for (const PartitionSlice& slice : calls.slices) {
-        partition_sizes[slice.version_index] = slice.size;
-      }
-    }
-    ASSIGN_OR_RETURN(common::TopKCompressor topk,
-                     common::TopKCompressor::Create(options_.topk_ratio, partition_sizes));
-    topk_ = std::make_unique<common::TopKCompressor>(std::move(topk));
+    ASSIGN_OR_RETURN(common::TopKCompressor made,
+                     common::TopKCompressor::Create(options_.topk_ratio,
+                                                    layout.partition_sizes));
+    topk = std::make_unique<common::TopKCompressor>(std::move(made));
   }
-  // Each shard must report exactly the partitions we expect; their
-  // versions and the worker's clock say where the job is.
+
+  // Nothing may still write into versions_ or read topk_ while they are
+  // replaced.
+  exchange_.reset();
+  register_request_ = std::move(request);
+  tensors_ = tensors;
+  tensor_sizes_ = std::move(layout.tensor_sizes);
+  partition_index_ = std::move(layout.partition_index);
+  calls_ = std::move(layout.calls);
+  versions_.clear();
+  for (size_t i = 0; i < layout.partition_sizes.size(); ++i) versions_.emplace_back(0);
+  topk_ = std::move(topk);
+  // The shards' versions and this worker's clock say where the job is.
   registered_worker_clock_ = 0;
   for (size_t s = 0; s < channels_.size(); ++s) {
     RETURN_IF_ERROR(TakeShardState(static_cast<int>(s), responses[s], /*restarted=*/false));
     registered_worker_clock_ =
         std::max(registered_worker_clock_, responses[s].worker_clock());
   }
+  BuildExchange(std::move(layout.groups));
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::RegisterOnEveryShard(const RegisterRequest& request,
+                                            std::vector<RegisterResponse>* responses) {
+  return CallAllShards(
+      "Register", options_.rpc_timeout, absl::InfiniteDuration(),
+      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
+        const absl::Time start = absl::Now();
+        (*responses)[s].Clear();
+        channels_[s]->stub()->async()->Register(
+            context, &request, &(*responses)[s],
+            [this, &request, responses, s, start, done = std::move(done)](grpc::Status status) {
+              RecordRpc("Register", status, request.ByteSizeLong(),
+                        (*responses)[s].ByteSizeLong(), start);
+              done(std::move(status));
+            });
+      });
+}
+
+PsClient::Layout PsClient::PlanLayout(const std::vector<TensorSpec>& tensors) const {
+  Layout layout;
+  layout.partition_index.resize(channels_.size());
+  layout.calls.resize(channels_.size());
+  layout.groups.resize(tensors.size());
+  const common::PartitionConfig config{options_.max_partition_elements, num_shards()};
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    int64_t elements = 1;
+    for (int64_t dim : tensors[t].shape()) elements *= dim;
+    layout.tensor_sizes.push_back(elements);
+    std::vector<int> group_of_shard(channels_.size(), -1);
+    for (const common::PlacedPartition& placed :
+         common::PlaceTensor(tensors[t].name(), elements, config)) {
+      const PartitionSlice slice{static_cast<int>(t),
+                                 static_cast<uint32_t>(placed.partition),
+                                 placed.range.offset, placed.range.size,
+                                 layout.partition_sizes.size()};
+      layout.partition_index[placed.shard][{tensors[t].name(), slice.partition}] =
+          slice.version_index;
+      layout.partition_sizes.push_back(slice.size);
+      AddToRequests(tensors[t].name(), slice, &layout.calls[placed.shard]);
+      int& group = group_of_shard[placed.shard];
+      if (group < 0) {
+        group = static_cast<int>(layout.groups[t].size());
+        layout.groups[t].push_back(TensorExchange::Group{placed.shard, {}});
+      }
+      layout.groups[t][group].slices.push_back(slice);
+    }
+  }
+  return layout;
+}
+
+void PsClient::AddToRequests(const std::string& tensor, const PartitionSlice& slice,
+                             ShardCalls* calls) const {
+  calls->slices.push_back(slice);
+  PartitionKey key;
+  key.set_tensor(tensor);
+  key.set_partition(slice.partition);
+  PushRequest& push = *calls->request.mutable_push();
+  PullRequest& pull = *calls->request.mutable_pull();
+  GradientPart* part = push.add_parts();
+  *part->mutable_key() = key;
+  part->mutable_grad()->set_dtype(options_.wire_dtype);
+  part->mutable_grad()->set_encoding(ENCODING_DENSE);
+  *pull.add_parts() = std::move(key);
+  push.set_worker(options_.worker_index);
+  push.set_worker_incarnation(worker_incarnation_);
+  pull.set_worker(options_.worker_index);
+  pull.set_worker_incarnation(worker_incarnation_);
+  pull.set_dtype(options_.wire_dtype);
+}
+
+void PsClient::BuildExchange(std::vector<std::vector<TensorExchange::Group>> groups) {
   TensorExchange::Options exchange_options;
   exchange_options.worker_index = options_.worker_index;
   exchange_options.worker_incarnation = worker_incarnation_;
@@ -255,27 +288,18 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
              size_t received, absl::Time start) {
         RecordRpc(method, status, sent, received, start);
       });
-  for (ShardCalls& calls : calls_) {
-    calls.request.mutable_push()->set_worker(options_.worker_index);
-    calls.request.mutable_push()->set_worker_incarnation(worker_incarnation_);
-    calls.request.mutable_pull()->set_worker(options_.worker_index);
-    calls.request.mutable_pull()->set_worker_incarnation(worker_incarnation_);
-    calls.request.mutable_pull()->set_dtype(options_.wire_dtype);
-  }
-  return absl::OkStatus();
 }
 
-absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& response,
-                                      bool restarted) {
-  ShardChannel& channel = *channels_[shard];
-  const auto& index = partition_index_[shard];
+absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchPartitions(
+    int shard, const PartitionIndex& index, const RegisterResponse& response) const {
+  const ShardChannel& channel = *channels_[shard];
   if (response.partitions_size() != static_cast<int>(index.size())) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "shard %d (%s) holds %d partitions of these tensors but this worker "
         "expects %d: do --max_partition_elements and the shard count match?",
         shard, channel.address(), response.partitions_size(), index.size()));
   }
-  std::vector<std::pair<size_t, int64_t>> taken;
+  std::vector<std::pair<size_t, int64_t>> matched;
   for (const PartitionInfo& info : response.partitions()) {
     auto it = index.find({info.tensor(), info.partition()});
     if (it == index.end()) {
@@ -284,8 +308,16 @@ absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& respons
           "place there: do --max_partition_elements and the shard count match?",
           shard, channel.address(), info.partition(), info.tensor()));
     }
-    taken.emplace_back(it->second, info.version());
+    matched.emplace_back(it->second, info.version());
   }
+  return matched;
+}
+
+absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& response,
+                                      bool restarted) {
+  ShardChannel& channel = *channels_[shard];
+  ASSIGN_OR_RETURN(const auto taken,
+                   MatchPartitions(shard, partition_index_[shard], response));
   int64_t lost = 0;
   for (const auto& [i, version] : taken) {
     const int64_t known = versions_[i].load();

@@ -191,8 +191,34 @@ class PsClient {
     PushPullResponse response;
   };
 
+  // (tensor, partition) -> index into versions_, for one shard.
+  using PartitionIndex = std::map<std::pair<std::string, uint32_t>, size_t>;
+  // Where a registration's partitions live and the requests that name them:
+  // built whole before the client adopts it.
+  struct Layout {
+    std::vector<int64_t> tensor_sizes;
+    std::vector<int64_t> partition_sizes;        // by version index
+    std::vector<PartitionIndex> partition_index;  // by shard
+    std::vector<ShardCalls> calls;                // by shard
+    std::vector<std::vector<TensorExchange::Group>> groups;  // by tensor
+  };
+
   PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
            PsClientMetrics* fault_metrics);
+  // Register's steps: the RPC to every shard; the placement of every
+  // partition (changes nothing); adding one partition to a shard's reusable
+  // requests; the overlapped exchange over the adopted layout.
+  absl::Status RegisterOnEveryShard(const RegisterRequest& request,
+                                    std::vector<RegisterResponse>* responses);
+  Layout PlanLayout(const std::vector<TensorSpec>& tensors) const;
+  void AddToRequests(const std::string& tensor, const PartitionSlice& slice,
+                     ShardCalls* calls) const;
+  void BuildExchange(std::vector<std::vector<TensorExchange::Group>> groups);
+  // Pairs each partition `response` reports with its index in `index`;
+  // FAILED_PRECONDITION if the shard holds other partitions than this
+  // worker places there.
+  absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchPartitions(
+      int shard, const PartitionIndex& index, const RegisterResponse& response) const;
   // Runs one RPC per shard at once through the shards' channels and waits
   // for all; returns the first error (any other before a
   // FAILED_PRECONDITION). `start(s, ...)` is ShardRpc::start for shard s.
@@ -242,7 +268,7 @@ class PsClient {
   RegisterRequest register_request_;
   int64_t registered_worker_clock_ = 0;
   // Per shard: (tensor, partition) -> index into versions_.
-  std::vector<std::map<std::pair<std::string, uint32_t>, size_t>> partition_index_;
+  std::vector<PartitionIndex> partition_index_;
   // Version of each partition as last pulled (or taken from a restarted
   // shard); PartitionSlice::version_index points here. Written by at most
   // one in-flight pull per partition, and by a resync of its shard.
