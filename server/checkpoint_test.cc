@@ -58,6 +58,17 @@ class CheckpointTest : public ::testing::Test {
     ASSERT_TRUE(writer.Write().ok());
   }
 
+  // Registers a second tensor "b" (10 elements) on `shard`.
+  void RegisterBias(Shard& shard) {
+    RegisterRequest request;
+    TensorSpec* spec = request.add_tensors();
+    spec->set_name("b");
+    spec->add_shape(10);
+    spec->set_dtype(DTYPE_F32);
+    RegisterResponse registered;
+    ASSERT_TRUE(shard.Register(request, &registered).ok());
+  }
+
   void Train(Shard& shard, int steps) {
     RegisterRequest request;
     TensorSpec* spec = request.add_tensors();
@@ -219,15 +230,7 @@ TEST_F(CheckpointTest, ASmallerCheckpointDoesNotPruneABiggerOne) {
     const std::string other = TempDir();
     ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
     Train(*shard, 1);
-    if (with_bias) {
-      RegisterRequest request;
-      TensorSpec* spec = request.add_tensors();
-      spec->set_name("b");
-      spec->add_shape(10);
-      spec->set_dtype(DTYPE_F32);
-      RegisterResponse registered;
-      ASSERT_TRUE(shard->Register(request, &registered).ok());
-    }
+    if (with_bias) RegisterBias(*shard);
     Checkpointer writer({other}, shard.get(), &metrics_);
     ASSERT_TRUE(writer.RestoreLatest().ok());
     auto written = writer.Write();
@@ -264,13 +267,7 @@ TEST_F(CheckpointTest, ABiggerCheckpointPrunesOlderOnes) {
   ASSERT_OK_AND_ASSIGN(auto restored, NewShard());
   Checkpointer writer({dir}, restored.get(), &metrics_);
   ASSERT_TRUE(writer.RestoreLatest().ok());
-  RegisterRequest request;
-  TensorSpec* spec = request.add_tensors();
-  spec->set_name("b");
-  spec->add_shape(10);
-  spec->set_dtype(DTYPE_F32);
-  RegisterResponse registered;
-  ASSERT_TRUE(restored->Register(request, &registered).ok());
+  RegisterBias(*restored);
   ASSERT_TRUE(writer.Write().ok());
   ASSERT_TRUE(writer.Write().ok());
   const auto now = DirectoryFiles(dir);
