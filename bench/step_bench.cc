@@ -32,9 +32,9 @@
 #include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "server/ps_server.h"
-#include "worker/model_factory.h"
+#include "worker/model/model_factory.h"
+#include "worker/model/tensor_specs.h"
 #include "worker/ps_client.h"
-#include "worker/tensor_specs.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "mlp:784-4096-4096-10", "Model spec");

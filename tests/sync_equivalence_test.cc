@@ -13,11 +13,11 @@
 #include "server/optimizer.h"
 #include "server/ps_server.h"
 #include "tests/in_process_shards.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/mlp.h"
-#include "worker/pipeline/pipeline_model.h"
+#include "worker/device/cpu/cpu_backend.h"
+#include "worker/model/mlp.h"
+#include "worker/model/pipeline/pipeline_model.h"
+#include "worker/model/tensor_specs.h"
 #include "worker/ps_client.h"
-#include "worker/tensor_specs.h"
 #include "worker/trainer.h"
 
 namespace shardtrain {

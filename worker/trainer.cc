@@ -10,8 +10,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/float_env.h"
 #include "common/status_macros.h"
-#include "worker/data_shard.h"
-#include "worker/tensor_specs.h"
+#include "worker/data/data_shard.h"
+#include "worker/model/tensor_specs.h"
 
 namespace shardtrain::worker {
 

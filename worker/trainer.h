@@ -32,8 +32,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/dataset.h"
-#include "worker/model.h"
+#include "worker/data/dataset.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
