@@ -123,7 +123,12 @@ int main(int argc, char** argv) {
   }
   worker::ModelOptions model_options;
   model_options.spec = *spec;
-  model_options.device = absl::GetFlag(FLAGS_device);
+  const auto device = worker::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::cerr << "--device " << device.status().message() << "\n";
+    return 2;
+  }
+  model_options.device = *device;
   model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   const auto make_model = worker::MakeModelFactory(model_options);
   if (!make_model.ok()) {
@@ -142,7 +147,7 @@ int main(int argc, char** argv) {
 
   std::string report = absl::StrFormat(
       "step_bench  model %s  batch %d  device %s  (host %s, %d OpenBLAS threads)\n",
-      spec->ToString(), batch, model_options.device, CpuModel(),
+      spec->ToString(), batch, worker::DeviceKindName(model_options.device), CpuModel(),
       absl::GetFlag(FLAGS_cpu_threads));
 
   // Baseline 1: compute alone, gradients copied back to the host as a

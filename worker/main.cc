@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
 #include "common/deadlock_detection.h"
@@ -22,7 +23,9 @@
 #include "common/metrics.h"
 #include "common/status_macros.h"
 #include "worker/data/dataset.h"
+#include "worker/device/device_options.h"
 #include "worker/model/model_factory.h"
+#include "worker/model/pipeline/schedule.h"
 #include "worker/ps_client.h"
 #include "worker/results.h"
 #include "worker/trainer.h"
@@ -90,24 +93,42 @@ namespace {
 
 using namespace shardtrain;  // NOLINT: a binary's main file
 
-absl::StatusOr<DType> ParseDType(const std::string& name) {
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "f32") return DTYPE_F32;
   if (name == "f16") return DTYPE_F16;
   if (name == "bf16") return DTYPE_BF16;
   return absl::InvalidArgumentError(
-      absl::StrCat("--wire_dtype must be f32, f16 or bf16, got ", name));
+      absl::StrCat("must be f32, f16 or bf16, got ", name));
+}
+
+// Parses the value of flag --`flag` with `parse` (one of the Parse*
+// functions above or in the libraries); an error names the flag:
+// "--device must be cpu or cuda, got tpu".
+template <typename Parse>
+auto ParseFlag(absl::string_view flag, absl::string_view value, Parse parse)
+    -> decltype(parse(value)) {
+  auto parsed = parse(value);
+  if (parsed.ok()) return parsed;
+  return absl::Status(parsed.status().code(),
+                      absl::StrCat("--", flag, " ", parsed.status().message()));
 }
 
 absl::Status RunWorker() {
   worker::ModelOptions model_options;
   ASSIGN_OR_RETURN(model_options.spec,
                    worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
-  model_options.device = absl::GetFlag(FLAGS_device);
+  ASSIGN_OR_RETURN(model_options.device,
+                   ParseFlag("device", absl::GetFlag(FLAGS_device),
+                             worker::ParseDeviceKind));
   model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  model_options.gemm_precision = absl::GetFlag(FLAGS_gemm_precision);
+  ASSIGN_OR_RETURN(model_options.gemm_precision,
+                   ParseFlag("gemm_precision", absl::GetFlag(FLAGS_gemm_precision),
+                             worker::ParseGemmPrecision));
   model_options.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
   model_options.microbatches = absl::GetFlag(FLAGS_microbatches);
-  model_options.schedule = absl::GetFlag(FLAGS_schedule);
+  ASSIGN_OR_RETURN(model_options.schedule,
+                   ParseFlag("schedule", absl::GetFlag(FLAGS_schedule),
+                             worker::pipeline::ParseScheduleKind));
   ASSIGN_OR_RETURN(worker::ModelFactory make_model,
                    worker::MakeModelFactory(model_options));
 
@@ -136,7 +157,7 @@ absl::Status RunWorker() {
   client_options.keepalive_timeout = client_options.keepalive_time;
   client_options.max_partition_elements = absl::GetFlag(FLAGS_max_partition_elements);
   ASSIGN_OR_RETURN(client_options.wire_dtype,
-                   ParseDType(absl::GetFlag(FLAGS_wire_dtype)));
+                   ParseFlag("wire_dtype", absl::GetFlag(FLAGS_wire_dtype), ParseDType));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
@@ -170,7 +191,8 @@ absl::Status RunWorker() {
     return absl::InvalidArgumentError(
         absl::StrCat("--overlap must be auto, on or off, got ", overlap));
   }
-  options.overlap = overlap == "on" || (overlap == "auto" && model_options.device == "cuda");
+  options.overlap =
+      overlap == "on" || (overlap == "auto" && model_options.device == worker::DeviceKind::kCuda);
 
   const worker::ModelSpec& spec = model_options.spec;
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -188,11 +210,13 @@ absl::Status RunWorker() {
                                            &worker_metrics));
   RETURN_IF_ERROR(trainer->Initialize());
   LOG(INFO) << "worker " << options.worker_index << "/" << options.num_workers
-            << " training " << spec.ToString() << " on " << model_options.device
+            << " training " << spec.ToString() << " on "
+            << worker::DeviceKindName(model_options.device)
             << (model_options.pipeline_stages > 1
                     ? absl::StrCat(" in ", model_options.pipeline_stages, " stages x ",
                                    model_options.microbatches, " microbatches (",
-                                   model_options.schedule, ")")
+                                   worker::pipeline::ScheduleKindName(model_options.schedule),
+                                   ")")
                     : std::string())
             << " (" << shards[0].mode()
             << ", " << shards.size() << " shards, optimizer "

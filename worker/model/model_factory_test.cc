@@ -8,7 +8,7 @@
 namespace shardtrain::worker {
 namespace {
 
-ModelOptions Options(const std::string& device) {
+ModelOptions Options(DeviceKind device) {
   ModelOptions options;
   options.spec = ModelSpec::Parse("mlp:6-5-4-3").value();
   options.device = device;
@@ -16,12 +16,12 @@ ModelOptions Options(const std::string& device) {
 }
 
 TEST(ModelFactoryTest, CpuMlpAndPipelineHaveTheSameParameters) {
-  auto mlp_factory = MakeModelFactory(Options("cpu"));
+  auto mlp_factory = MakeModelFactory(Options(DeviceKind::kCpu));
   ASSERT_TRUE(mlp_factory.ok()) << mlp_factory.status();
-  ModelOptions pipelined = Options("cpu");
+  ModelOptions pipelined = Options(DeviceKind::kCpu);
   pipelined.pipeline_stages = 3;
   pipelined.microbatches = 2;
-  pipelined.schedule = "gpipe";
+  pipelined.schedule = pipeline::ScheduleKind::kGPipe;
   auto pipeline_factory = MakeModelFactory(pipelined);
   ASSERT_TRUE(pipeline_factory.ok()) << pipeline_factory.status();
   auto mlp = (*mlp_factory)(4);
@@ -34,25 +34,36 @@ TEST(ModelFactoryTest, CpuMlpAndPipelineHaveTheSameParameters) {
 }
 
 TEST(ModelFactoryTest, RejectsWhatTheDeviceCannotDo) {
-  ModelOptions options = Options("cpu");
-  options.gemm_precision = "tf32";
-  EXPECT_EQ(MakeModelFactory(options).status().code(), absl::StatusCode::kInvalidArgument);
-  options.gemm_precision = "fp16";
-  EXPECT_EQ(MakeModelFactory(options).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MakeModelFactory(Options("tpu")).status().code(),
+  ModelOptions options = Options(DeviceKind::kCpu);
+  for (GemmPrecision reduced : {GemmPrecision::kTf32, GemmPrecision::kBf16}) {
+    options.gemm_precision = reduced;
+    const absl::Status status = MakeModelFactory(options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(status.message().find(GemmPrecisionName(reduced)),
+              absl::string_view::npos)
+        << status;
+  }
+}
+
+TEST(ModelFactoryTest, RejectsStagesThatDoNotFitTheModel) {
+  ModelOptions options = Options(DeviceKind::kCpu);
+  options.pipeline_stages = 4;  // mlp:6-5-4-3 has 3 Linear layers
+  options.microbatches = 2;
+  EXPECT_EQ(MakeModelFactory(options).status().code(),
             absl::StatusCode::kInvalidArgument);
-  ModelOptions bad_schedule = Options("cpu");
-  bad_schedule.pipeline_stages = 2;
-  bad_schedule.schedule = "zigzag";
-  EXPECT_EQ(MakeModelFactory(bad_schedule).status().code(),
+  options.pipeline_stages = 3;
+  options.microbatches = 0;
+  EXPECT_EQ(MakeModelFactory(options).status().code(),
             absl::StatusCode::kInvalidArgument);
+  options.microbatches = 2;
+  EXPECT_TRUE(MakeModelFactory(options).ok());
 }
 
 // Without a GPU (or without CUDA in the build) --device=cuda must fail at
 // once, saying which of the two is missing.
 TEST(ModelFactoryTest, CudaWithoutADeviceSaysWhy) {
-  ModelOptions options = Options("cuda");
-  options.gemm_precision = "bf16";
+  ModelOptions options = Options(DeviceKind::kCuda);
+  options.gemm_precision = GemmPrecision::kBf16;
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(options);
   if (backend.ok()) GTEST_SKIP() << "this machine has a CUDA device";
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);

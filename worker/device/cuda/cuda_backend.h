@@ -36,15 +36,9 @@
 #include "worker/device/cuda/cublas_handle.h"
 #include "worker/device/cuda/cuda_stream.h"
 #include "worker/device/cuda/device_memory.h"
+#include "worker/device/device_options.h"
 
 namespace shardtrain::worker {
-
-// How GEMMs multiply; accumulation is fp32 in every mode.
-enum class GemmPrecision {
-  kFp32,  // IEEE fp32 multiplies (CUBLAS_COMPUTE_32F).
-  kTf32,  // TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32), ~1e-3 relative.
-  kBf16,  // BF16 tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF), ~1e-2 relative.
-};
 
 struct CudaBackendOptions {
   // CUDA device ordinal the backend runs on.

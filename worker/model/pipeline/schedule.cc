@@ -53,8 +53,8 @@ std::pair<int, Op> Destination(int stage, const Op& op) {
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view text) {
   if (text == "gpipe") return ScheduleKind::kGPipe;
   if (text == "1f1b") return ScheduleKind::k1F1B;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown pipeline schedule \"", text, "\"; expected gpipe or 1f1b"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be gpipe or 1f1b, got ", text));
 }
 
 absl::string_view ScheduleKindName(ScheduleKind kind) {

@@ -34,7 +34,7 @@ namespace shardtrain::worker::pipeline {
 
 enum class ScheduleKind { kGPipe, k1F1B };
 
-// "gpipe" or "1f1b"; INVALID_ARGUMENT otherwise.
+// "gpipe" or "1f1b"; INVALID_ARGUMENT listing them otherwise.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view text);
 absl::string_view ScheduleKindName(ScheduleKind kind);
 
