@@ -6,9 +6,10 @@
 // followed by softmax cross-entropy against integer class labels. A Linear
 // computes y = x·W + b with W [in, out] row-major and b [out].
 //
-// Parameters are exposed as a flat, ordered list (params()) named
-// "fc0.weight", "fc0.bias", "fc1.weight", ... so a trainer can map them to
-// parameter-server keys. Values start at zero: the trainer pulls initial
+// The layers and parameters come from BuildMlpSection (mlp_layout.h), as
+// PipelineModel's do. Parameters are exposed as a flat, ordered list
+// (params()) named "fc0.weight", "fc0.bias", "fc1.weight", ... so a trainer
+// can map them to parameter-server keys. Values start at zero: the trainer pulls initial
 // values (initialised on the parameter server as ParamInfo::init says) and
 // sets them with SetParam.
 //
@@ -34,12 +35,12 @@
 #include "worker/device/backend.h"
 #include "worker/model/grad_staging.h"
 #include "worker/model/layers.h"
+#include "worker/model/mlp_layout.h"
 #include "worker/model/model.h"
 #include "worker/model/model_spec.h"
 
 namespace shardtrain::worker {
 
-// How a parameter should be initialised (by whoever owns initial values).
 // Thread-compatible: one Mlp per thread, on that thread's Backend. The
 // callback passed to ForwardBackward runs on the calling thread.
 class Mlp : public Model {
@@ -50,8 +51,6 @@ class Mlp : public Model {
   static absl::StatusOr<std::unique_ptr<Mlp>> Create(const ModelSpec& spec,
                                                      Backend* backend,
                                                      int max_batch);
-  // Models on `backend` (not owned; must outlive every model made).
-  static ModelFactory Factory(const ModelSpec& spec, Backend* backend);
 
   Mlp(const Mlp&) = delete;
   Mlp& operator=(const Mlp&) = delete;
@@ -63,8 +62,6 @@ class Mlp : public Model {
 
   // In order fc0.weight, fc0.bias, fc1.weight, ...
   const std::vector<ParamInfo>& params() const override { return params_; }
-  // Total number of scalar parameters.
-  int64_t num_parameters() const;
 
   // Copies host values into parameter `index`. INVALID_ARGUMENT for a bad
   // index or a size other than the product of the parameter's shape.
@@ -100,18 +97,14 @@ class Mlp : public Model {
                                    int batch) override;
 
  private:
-  // Where parameter i lives: layer layers_[layer], local index local.
-  struct ParamSlot {
-    int layer;
-    int local;
-  };
+  Mlp(const ModelSpec& spec, Backend* backend, int max_batch,
+      MlpSection section);
 
-  Mlp(const ModelSpec& spec, Backend* backend, int max_batch)
-      : spec_(spec), backend_(backend), max_batch_(max_batch), staging_(0) {}
-
-  absl::Status CheckIndex(int index, size_t host_size) const;
-  absl::Status CheckBatch(const float* x, const int32_t* labels, int batch,
-                          int max_batch) const;
+  // Allocates the activation, gradient and label buffers for max_batch_.
+  absl::Status AllocateBuffers();
+  // Where parameter `index` lives. REQUIRES: a valid index.
+  DeviceBuffer* ParamBuffer(int index) const;
+  DeviceBuffer* GradBuffer(int index) const;
   // Uploads a validated batch and runs every layer forward; the logits end
   // up in activations_.back().
   absl::Status UploadAndForward(const float* x, const int32_t* labels,

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "worker/device/cpu/cpu_backend.h"
 #include "worker/model/mlp.h"
+#include "worker/model/mlp_layout.h"
 #include "worker/model/pipeline/pipeline_model.h"
 #include "worker/model/pipeline/schedule.h"
 #if SHARDTRAIN_WITH_CUDA
@@ -139,7 +140,7 @@ absl::StatusOr<std::unique_ptr<Model>> MakePipelineModel(
 // PipelineModels as options say.
 absl::StatusOr<ModelFactory> PipelineFactory(const ModelOptions& options) {
   RETURN_IF_ERROR(options.spec.Validate());
-  const int num_linear = static_cast<int>(options.spec.layer_sizes.size()) - 1;
+  const int num_linear = NumLinearLayers(options.spec);
   if (options.pipeline_stages > num_linear) {
     return absl::InvalidArgumentError(absl::StrCat(
         options.pipeline_stages, " pipeline stages for a model of ",

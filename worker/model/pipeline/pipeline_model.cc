@@ -5,11 +5,19 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "worker/device/cpu/cpu_backend.h"
 #include "worker/model/layers.h"
+#include "worker/model/mlp_layout.h"
 
 namespace shardtrain::worker::pipeline {
+namespace {
+
+constexpr absl::string_view kName = "PipelineModel";
+
+}  // namespace
+
 // One stage: a contiguous run of Linear(+ReLU) blocks on its own backend.
 // Used by one thread at a time (the stage's thread during a step, the
 // caller's otherwise).
@@ -21,7 +29,7 @@ struct PipelineModel::Stage {
   int first_param = 0;  // Global index of this stage's first parameter.
   // Per local parameter (numbered like the global list, from first_param):
   // the layer and the layer-local index that hold it.
-  std::vector<std::pair<int, int>> param_slots;
+  std::vector<ParamSlot> param_slots;
   // Per local parameter: the gradient summed over the step's microbatches.
   std::vector<std::unique_ptr<DeviceBuffer>> grad_sums;
   int widest = 0;                     // Widest activation of the stage.
@@ -81,9 +89,21 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
     const ModelSpec& spec, std::vector<std::unique_ptr<Backend>> backends,
     int max_batch, const PipelineOptions& options,
     const TransportFactory& make_transport) {
+  RETURN_IF_ERROR(CheckCreateArgs(spec, backends, max_batch, options));
+  std::unique_ptr<PipelineModel> model(
+      new PipelineModel(spec, max_batch, options));
+  RETURN_IF_ERROR(model->BuildSchedule());
+  RETURN_IF_ERROR(model->BuildStages(std::move(backends)));
+  RETURN_IF_ERROR(model->ConnectStages(make_transport));
+  model->staging_ = GradStaging(model->params_.size());
+  return model;
+}
+
+absl::Status PipelineModel::CheckCreateArgs(
+    const ModelSpec& spec, const std::vector<std::unique_ptr<Backend>>& backends,
+    int max_batch, const PipelineOptions& options) {
   RETURN_IF_ERROR(spec.Validate());
-  const std::vector<int>& sizes = spec.layer_sizes;
-  const int num_linear = static_cast<int>(sizes.size()) - 1;
+  const int num_linear = NumLinearLayers(spec);
   if (options.stages < 1 || options.stages > num_linear) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PipelineModel: stages must be in [1, ", num_linear,
@@ -110,149 +130,131 @@ absl::StatusOr<std::unique_ptr<PipelineModel>> PipelineModel::Create(
           absl::StrCat("PipelineModel: backend of stage ", s, " is null"));
     }
   }
+  return absl::OkStatus();
+}
 
-  std::unique_ptr<PipelineModel> model(
-      new PipelineModel(spec, max_batch, options));
-  model->schedule_ =
-      MakeSchedule(options.schedule, options.stages, options.microbatches);
-  RETURN_IF_ERROR(ValidateSchedule(model->schedule_, options.microbatches));
-  const std::vector<int> live = PeakLiveActivations(model->schedule_);
-  const int rows = model->max_microbatch_;
+absl::Status PipelineModel::BuildSchedule() {
+  schedule_ = MakeSchedule(options_.schedule, options_.stages,
+                           options_.microbatches);
+  return ValidateSchedule(schedule_, options_.microbatches);
+}
 
+absl::Status PipelineModel::BuildStages(
+    std::vector<std::unique_ptr<Backend>> backends) {
+  const std::vector<int> live = PeakLiveActivations(schedule_);
+  const int num_linear = NumLinearLayers(spec_);
+  const int stages = options_.stages;
   // Stage s gets num_linear / S Linear layers, the first num_linear % S
   // stages one more.
   int next_linear = 0;
-  for (int s = 0; s < options.stages; ++s) {
-    const int count = num_linear / options.stages +
-                      (s < num_linear % options.stages ? 1 : 0);
+  for (int s = 0; s < stages; ++s) {
+    const int count = num_linear / stages + (s < num_linear % stages ? 1 : 0);
     auto stage = std::make_unique<Stage>();
     stage->backend = std::move(backends[s]);
-    Backend* backend = stage->backend.get();
-    stage->first_param = static_cast<int>(model->params_.size());
-    for (int l = next_linear; l < next_linear + count; ++l) {
-      const bool last = l + 1 == num_linear;
-      ASSIGN_OR_RETURN(std::unique_ptr<LinearLayer> linear,
-                       LinearLayer::Create(backend, sizes[l], sizes[l + 1]));
-      const int layer_index = static_cast<int>(stage->layers.size());
-      const std::string prefix = absl::StrCat("fc", l);
-      model->params_.push_back({prefix + ".weight",
-                                {sizes[l], sizes[l + 1]},
-                                last ? Init::kGlorotUniform : Init::kHeUniform});
-      stage->param_slots.push_back({layer_index, LinearLayer::kWeight});
-      model->params_.push_back({prefix + ".bias", {sizes[l + 1]}, Init::kZeros});
-      stage->param_slots.push_back({layer_index, LinearLayer::kBias});
-      model->param_stage_.push_back(s);
-      model->param_stage_.push_back(s);
-      stage->layers.push_back(std::move(linear));
-      if (!last) {
-        stage->layers.push_back(
-            std::make_unique<ReluLayer>(backend, sizes[l + 1]));
-      }
-    }
+    RETURN_IF_ERROR(AddLayers(s, next_linear, next_linear + count, *stage));
+    RETURN_IF_ERROR(AllocateStageBuffers(live[s], s + 1 == stages, *stage));
+    stages_.push_back(std::move(stage));
     next_linear += count;
-
-    for (const auto& [layer, local] : stage->param_slots) {
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<DeviceBuffer> sum,
-          backend->Allocate(stage->layers[layer]->grad(local)->size()));
-      stage->grad_sums.push_back(std::move(sum));
-    }
-
-    stage->widest = stage->in_dim();
-    for (const auto& layer : stage->layers) {
-      stage->widest = std::max(stage->widest, layer->out_dim());
-    }
-    const bool last_stage = s + 1 == options.stages;
-    for (int k = 0; k < live[s]; ++k) {
-      std::vector<std::unique_ptr<DeviceBuffer>> slot;
-      ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> input,
-                       backend->Allocate(size_t(rows) * stage->in_dim()));
-      slot.push_back(std::move(input));
-      for (const auto& layer : stage->layers) {
-        ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> out,
-                         backend->Allocate(size_t(rows) * layer->out_dim()));
-        slot.push_back(std::move(out));
-      }
-      stage->activations.push_back(std::move(slot));
-      if (last_stage) {
-        ASSIGN_OR_RETURN(std::unique_ptr<DeviceLabelBuffer> labels,
-                         backend->AllocateLabels(rows));
-        stage->labels.push_back(std::move(labels));
-      }
-    }
-    ASSIGN_OR_RETURN(stage->grad_a,
-                     backend->Allocate(size_t(rows) * stage->widest));
-    ASSIGN_OR_RETURN(stage->grad_b,
-                     backend->Allocate(size_t(rows) * stage->widest));
-    model->stages_.push_back(std::move(stage));
   }
+  return absl::OkStatus();
+}
 
+absl::Status PipelineModel::AddLayers(int s, int first_linear, int end_linear,
+                                      Stage& stage) {
+  ASSIGN_OR_RETURN(MlpSection section,
+                   BuildMlpSection(spec_, first_linear, end_linear,
+                                   stage.backend.get()));
+  stage.first_param = static_cast<int>(params_.size());
+  stage.layers = std::move(section.layers);
+  stage.param_slots = std::move(section.slots);
+  for (ParamInfo& param : section.params) {
+    params_.push_back(std::move(param));
+    param_stage_.push_back(s);
+  }
+  stage.widest = stage.in_dim();
+  for (const auto& layer : stage.layers) {
+    stage.widest = std::max(stage.widest, layer->out_dim());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineModel::AllocateStageBuffers(int live_slots,
+                                                 bool last_stage,
+                                                 Stage& stage) {
+  Backend& backend = *stage.backend;
+  const size_t rows = max_microbatch_;
+  for (const ParamSlot& slot : stage.param_slots) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<DeviceBuffer> sum,
+        backend.Allocate(stage.layers[slot.layer]->grad(slot.local)->size()));
+    stage.grad_sums.push_back(std::move(sum));
+  }
+  for (int k = 0; k < live_slots; ++k) {
+    std::vector<std::unique_ptr<DeviceBuffer>> slot;
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> input,
+                     backend.Allocate(rows * stage.in_dim()));
+    slot.push_back(std::move(input));
+    for (const auto& layer : stage.layers) {
+      ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> out,
+                       backend.Allocate(rows * layer->out_dim()));
+      slot.push_back(std::move(out));
+    }
+    stage.activations.push_back(std::move(slot));
+    if (last_stage) {
+      ASSIGN_OR_RETURN(std::unique_ptr<DeviceLabelBuffer> labels,
+                       backend.AllocateLabels(rows));
+      stage.labels.push_back(std::move(labels));
+    }
+  }
+  ASSIGN_OR_RETURN(stage.grad_a, backend.Allocate(rows * stage.widest));
+  ASSIGN_OR_RETURN(stage.grad_b, backend.Allocate(rows * stage.widest));
+  return absl::OkStatus();
+}
+
+absl::Status PipelineModel::ConnectStages(
+    const TransportFactory& make_transport) {
   std::vector<Backend*> stage_backends;
-  for (const auto& stage : model->stages_) {
+  for (const auto& stage : stages_) {
     stage_backends.push_back(stage->backend.get());
   }
   if (make_transport) {
-    ASSIGN_OR_RETURN(model->transport_, make_transport(stage_backends));
+    ASSIGN_OR_RETURN(transport_, make_transport(stage_backends));
   } else {
-    ASSIGN_OR_RETURN(model->transport_,
-                     LocalTransport::Create(stage_backends));
+    ASSIGN_OR_RETURN(transport_, LocalTransport::Create(stage_backends));
   }
-  if (model->transport_ == nullptr ||
-      model->transport_->num_stages() != options.stages) {
+  if (transport_ == nullptr || transport_->num_stages() != options_.stages) {
     return absl::InvalidArgumentError(
         "PipelineModel: the transport factory gave no transport, or one for "
         "a different number of stages");
   }
-  model->staging_ = GradStaging(model->params_.size());
-  return model;
-}
-
-int64_t PipelineModel::num_parameters() const {
-  int64_t total = 0;
-  for (const ParamInfo& p : params_) total += NumElements(p);
-  return total;
+  return absl::OkStatus();
 }
 
 Backend* PipelineModel::stage_backend(int s) const {
   return stages_[s]->backend.get();
 }
 
-absl::Status PipelineModel::CheckIndex(int index, size_t host_size) const {
-  if (index < 0 || index >= static_cast<int>(params_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PipelineModel: parameter index ", index, " outside [0, ",
-                     params_.size(), ")"));
-  }
-  const int64_t expected = NumElements(params_[index]);
-  if (static_cast<int64_t>(host_size) != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("PipelineModel: parameter ", params_[index].name, " has ",
-                     expected, " values, host buffer has ", host_size));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status PipelineModel::SetParam(int index,
                                      absl::Span<const float> host_values) {
-  RETURN_IF_ERROR(CheckIndex(index, host_values.size()));
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host_values.size()));
   Stage& stage = *stages_[param_stage_[index]];
-  const auto [layer, local] = stage.param_slots[index - stage.first_param];
-  return stage.backend->CopyFromHost(host_values,
-                                     stage.layers[layer]->param(local), 0);
+  const ParamSlot slot = stage.param_slots[index - stage.first_param];
+  return stage.backend->CopyFromHost(
+      host_values, stage.layers[slot.layer]->param(slot.local), 0);
 }
 
 absl::Status PipelineModel::GetParam(int index,
                                      absl::Span<float> host_out) const {
-  RETURN_IF_ERROR(CheckIndex(index, host_out.size()));
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host_out.size()));
   const Stage& stage = *stages_[param_stage_[index]];
-  const auto [layer, local] = stage.param_slots[index - stage.first_param];
-  return stage.backend->CopyToHost(*stage.layers[layer]->param(local), 0,
-                                   host_out);
+  const ParamSlot slot = stage.param_slots[index - stage.first_param];
+  return stage.backend->CopyToHost(
+      *stage.layers[slot.layer]->param(slot.local), 0, host_out);
 }
 
 absl::Status PipelineModel::GetGrad(int index,
                                     absl::Span<float> host_out) const {
-  RETURN_IF_ERROR(CheckIndex(index, host_out.size()));
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host_out.size()));
   const Stage& stage = *stages_[param_stage_[index]];
   return stage.backend->CopyToHost(
       *stage.grad_sums[index - stage.first_param], 0, host_out);
@@ -260,36 +262,18 @@ absl::Status PipelineModel::GetGrad(int index,
 
 absl::StatusOr<PendingGrad> PipelineModel::StartGradCopy(int index) {
   const bool valid = index >= 0 && index < static_cast<int>(params_.size());
-  RETURN_IF_ERROR(CheckIndex(index, valid ? NumElements(params_[index]) : 0));
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index,
+                                   valid ? NumElements(params_[index]) : 0));
   Stage& stage = *stages_[param_stage_[index]];
   return staging_.Start(index, *stage.backend,
                         *stage.grad_sums[index - stage.first_param]);
 }
 
-absl::Status PipelineModel::CheckBatch(const float* x, const int32_t* labels,
-                                       int batch, int max_batch) const {
-  if (x == nullptr || labels == nullptr) {
-    return absl::InvalidArgumentError(
-        "PipelineModel: x and labels must be non-null");
-  }
-  if (batch < 1 || batch > max_batch) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PipelineModel: batch ", batch, " outside [1, ", max_batch, "]"));
-  }
-  for (int i = 0; i < batch; ++i) {
-    if (labels[i] < 0 || labels[i] >= num_classes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("PipelineModel: label ", labels[i], " of example ", i,
-                       " outside [0, ", num_classes(), ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<float> PipelineModel::ForwardBackward(
     const float* x, const int32_t* labels, int batch,
     const std::function<void(int)>& on_grad_ready) {
-  RETURN_IF_ERROR(CheckBatch(x, labels, batch, max_batch_));
+  RETURN_IF_ERROR(
+      CheckBatch(kName, x, labels, batch, max_batch_, num_classes()));
   const int m = options_.microbatches;
   if (batch < m) {
     return absl::InvalidArgumentError(
@@ -543,7 +527,8 @@ absl::StatusOr<int> PipelineModel::CountCorrect(const float* x,
     return absl::InvalidArgumentError(
         absl::StrCat("PipelineModel: batch must be >= 1, got ", batch));
   }
-  RETURN_IF_ERROR(CheckBatch(x, labels, batch, batch));
+  RETURN_IF_ERROR(
+      CheckBatch(kName, x, labels, batch, batch, num_classes()));
   transport_->Reset();
   const int num = num_stages();
   int correct = 0;

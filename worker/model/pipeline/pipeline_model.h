@@ -2,9 +2,10 @@
 //
 // The model "mlp:d0-d1-...-dL" has L Linear layers (each but the last
 // followed by a ReLU). PipelineModel cuts them into S contiguous stages of
-// Linear(+ReLU) blocks, as even in count as possible; stage s owns its layers,
-// its parameters and its own Backend (one CPU backend per stage, or one GPU
-// per stage). ForwardBackward splits a batch into M microbatches, runs a
+// Linear(+ReLU) blocks, as even in count as possible, each built by
+// BuildMlpSection (mlp_layout.h) as Mlp builds its whole model; stage s owns
+// its layers, its parameters and its own Backend (one CPU backend per stage,
+// or one GPU per stage). ForwardBackward splits a batch into M microbatches, runs a
 // GPipe or 1F1B schedule (schedule.h) over them with activations and their
 // gradients crossing stages through a StageTransport, and accumulates each
 // parameter's gradient over the microbatches so the result is the gradient
@@ -39,7 +40,6 @@
 #include "absl/types/span.h"
 #include "worker/device/backend.h"
 #include "worker/model/grad_staging.h"
-#include "worker/model/mlp.h"
 #include "worker/model/model.h"
 #include "worker/model/model_spec.h"
 #include "worker/model/pipeline/schedule.h"
@@ -96,7 +96,6 @@ class PipelineModel : public Model {
 
   // Same names, shapes, init and order as Mlp::params().
   const std::vector<ParamInfo>& params() const override { return params_; }
-  int64_t num_parameters() const;
   // The stage that holds parameter i. REQUIRES: 0 <= i < params().size().
   int stage_of_param(int index) const { return param_stage_[index]; }
   // Stage s's backend. REQUIRES: 0 <= s < num_stages().
@@ -135,9 +134,23 @@ class PipelineModel : public Model {
   PipelineModel(const ModelSpec& spec, int max_batch,
                 const PipelineOptions& options);
 
-  absl::Status CheckIndex(int index, size_t host_size) const;
-  absl::Status CheckBatch(const float* x, const int32_t* labels, int batch,
-                          int max_batch) const;
+  // The steps of Create: check its arguments, make and check the schedule,
+  // build each stage (its layers, then its buffers), connect the stages.
+  static absl::Status CheckCreateArgs(
+      const ModelSpec& spec,
+      const std::vector<std::unique_ptr<Backend>>& backends, int max_batch,
+      const PipelineOptions& options);
+  absl::Status BuildSchedule();
+  absl::Status BuildStages(std::vector<std::unique_ptr<Backend>> backends);
+  // Builds Linear layers [first_linear, end_linear) on stage s's backend
+  // and appends their parameters to params_.
+  absl::Status AddLayers(int s, int first_linear, int end_linear,
+                         Stage& stage);
+  // Gradient sums, `live_slots` activation slots (with labels on the last
+  // stage) and the ping-pong gradient buffers.
+  absl::Status AllocateStageBuffers(int live_slots, bool last_stage,
+                                    Stage& stage);
+  absl::Status ConnectStages(const TransportFactory& make_transport);
   // Runs one op of the schedule on stage s.
   absl::Status RunOp(int s, const Op& op, StepState& step);
   absl::Status RunForward(int s, int mb, StepState& step);
