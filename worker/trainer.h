@@ -21,6 +21,12 @@
 // other workers to finish before the final evaluation.
 //
 // Thread-compatible: one thread calls Step/Run.
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+//                    Trainer::Create(options, make_model, client, &metrics));
+//   RETURN_IF_ERROR(trainer->Initialize());
+//   ASSIGN_OR_RETURN(TrainResult result, trainer->Run(train, &test, nullptr));
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
 #define SHARDTRAIN_WORKER_TRAINER_H_
 

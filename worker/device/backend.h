@@ -3,8 +3,8 @@
 // A Backend owns device memory (DeviceBuffer, DeviceLabelBuffer) and runs the
 // handful of kernels an MLP needs: GEMM, bias add, column sum, ReLU, softmax
 // cross-entropy and an argmax accuracy count. The CPU implementation lives in
-// worker/device/cpu/, the CUDA one in worker/device/cuda/. This header stays host-only so
-// code that never touches kernels builds without nvcc.
+// worker/device/cpu/, the CUDA one in worker/device/cuda/. This header stays
+// host-only so code that never touches kernels builds without nvcc.
 //
 // Matrices are dense and row-major with no padding between rows. Every raw
 // pointer passed to a kernel points into memory of *this* backend (from
@@ -15,7 +15,12 @@
 // The public methods validate their arguments once, here, and forward to the
 // protected Do* hooks, so an implementation only ever sees well-formed calls.
 //
-// Example (C = A * B; MakeCpuBackend is in worker/device/cpu/cpu_backend.h):
+// Example: C [2x2] = A [2x3] * B [3x2] (MakeCpuBackend is in
+// worker/device/cpu/cpu_backend.h):
+//   const int m = 2, k = 3, n = 2;
+//   const std::vector<float> host_a = {1, 2, 3, 4, 5, 6};
+//   const std::vector<float> host_b = {1, 0, 0, 1, 1, 1};
+//   std::vector<float> host_c(m * n);
 //   std::unique_ptr<Backend> backend = MakeCpuBackend();
 //   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> a, backend->Allocate(m * k));
 //   ASSIGN_OR_RETURN(std::unique_ptr<DeviceBuffer> b, backend->Allocate(k * n));
@@ -25,6 +30,7 @@
 //   RETURN_IF_ERROR(backend->Gemm(Trans::kNo, Trans::kNo, m, n, k, 1.0f,
 //                                 a->data(), b->data(), 0.0f, c->data()));
 //   RETURN_IF_ERROR(backend->CopyToHost(*c, 0, absl::MakeSpan(host_c)));
+//   // host_c == {4, 5, 10, 11}
 #ifndef SHARDTRAIN_WORKER_DEVICE_BACKEND_H_
 #define SHARDTRAIN_WORKER_DEVICE_BACKEND_H_
 

@@ -7,6 +7,11 @@
 //
 // Thread-compatible, and calls for different indices may run on different
 // threads at once (each touches only its own buffer).
+//
+// Example (inside a model's StartGradCopy):
+//   GradStaging staging(params.size());
+//   ASSIGN_OR_RETURN(PendingGrad pending, staging.Start(i, *backend, grad));
+//   RETURN_IF_ERROR(pending.ready->Wait());  // pending.values holds it
 #ifndef SHARDTRAIN_WORKER_MODEL_GRAD_STAGING_H_
 #define SHARDTRAIN_WORKER_MODEL_GRAD_STAGING_H_
 

@@ -3,6 +3,13 @@
 //
 // Parameters are identified by index in params() order; gradients are of the
 // mean loss over the batch.
+//
+// Example (a step without a parameter server):
+//   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, make_model(/*max_batch=*/64));
+//   for (int i = 0; i < static_cast<int>(model->params().size()); ++i)
+//     RETURN_IF_ERROR(model->SetParam(i, values[i]));
+//   ASSIGN_OR_RETURN(float loss, model->ForwardBackward(x, labels, 64, nullptr));
+//   RETURN_IF_ERROR(model->GetGrad(0, absl::MakeSpan(grad0)));
 #ifndef SHARDTRAIN_WORKER_MODEL_MODEL_H_
 #define SHARDTRAIN_WORKER_MODEL_MODEL_H_
 

@@ -1,4 +1,8 @@
-// The TensorSpecs that register a model's parameters with the servers.
+// TensorSpecsFor: the TensorSpecs that register a model's parameters with the
+// servers (name, shape, f32, and the initializer ParamInfo::init names).
+//
+// Example:
+//   RETURN_IF_ERROR(client->Register(TensorSpecsFor(model->params(), seed)));
 #ifndef SHARDTRAIN_WORKER_MODEL_TENSOR_SPECS_H_
 #define SHARDTRAIN_WORKER_MODEL_TENSOR_SPECS_H_
 
@@ -6,7 +10,7 @@
 #include <vector>
 
 #include "proto/shardtrain.pb.h"
-#include "worker/model/mlp.h"
+#include "worker/model/model.h"
 
 namespace shardtrain::worker {
 
