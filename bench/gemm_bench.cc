@@ -37,11 +37,11 @@
 #include "absl/strings/str_split.h"
 #include "common/deadlock_detection.h"
 #include "common/status_macros.h"
-#include "worker/cuda/cublas_handle.h"
-#include "worker/cuda/cuda_backend.h"
-#include "worker/cuda/cuda_status.h"
-#include "worker/cuda/cuda_stream.h"
-#include "worker/cuda/device_memory.h"
+#include "worker/device/cuda/cublas_handle.h"
+#include "worker/device/cuda/cuda_backend.h"
+#include "worker/device/cuda/cuda_status.h"
+#include "worker/device/cuda/cuda_stream.h"
+#include "worker/device/cuda/device_memory.h"
 
 ABSL_FLAG(std::string, out, "gemm_bench.tsv", "Write the results table here");
 ABSL_FLAG(std::string, layers, "784-4096-4096-10", "MLP layer sizes");

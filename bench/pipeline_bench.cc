@@ -1,7 +1,7 @@
 // pipeline_bench: the measured bubble fraction of the GPipe and 1F1B
 // schedules, next to the theoretical (S-1)/(M+S-1).
 //
-// Each stage runs its schedule (worker/pipeline/schedule.h) on its own thread
+// Each stage runs its schedule (worker/model/pipeline/schedule.h) on its own thread
 // with its own CPU backend; activations and their gradients cross stages
 // through LocalTransport, exactly as PipelineModel moves them. Every Forward
 // and Backward op does the same fixed amount of work, matching the time
@@ -34,9 +34,9 @@
 #include "absl/strings/str_format.h"
 #include "common/deadlock_detection.h"
 #include "common/status_macros.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/pipeline/schedule.h"
-#include "worker/pipeline/transport.h"
+#include "worker/device/cpu/cpu_backend.h"
+#include "worker/model/pipeline/schedule.h"
+#include "worker/model/pipeline/transport.h"
 
 ABSL_FLAG(std::string, out, "", "Write the results table to this file too.");
 ABSL_FLAG(int, reps, 7, "Timed steps per configuration (median reported).");

@@ -32,9 +32,9 @@
 #include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "server/ps_server.h"
-#include "worker/model_factory.h"
+#include "worker/model/model_factory.h"
+#include "worker/model/tensor_specs.h"
 #include "worker/ps_client.h"
-#include "worker/tensor_specs.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "mlp:784-4096-4096-10", "Model spec");
@@ -123,7 +123,12 @@ int main(int argc, char** argv) {
   }
   worker::ModelOptions model_options;
   model_options.spec = *spec;
-  model_options.device = absl::GetFlag(FLAGS_device);
+  const auto device = worker::ParseDeviceKind(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::cerr << "--device " << device.status().message() << "\n";
+    return 2;
+  }
+  model_options.device = *device;
   model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   const auto make_model = worker::MakeModelFactory(model_options);
   if (!make_model.ok()) {
@@ -142,7 +147,7 @@ int main(int argc, char** argv) {
 
   std::string report = absl::StrFormat(
       "step_bench  model %s  batch %d  device %s  (host %s, %d OpenBLAS threads)\n",
-      spec->ToString(), batch, model_options.device, CpuModel(),
+      spec->ToString(), batch, worker::DeviceKindName(model_options.device), CpuModel(),
       absl::GetFlag(FLAGS_cpu_threads));
 
   // Baseline 1: compute alone, gradients copied back to the host as a

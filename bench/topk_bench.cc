@@ -29,7 +29,7 @@
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/topk_compressor.h"
-#include "worker/model_spec.h"
+#include "worker/model/model_spec.h"
 
 ABSL_FLAG(std::string, model, "mlp:784-256-128-10", "Model spec");
 ABSL_FLAG(std::string, ratios, "0.001,0.01,0.1", "Top-k ratios to try");

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "tests/local_cluster.h"
-#include "worker/cuda/cuda_test_util.h"
+#include "worker/device/cuda/cuda_test_util.h"
 
 namespace shardtrain {
 namespace {

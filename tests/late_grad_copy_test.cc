@@ -19,7 +19,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/one_worker_job.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 namespace shardtrain {
 namespace {

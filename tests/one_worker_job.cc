@@ -7,8 +7,8 @@
 #include "common/status_macros.h"
 #include "server/ps_server.h"
 #include "tests/in_process_shards.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/mlp.h"
+#include "worker/device/cpu/cpu_backend.h"
+#include "worker/model/mlp.h"
 
 namespace shardtrain::testutil {
 

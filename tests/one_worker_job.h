@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/trainer.h"
 

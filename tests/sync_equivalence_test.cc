@@ -13,11 +13,12 @@
 #include "server/optimizer.h"
 #include "server/ps_server.h"
 #include "tests/in_process_shards.h"
-#include "worker/cpu/cpu_backend.h"
-#include "worker/mlp.h"
-#include "worker/pipeline/pipeline_model.h"
+#include "worker/device/cpu/cpu_backend.h"
+#include "worker/model/mlp.h"
+#include "worker/model/model_test_util.h"
+#include "worker/model/pipeline/pipeline_model.h"
+#include "worker/model/tensor_specs.h"
 #include "worker/ps_client.h"
-#include "worker/tensor_specs.h"
 #include "worker/trainer.h"
 
 namespace shardtrain {
@@ -117,7 +118,7 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainDistributed(
     options.overlap = overlap;
     options.batch = kBatch;
     options.seed = kSeed;
-    worker::ModelFactory make_model = worker::Mlp::Factory(spec, backends.back().get());
+    worker::ModelFactory make_model = worker::MlpFactory(spec, backends.back().get());
     if (pipelined) {
       // 3 stages x 4 microbatches, each stage on its own thread.
       make_model = [spec](int max_batch) -> absl::StatusOr<std::unique_ptr<worker::Model>> {

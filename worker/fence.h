@@ -1,48 +1,14 @@
-// Fence: the completion of work a backend runs asynchronously, such as a copy
-// of a gradient to the host that proceeds while the next layer computes.
-//
-// Thread-safe: Wait may be called from any thread (e.g. the thread that sends
-// the copied gradient) and more than once; it always returns the same status.
+// Forwarding header: Fence now lives in worker/device/fence.h. It stays only
+// for worker/tensor_exchange.h, which still includes this path until the
+// exchange moves into the client library (which takes a plain "gradient
+// ready" callback instead); include worker/device/fence.h in new code.
 //
 // Example:
-//   ASSIGN_OR_RETURN(std::unique_ptr<Fence> copied,
-//                    backend->CopyToHostAsync(grad, 0, staging));
-//   ... queue more work ...
-//   RETURN_IF_ERROR(copied->Wait());  // staging now holds the gradient
+//   #include "worker/device/fence.h"
+//   std::unique_ptr<Fence> done = std::make_unique<DoneFence>();
 #ifndef SHARDTRAIN_WORKER_FENCE_H_
 #define SHARDTRAIN_WORKER_FENCE_H_
 
-#include <utility>
-
-#include "absl/status/status.h"
-
-namespace shardtrain::worker {
-
-class Fence {
- public:
-  virtual ~Fence() = default;
-  Fence(const Fence&) = delete;
-  Fence& operator=(const Fence&) = delete;
-
-  // Blocks until the work has finished; its error, if it failed.
-  virtual absl::Status Wait() = 0;
-
- protected:
-  Fence() = default;
-};
-
-// A fence for work that finished before the fence was made (synchronous
-// backends).
-class DoneFence final : public Fence {
- public:
-  explicit DoneFence(absl::Status status = absl::OkStatus())
-      : status_(std::move(status)) {}
-  absl::Status Wait() override { return status_; }
-
- private:
-  const absl::Status status_;
-};
-
-}  // namespace shardtrain::worker
+#include "worker/device/fence.h"  // IWYU pragma: export
 
 #endif  // SHARDTRAIN_WORKER_FENCE_H_

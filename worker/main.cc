@@ -3,6 +3,7 @@
 //   ps-worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker_index=0
 //             --num_workers=2 --model=mlp:784-256-128-10 --epochs=10
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
 #include "common/deadlock_detection.h"
@@ -21,8 +23,10 @@
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/status_macros.h"
-#include "worker/dataset.h"
-#include "worker/model_factory.h"
+#include "worker/data/dataset.h"
+#include "worker/device/device_options.h"
+#include "worker/model/model_factory.h"
+#include "worker/model/pipeline/schedule.h"
 #include "worker/ps_client.h"
 #include "worker/results.h"
 #include "worker/trainer.h"
@@ -90,27 +94,57 @@ namespace {
 
 using namespace shardtrain;  // NOLINT: a binary's main file
 
-absl::StatusOr<DType> ParseDType(const std::string& name) {
+absl::StatusOr<DType> ParseDType(absl::string_view name) {
   if (name == "f32") return DTYPE_F32;
   if (name == "f16") return DTYPE_F16;
   if (name == "bf16") return DTYPE_BF16;
   return absl::InvalidArgumentError(
-      absl::StrCat("--wire_dtype must be f32, f16 or bf16, got ", name));
+      absl::StrCat("must be f32, f16 or bf16, got ", name));
 }
 
-absl::Status RunWorker() {
-  worker::ModelOptions model_options;
-  ASSIGN_OR_RETURN(model_options.spec,
-                   worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
-  model_options.device = absl::GetFlag(FLAGS_device);
-  model_options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
-  model_options.gemm_precision = absl::GetFlag(FLAGS_gemm_precision);
-  model_options.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
-  model_options.microbatches = absl::GetFlag(FLAGS_microbatches);
-  model_options.schedule = absl::GetFlag(FLAGS_schedule);
-  ASSIGN_OR_RETURN(worker::ModelFactory make_model,
-                   worker::MakeModelFactory(model_options));
+// Parses the value of flag --`flag` with `parse` (one of the Parse*
+// functions above or in the libraries); an error names the flag:
+// "--device must be cpu or cuda, got tpu".
+template <typename Parse>
+auto ParseFlag(absl::string_view flag, absl::string_view value, Parse parse)
+    -> decltype(parse(value)) {
+  auto parsed = parse(value);
+  if (parsed.ok()) return parsed;
+  return absl::Status(parsed.status().code(),
+                      absl::StrCat("--", flag, " ", parsed.status().message()));
+}
 
+// --overlap: "on", "off", or "auto" (on for cuda, off for cpu).
+absl::StatusOr<bool> ParseOverlap(absl::string_view value,
+                                  worker::DeviceKind device) {
+  if (value == "on") return true;
+  if (value == "off") return false;
+  if (value == "auto") return device == worker::DeviceKind::kCuda;
+  return absl::InvalidArgumentError(
+      absl::StrCat("must be auto, on or off, got ", value));
+}
+
+absl::StatusOr<worker::ModelOptions> ModelOptionsFromFlags() {
+  worker::ModelOptions options;
+  ASSIGN_OR_RETURN(options.spec,
+                   worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model)));
+  ASSIGN_OR_RETURN(options.device,
+                   ParseFlag("device", absl::GetFlag(FLAGS_device),
+                             worker::ParseDeviceKind));
+  options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  ASSIGN_OR_RETURN(options.gemm_precision,
+                   ParseFlag("gemm_precision", absl::GetFlag(FLAGS_gemm_precision),
+                             worker::ParseGemmPrecision));
+  options.pipeline_stages = absl::GetFlag(FLAGS_pipeline_stages);
+  options.microbatches = absl::GetFlag(FLAGS_microbatches);
+  ASSIGN_OR_RETURN(options.schedule,
+                   ParseFlag("schedule", absl::GetFlag(FLAGS_schedule),
+                             worker::pipeline::ParseScheduleKind));
+  return options;
+}
+
+// Serves /metrics and, with --port_file, writes its port there.
+absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
   ASSIGN_OR_RETURN(auto exposer, common::MetricsExposer::Create(
                                      absl::GetFlag(FLAGS_metrics_listen)));
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -118,10 +152,10 @@ absl::Status RunWorker() {
     RETURN_IF_ERROR(common::WriteFileAtomically(
         port_file, absl::StrCat(exposer->port(), "\n")));
   }
-  common::RpcMetrics rpc_metrics(exposer->registry(), "client");
-  worker::WorkerMetrics worker_metrics(exposer->registry());
-  worker::PsClientMetrics client_metrics(exposer->registry());
+  return exposer;
+}
 
+absl::StatusOr<worker::PsClientOptions> ClientOptionsFromFlags() {
   worker::PsClientOptions client_options;
   client_options.servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
@@ -136,71 +170,138 @@ absl::Status RunWorker() {
   client_options.keepalive_timeout = client_options.keepalive_time;
   client_options.max_partition_elements = absl::GetFlag(FLAGS_max_partition_elements);
   ASSIGN_OR_RETURN(client_options.wire_dtype,
-                   ParseDType(absl::GetFlag(FLAGS_wire_dtype)));
+                   ParseFlag("wire_dtype", absl::GetFlag(FLAGS_wire_dtype), ParseDType));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
-  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics,
-                                                         &client_metrics));
+  return client_options;
+}
 
-  // The shards own the consistency mode; ask rather than trust a flag.
-  ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());
+// Each server must be the shard its place in --servers says.
+absl::Status CheckShardOrder(const std::vector<StatusResponse>& shards,
+                             const std::vector<std::string>& servers) {
   for (size_t s = 0; s < shards.size(); ++s) {
     if (shards[s].shard() != s || shards[s].num_shards() != shards.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "server ", client_options.servers[s], " is shard ", shards[s].shard(),
-          " of ", shards[s].num_shards(), ", but is listed as shard ", s, " of ",
+          "server ", servers[s], " is shard ", shards[s].shard(), " of ",
+          shards[s].num_shards(), ", but is listed as shard ", s, " of ",
           shards.size()));
     }
   }
+  return absl::OkStatus();
+}
 
+// `shard` is any shard's status: the shards own the consistency mode.
+absl::StatusOr<worker::TrainerOptions> TrainerOptionsFromFlags(
+    const StatusResponse& shard, worker::DeviceKind device) {
   worker::TrainerOptions options;
-  options.worker_index = client_options.worker_index;
+  options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
   options.num_workers = absl::GetFlag(FLAGS_num_workers);
-  options.sync = shards[0].mode() == "sync";
+  options.sync = shard.mode() == "sync";
   options.batch = absl::GetFlag(FLAGS_batch);
   options.epochs = absl::GetFlag(FLAGS_epochs);
   options.seed = absl::GetFlag(FLAGS_seed);
   options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
   options.wait_for_workers = absl::Seconds(absl::GetFlag(FLAGS_wait_for_workers_s));
-  const std::string overlap = absl::GetFlag(FLAGS_overlap);
-  if (overlap != "auto" && overlap != "on" && overlap != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--overlap must be auto, on or off, got ", overlap));
-  }
-  options.overlap = overlap == "on" || (overlap == "auto" && model_options.device == "cuda");
+  ASSIGN_OR_RETURN(options.overlap,
+                   ParseFlag("overlap", absl::GetFlag(FLAGS_overlap),
+                             [device](absl::string_view value) {
+                               return ParseOverlap(value, device);
+                             }));
+  return options;
+}
 
-  const worker::ModelSpec& spec = model_options.spec;
+// The training set, and the test set when this worker is the chief.
+struct TrainingData {
+  worker::Dataset train;
+  worker::Dataset test;
+};
+
+absl::StatusOr<TrainingData> LoadTrainingData(bool chief) {
   const std::string data_dir = absl::GetFlag(FLAGS_data_dir);
-  ASSIGN_OR_RETURN(worker::Dataset train,
+  TrainingData data;
+  ASSIGN_OR_RETURN(data.train,
                    worker::LoadFashionMnist(data_dir, /*train=*/true,
                                             absl::GetFlag(FLAGS_max_train_examples)));
-  worker::Dataset test;
-  if (options.chief) {
-    ASSIGN_OR_RETURN(test, worker::LoadFashionMnist(
-                               data_dir, /*train=*/false,
-                               absl::GetFlag(FLAGS_max_test_examples)));
+  if (chief) {
+    ASSIGN_OR_RETURN(data.test, worker::LoadFashionMnist(
+                                    data_dir, /*train=*/false,
+                                    absl::GetFlag(FLAGS_max_test_examples)));
   }
+  return data;
+}
+
+// "worker 0/2 training mlp:... on cpu in 2 stages x 4 microbatches (1f1b)
+// (sync, 2 shards, optimizer sgd)".
+std::string DescribeRun(const worker::TrainerOptions& options,
+                        const worker::ModelOptions& model_options,
+                        const std::vector<StatusResponse>& shards) {
+  std::string pipeline;
+  if (model_options.pipeline_stages > 1) {
+    pipeline = absl::StrCat(
+        " in ", model_options.pipeline_stages, " stages x ",
+        model_options.microbatches, " microbatches (",
+        worker::pipeline::ScheduleKindName(model_options.schedule), ")");
+  }
+  return absl::StrCat("worker ", options.worker_index, "/", options.num_workers,
+                      " training ", model_options.spec.ToString(), " on ",
+                      worker::DeviceKindName(model_options.device), pipeline,
+                      " (", shards[0].mode(), ", ", shards.size(),
+                      " shards, optimizer ", shards[0].optimizer(), ")");
+}
+
+// The chief's report: the final accuracy on stdout and, with --results, the
+// results file.
+absl::Status ReportResults(const worker::TrainerOptions& options,
+                           const worker::ModelSpec& spec,
+                           const std::vector<StatusResponse>& shards,
+                           const worker::TrainResult& result) {
+  std::cout << absl::StrFormat("final test accuracy: %.4f",
+                               result.final_test_accuracy)
+            << std::endl;
+  const std::string results = absl::GetFlag(FLAGS_results);
+  if (results.empty()) return absl::OkStatus();
+  worker::RunDescription run;
+  run.mode = shards[0].mode();
+  run.model = spec.ToString();
+  run.optimizer = shards[0].optimizer();
+  run.workers = options.num_workers;
+  run.shards = static_cast<int>(shards.size());
+  run.batch = options.batch;
+  run.epochs = options.epochs;
+  return worker::WriteResults(results, run, result);
+}
+
+absl::Status RunWorker() {
+  ASSIGN_OR_RETURN(const worker::ModelOptions model_options, ModelOptionsFromFlags());
+  ASSIGN_OR_RETURN(worker::ModelFactory make_model,
+                   worker::MakeModelFactory(model_options));
+  ASSIGN_OR_RETURN(auto exposer, StartMetrics());
+  common::RpcMetrics rpc_metrics(exposer->registry(), "client");
+  worker::WorkerMetrics worker_metrics(exposer->registry());
+  worker::PsClientMetrics client_metrics(exposer->registry());
+  ASSIGN_OR_RETURN(const worker::PsClientOptions client_options,
+                   ClientOptionsFromFlags());
+  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics,
+                                                         &client_metrics));
+  // The shards own the consistency mode; ask rather than trust a flag.
+  ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());
+  RETURN_IF_ERROR(CheckShardOrder(shards, client_options.servers));
+  ASSIGN_OR_RETURN(const worker::TrainerOptions options,
+                   TrainerOptionsFromFlags(shards[0], model_options.device));
+  ASSIGN_OR_RETURN(const TrainingData data, LoadTrainingData(options.chief));
+
   ASSIGN_OR_RETURN(auto trainer,
                    worker::Trainer::Create(options, make_model, client.get(),
                                            &worker_metrics));
   RETURN_IF_ERROR(trainer->Initialize());
-  LOG(INFO) << "worker " << options.worker_index << "/" << options.num_workers
-            << " training " << spec.ToString() << " on " << model_options.device
-            << (model_options.pipeline_stages > 1
-                    ? absl::StrCat(" in ", model_options.pipeline_stages, " stages x ",
-                                   model_options.microbatches, " microbatches (",
-                                   model_options.schedule, ")")
-                    : std::string())
-            << " (" << shards[0].mode()
-            << ", " << shards.size() << " shards, optimizer "
-            << shards[0].optimizer() << "), metrics on port " << exposer->port();
-
+  LOG(INFO) << DescribeRun(options, model_options, shards) << ", metrics on port "
+            << exposer->port();
   ASSIGN_OR_RETURN(
       worker::TrainResult result,
-      trainer->Run(train, options.chief ? &test : nullptr,
+      trainer->Run(data.train, options.chief ? &data.test : nullptr,
                    [&](const worker::EpochResult& epoch) {
                      if (options.chief) {
                        std::cout << worker::FormatEpoch(epoch, options.epochs)
@@ -208,21 +309,7 @@ absl::Status RunWorker() {
                      }
                    }));
   if (options.chief) {
-    std::cout << absl::StrFormat("final test accuracy: %.4f",
-                                 result.final_test_accuracy)
-              << std::endl;
-    const std::string results = absl::GetFlag(FLAGS_results);
-    if (!results.empty()) {
-      worker::RunDescription run;
-      run.mode = shards[0].mode();
-      run.model = spec.ToString();
-      run.optimizer = shards[0].optimizer();
-      run.workers = options.num_workers;
-      run.shards = static_cast<int>(shards.size());
-      run.batch = options.batch;
-      run.epochs = options.epochs;
-      RETURN_IF_ERROR(worker::WriteResults(results, run, result));
-    }
+    RETURN_IF_ERROR(ReportResults(options, model_options.spec, shards, result));
   }
   LOG(INFO) << "worker " << options.worker_index << " finished "
             << result.steps << " steps in " << result.wall_seconds << " s";

@@ -1,4 +1,8 @@
 // Progress lines and the machine-readable results file of a training run.
+//
+// Example:
+//   std::cout << FormatEpoch(epoch, /*epochs=*/10) << "\n";
+//   RETURN_IF_ERROR(WriteResults("results.json", run, result));
 #ifndef SHARDTRAIN_WORKER_RESULTS_H_
 #define SHARDTRAIN_WORKER_RESULTS_H_
 

@@ -10,8 +10,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/float_env.h"
 #include "common/status_macros.h"
-#include "worker/data_shard.h"
-#include "worker/tensor_specs.h"
+#include "worker/data/data_shard.h"
+#include "worker/model/tensor_specs.h"
 
 namespace shardtrain::worker {
 
@@ -180,31 +180,39 @@ absl::Status Trainer::Drain() {
   return absl::OkStatus();
 }
 
+// When each phase of a step ended.
+struct Trainer::StepTimes {
+  absl::Time start;
+  absl::Time pulled;
+  absl::Time computed;
+  absl::Time pushed;
+};
+
 absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
                                     int batch) {
-  const absl::Time start = absl::Now();
-  // Parameters for this step: from the exchanges the last step started, or
-  // a pull now.
+  StepTimes times;
+  times.start = absl::Now();
   PushStats push;
   PullStats pull;
+  ASSIGN_OR_RETURN(const int64_t step, FetchStepParameters(push, pull));
+  times.pulled = absl::Now();
+  ASSIGN_OR_RETURN(const float loss, Compute(x, labels, batch, step));
+  times.computed = absl::Now();
+  bool rejoined = false;
+  if (!options_.overlap) {
+    ASSIGN_OR_RETURN(rejoined, PushGradients(step, push));
+  }
+  times.pushed = absl::Now();
+  if (!rejoined) clock_.store(step + 1);
+  RecordStep(times, push, pull, batch, loss);
+  return loss;
+}
+
+absl::StatusOr<int64_t> Trainer::FetchStepParameters(PushStats& push,
+                                                     PullStats& pull) {
   bool fetched = false;
   if (exchanges_pending_) {
-    exchanges_pending_ = false;
-    const absl::Status finished = client_->FinishExchanges(&push, &pull);
-    if (IsLateGradient(finished)) {
-      RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
-      push = PushStats();
-      pull = PullStats();
-    } else if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
-      // A gradient for this step was pushed before (by this worker index's
-      // previous process): the step goes on with it; pull its result.
-      LOG(INFO) << finished.message() << "; continuing with it";
-      params_ready_ = false;
-    } else {
-      RETURN_IF_ERROR(finished);
-      fetched = true;
-      params_ready_ = true;
-    }
+    ASSIGN_OR_RETURN(fetched, FinishLastExchanges(push, pull));
   }
   int64_t step = clock_.load();
   if (!params_ready_) {
@@ -218,9 +226,33 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
     if (rejoined) step = clock_.load();
   }
   params_ready_ = false;
-  const int64_t next_min_version = options_.sync ? step + 1 : 0;
-  const absl::Time pulled = absl::Now();
+  return step;
+}
 
+absl::StatusOr<bool> Trainer::FinishLastExchanges(PushStats& push,
+                                                  PullStats& pull) {
+  exchanges_pending_ = false;
+  const absl::Status finished = client_->FinishExchanges(&push, &pull);
+  if (IsLateGradient(finished)) {
+    RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
+    push = PushStats();
+    pull = PullStats();
+    return false;
+  }
+  if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
+    // A gradient for this step was pushed before (by this worker index's
+    // previous process): the step goes on with it; pull its result.
+    LOG(INFO) << finished.message() << "; continuing with it";
+    params_ready_ = false;
+    return false;
+  }
+  RETURN_IF_ERROR(finished);
+  params_ready_ = true;
+  return true;
+}
+
+absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
+                                       int batch, int64_t step) {
   for (size_t i = 0; i < params_.size(); ++i) {
     RETURN_IF_ERROR(model_->SetParam(static_cast<int>(i), params_[i]));
   }
@@ -229,7 +261,8 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   if (options_.overlap) {
     // The copy to the host runs beside the rest of backward (on a GPU, on
     // its own stream); the exchange's sender waits for it, then pushes.
-    on_grad_ready = [&](int i) {
+    const int64_t next_min_version = options_.sync ? step + 1 : 0;
+    on_grad_ready = [this, step, next_min_version, &grad_status](int i) {
       absl::StatusOr<PendingGrad> grad = model_->StartGradCopy(i);
       if (!grad.ok()) {
         if (grad_status.ok()) grad_status = grad.status();
@@ -251,39 +284,41 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
     return loss.ok() ? grad_status : loss.status();
   }
   if (options_.overlap) exchanges_pending_ = true;
-  const absl::Time computed = absl::Now();
-  bool rejoined = false;
+  return *loss;
+}
 
-  if (!options_.overlap) {
-    std::vector<PendingGrad> grads;
-    for (size_t i = 0; i < grad_spans_.size(); ++i) {
-      ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
-      grads.push_back(std::move(grad));
-    }
-    for (size_t i = 0; i < grads.size(); ++i) {
-      RETURN_IF_ERROR(grads[i].ready->Wait());
-      grad_spans_[i] = grads[i].values;
-    }
-    const absl::Status sent = client_->Push(step + 1, grad_spans_, &push);
-    if (IsLateGradient(sent)) {
-      RETURN_IF_ERROR(Rejoin(sent));
-      rejoined = true;
-    } else if (options_.sync && sent.code() == absl::StatusCode::kAlreadyExists) {
-      LOG(INFO) << sent.message() << "; continuing with it";
-    } else {
-      RETURN_IF_ERROR(sent);
-    }
+absl::StatusOr<bool> Trainer::PushGradients(int64_t step, PushStats& push) {
+  std::vector<PendingGrad> grads;
+  for (size_t i = 0; i < grad_spans_.size(); ++i) {
+    ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
+    grads.push_back(std::move(grad));
   }
-  const absl::Time pushed = absl::Now();
-  if (!rejoined) clock_.store(step + 1);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    RETURN_IF_ERROR(grads[i].ready->Wait());
+    grad_spans_[i] = grads[i].values;
+  }
+  const absl::Status sent = client_->Push(step + 1, grad_spans_, &push);
+  if (IsLateGradient(sent)) {
+    RETURN_IF_ERROR(Rejoin(sent));
+    return true;
+  }
+  if (options_.sync && sent.code() == absl::StatusCode::kAlreadyExists) {
+    LOG(INFO) << sent.message() << "; continuing with it";
+    return false;
+  }
+  RETURN_IF_ERROR(sent);
+  return false;
+}
 
+void Trainer::RecordStep(const StepTimes& times, const PushStats& push,
+                         const PullStats& pull, int batch, float loss) {
   // With overlap the push of this step and the pull of the next run behind
   // compute; what is left shows up as the next step's pull and wait.
-  const double pull_total = absl::ToDoubleSeconds(pulled - start);
+  const double pull_total = absl::ToDoubleSeconds(times.pulled - times.start);
   const double wait = std::min(pull.server_wait_seconds, pull_total);
-  const double compute = absl::ToDoubleSeconds(computed - pulled);
-  const double push_seconds = absl::ToDoubleSeconds(pushed - computed);
-  const double step_seconds = absl::ToDoubleSeconds(pushed - start);
+  const double compute = absl::ToDoubleSeconds(times.computed - times.pulled);
+  const double push_seconds = absl::ToDoubleSeconds(times.pushed - times.computed);
+  const double step_seconds = absl::ToDoubleSeconds(times.pushed - times.start);
   wait_seconds_ += wait;
   pull_seconds_ += pull_total - wait;
   compute_seconds_ += compute;
@@ -292,19 +327,17 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   max_staleness_ = std::max(max_staleness_, push.max_staleness);
   const double rate = batch / std::max(step_seconds, 1e-9);
   smoothed_rate_ = smoothed_rate_ == 0 ? rate : 0.95 * smoothed_rate_ + 0.05 * rate;
-  if (metrics_ != nullptr) {
-    metrics_->wait_seconds().Observe(wait);
-    metrics_->pull_seconds().Observe(pull_total - wait);
-    metrics_->compute_seconds().Observe(compute);
-    metrics_->push_seconds().Observe(push_seconds);
-    metrics_->step_seconds().Observe(step_seconds);
-    metrics_->staleness().Observe(static_cast<double>(push.max_staleness));
-    metrics_->steps().Increment();
-    metrics_->samples().Increment(batch);
-    metrics_->samples_per_second().Set(smoothed_rate_);
-    metrics_->loss().Set(*loss);
-  }
-  return *loss;
+  if (metrics_ == nullptr) return;
+  metrics_->wait_seconds().Observe(wait);
+  metrics_->pull_seconds().Observe(pull_total - wait);
+  metrics_->compute_seconds().Observe(compute);
+  metrics_->push_seconds().Observe(push_seconds);
+  metrics_->step_seconds().Observe(step_seconds);
+  metrics_->staleness().Observe(static_cast<double>(push.max_staleness));
+  metrics_->steps().Increment();
+  metrics_->samples().Increment(batch);
+  metrics_->samples_per_second().Set(smoothed_rate_);
+  metrics_->loss().Set(loss);
 }
 
 EpochResult Trainer::PhaseTotals() const {

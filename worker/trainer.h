@@ -21,6 +21,12 @@
 // other workers to finish before the final evaluation.
 //
 // Thread-compatible: one thread calls Step/Run.
+//
+// Example:
+//   ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+//                    Trainer::Create(options, make_model, client, &metrics));
+//   RETURN_IF_ERROR(trainer->Initialize());
+//   ASSIGN_OR_RETURN(TrainResult result, trainer->Run(train, &test, nullptr));
 #ifndef SHARDTRAIN_WORKER_TRAINER_H_
 #define SHARDTRAIN_WORKER_TRAINER_H_
 
@@ -32,8 +38,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "worker/dataset.h"
-#include "worker/model.h"
+#include "worker/data/dataset.h"
+#include "worker/model/model.h"
 #include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
@@ -126,8 +132,31 @@ class Trainer {
   int64_t clock() const { return clock_.load(); }
 
  private:
+  struct StepTimes;
+
   Trainer(const TrainerOptions& options, PsClient* client,
           WorkerMetrics* metrics, std::unique_ptr<Model> model);
+
+  // The phases of Step, in order.
+  // Gets this step's parameters into params_: from the exchanges the last
+  // step started, or a pull now. Returns the step they are for (after a
+  // rejoin, the shards' step). Adds what it measured to push and pull.
+  absl::StatusOr<int64_t> FetchStepParameters(PushStats& push, PullStats& pull);
+  // Finishes the last step's exchanges; true if they fetched this step's
+  // parameters, false if a pull is still needed (or a rejoin made one).
+  absl::StatusOr<bool> FinishLastExchanges(PushStats& push, PullStats& pull);
+  // Loads params_ into the model and runs forward and backward; with
+  // overlap, each gradient's exchange for step + 1 starts as soon as
+  // backward has produced it. Returns the mean loss.
+  absl::StatusOr<float> Compute(const float* x, const int32_t* labels,
+                                int batch, int64_t step);
+  // Without overlap: copies every gradient to the host and pushes them for
+  // step + 1. Returns true if the push was refused as late and the worker
+  // rejoined at the shards' step.
+  absl::StatusOr<bool> PushGradients(int64_t step, PushStats& push);
+  // Adds the step's phase times to the epoch totals and the metrics.
+  void RecordStep(const StepTimes& times, const PushStats& push,
+                  const PullStats& pull, int batch, float loss);
 
   void StartHeartbeats();
   void StopHeartbeats();

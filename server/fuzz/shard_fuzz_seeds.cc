@@ -2,7 +2,7 @@
 //
 // Each seed is a short session of the requests a ps-worker sends (format in
 // server/fuzz/fuzz_input.h): a Register of a small MLP's tensors (the names,
-// shapes and initialisers worker/tensor_specs.cc gives them), dense f32, f16
+// shapes and initialisers worker/model/tensor_specs.cc gives them), dense f32, f16
 // and bf16 pushes, a sparse top-k push from the worker's compressor, pulls in
 // every dtype, PushPulls, heartbeats, status and ticks, in sync and async
 // mode with each optimizer; plus a few that the shard must reject (unknown
@@ -26,7 +26,7 @@ namespace {
 
 constexpr uint64_t kIncarnationBase = 0x5eed0000;
 
-// fc0: 12 -> 8, fc1: 8 -> 3, as worker/tensor_specs.cc registers an MLP.
+// fc0: 12 -> 8, fc1: 8 -> 3, as worker/model/tensor_specs.cc registers an MLP.
 std::vector<TensorSpec> MlpSpecs() {
   struct Param {
     const char* name;
