@@ -167,7 +167,7 @@ std::string SizeName(int64_t bytes) {
   return absl::StrCat(bytes >> 10, "K");
 }
 
-absl::StatusOr<std::unique_ptr<BenchTensor>> BenchTensor::Register(worker::PsClient& client,
+absl::StatusOr<std::unique_ptr<BenchTensor>> BenchTensor::Register(client::PsClient& client,
                                                                    int64_t payload_bytes) {
   const int64_t elements = payload_bytes / static_cast<int64_t>(sizeof(float));
   TensorSpec spec;
@@ -192,7 +192,7 @@ OpFn BenchTensor::MakeOp(Op op) {
   return [] { return absl::InternalError("unknown op"); };
 }
 
-BenchTensor::BenchTensor(worker::PsClient& client, int64_t elements)
+BenchTensor::BenchTensor(client::PsClient& client, int64_t elements)
     : client_(client),
       // Small, finite gradients: SGD moves the parameters a little each push.
       grad_(static_cast<size_t>(elements), 1e-3f),

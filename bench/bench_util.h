@@ -17,8 +17,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "bench/echo.grpc.pb.h"
+#include "client/ps_client.h"
 #include "server/internal/message_pool.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain::bench {
 
@@ -140,23 +140,23 @@ std::string SizeName(int64_t bytes);
 // makes.
 class BenchTensor {
  public:
-  static absl::StatusOr<std::unique_ptr<BenchTensor>> Register(worker::PsClient& client,
+  static absl::StatusOr<std::unique_ptr<BenchTensor>> Register(client::PsClient& client,
                                                                 int64_t payload_bytes);
 
   // PsClient::Push, Pull or PushPull of the whole tensor.
   OpFn MakeOp(Op op);
 
  private:
-  BenchTensor(worker::PsClient& client, int64_t elements);
+  BenchTensor(client::PsClient& client, int64_t elements);
 
-  worker::PsClient& client_;
+  client::PsClient& client_;
   std::vector<float> grad_;
   std::vector<float> params_;
   const absl::Span<const float> grads_[1];
   const absl::Span<float> outs_[1];
   int64_t clock_ = 0;
-  worker::PushStats push_stats_;
-  worker::PullStats pull_stats_;
+  client::PushStats push_stats_;
+  client::PullStats pull_stats_;
 };
 
 // ---------------------------------------------------------------------------

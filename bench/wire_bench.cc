@@ -77,10 +77,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "client/ps_client.h"
 #include "common/malloc_tuning.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
-#include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, out, "", "If set, also write the results table to this file");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -501,14 +501,14 @@ absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& optio
   return shards;
 }
 
-absl::StatusOr<std::unique_ptr<worker::PsClient>> Connect(const Shards& shards,
+absl::StatusOr<std::unique_ptr<client::PsClient>> Connect(const Shards& shards,
                                                           int worker_index) {
-  worker::PsClientOptions options;
+  client::PsClientOptions options;
   options.servers = shards.addresses;
   options.worker_index = static_cast<uint32_t>(worker_index);
   options.num_workers = static_cast<uint32_t>(shards.addresses.size());
   options.max_message_bytes = kMaxMessageBytes;
-  return worker::PsClient::Create(options, nullptr);
+  return client::PsClient::Create(options, nullptr);
 }
 
 struct Row {
@@ -599,8 +599,8 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
     iperf_note = "# iperf3 not selected (--systems)\n";
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client1, Connect(one, 0));
-  std::unique_ptr<worker::PsClient> clients2[2];
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> client1, Connect(one, 0));
+  std::unique_ptr<client::PsClient> clients2[2];
   for (int w = 0; w < 2; ++w) {
     ASSIGN_OR_RETURN(clients2[w], Connect(two, w));
   }

@@ -11,9 +11,9 @@
 #include <grpcpp/support/interceptor.h>
 
 #include "absl/synchronization/mutex.h"
+#include "client/ps_client.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain {
 namespace {
@@ -90,7 +90,7 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
   ASSERT_TRUE(shard.ok()) << shard.status();
 
   PushLog log;
-  worker::PsClientOptions client_options;
+  client::PsClientOptions client_options;
   client_options.servers = {"127.0.0.1:" + std::to_string((*shard)->port())};
   client_options.max_partition_elements = 100;
   client_options.reconnect_timeout = absl::Seconds(10);
@@ -100,7 +100,7 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
     factories.push_back(std::make_unique<DropFirstPushResponseFactory>(&log));
     return factories;
   };
-  auto client = worker::PsClient::Create(client_options, nullptr).value();
+  auto client = client::PsClient::Create(client_options, nullptr).value();
   TensorSpec spec;
   spec.set_name("w");
   spec.add_shape(kElements);
@@ -109,7 +109,7 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
 
   std::vector<float> grad(kElements, 0.5f);
   std::vector<absl::Span<const float>> grads = {grad};
-  worker::PushStats stats;
+  client::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads, &stats).ok());
 
   {

@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "client/client_metrics.h"
+#include "client/ps_client.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
 #include "common/deadlock_detection.h"
@@ -23,7 +25,6 @@
 #include "common/status_macros.h"
 #include "worker/dataset.h"
 #include "worker/model_factory.h"
-#include "worker/ps_client.h"
 #include "worker/results.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
@@ -120,9 +121,9 @@ absl::Status RunWorker() {
   }
   common::RpcMetrics rpc_metrics(exposer->registry(), "client");
   worker::WorkerMetrics worker_metrics(exposer->registry());
-  worker::PsClientMetrics client_metrics(exposer->registry());
+  client::PsClientMetrics client_metrics(exposer->registry());
 
-  worker::PsClientOptions client_options;
+  client::PsClientOptions client_options;
   client_options.servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
@@ -142,7 +143,7 @@ absl::Status RunWorker() {
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
-  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics,
+  ASSIGN_OR_RETURN(auto client, client::PsClient::Create(client_options, &rpc_metrics,
                                                          &client_metrics));
 
   // The shards own the consistency mode; ask rather than trust a flag.

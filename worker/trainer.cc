@@ -18,7 +18,7 @@ namespace shardtrain::worker {
 // Sends a heartbeat with the trainer's clock every interval until stopped.
 class HeartbeatThread {
  public:
-  HeartbeatThread(PsClient* client, const std::atomic<int64_t>* clock,
+  HeartbeatThread(client::PsClient* client, const std::atomic<int64_t>* clock,
                   absl::Duration interval)
       : thread_([this, client, clock, interval] {
           while (!stop_.WaitForNotificationWithTimeout(interval)) {
@@ -38,7 +38,7 @@ class HeartbeatThread {
   std::thread thread_;
 };
 
-Trainer::Trainer(const TrainerOptions& options, PsClient* client,
+Trainer::Trainer(const TrainerOptions& options, client::PsClient* client,
                  WorkerMetrics* metrics, std::unique_ptr<Model> model)
     : options_(options),
       client_(client),
@@ -54,7 +54,7 @@ Trainer::~Trainer() {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerOptions& options, const ModelFactory& make_model,
-    PsClient* client, WorkerMetrics* metrics) {
+    client::PsClient* client, WorkerMetrics* metrics) {
   if (options.num_workers < 1 ||
       options.worker_index >= static_cast<uint32_t>(options.num_workers)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -107,7 +107,7 @@ bool Trainer::IsLateGradient(const absl::Status& status) const {
 }
 
 absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
-  PullStats stats;
+  client::PullStats stats;
   if (pull_first) {
     RETURN_IF_ERROR(client_->Pull(clock_.load(), 0, param_spans_, &stats));
   }
@@ -152,7 +152,7 @@ absl::StatusOr<bool> Trainer::RejoinIfAhead(int64_t step) {
 
 absl::Status Trainer::PullParameters(int64_t min_version) {
   RETURN_IF_ERROR(Drain());
-  PullStats stats;
+  client::PullStats stats;
   RETURN_IF_ERROR(client_->Pull(clock_.load(), min_version, param_spans_, &stats));
   params_ready_ = !options_.sync || min_version == clock_.load();
   return absl::OkStatus();
@@ -161,8 +161,8 @@ absl::Status Trainer::PullParameters(int64_t min_version) {
 absl::Status Trainer::Drain() {
   if (!exchanges_pending_) return absl::OkStatus();
   exchanges_pending_ = false;
-  PushStats push;
-  PullStats pull;
+  client::PushStats push;
+  client::PullStats pull;
   const absl::Status finished = client_->FinishExchanges(&push, &pull);
   if (IsLateGradient(finished)) return Rejoin(finished);
   if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
@@ -185,16 +185,16 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   const absl::Time start = absl::Now();
   // Parameters for this step: from the exchanges the last step started, or
   // a pull now.
-  PushStats push;
-  PullStats pull;
+  client::PushStats push;
+  client::PullStats pull;
   bool fetched = false;
   if (exchanges_pending_) {
     exchanges_pending_ = false;
     const absl::Status finished = client_->FinishExchanges(&push, &pull);
     if (IsLateGradient(finished)) {
       RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
-      push = PushStats();
-      pull = PullStats();
+      push = client::PushStats();
+      pull = client::PullStats();
     } else if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
       // A gradient for this step was pushed before (by this worker index's
       // previous process): the step goes on with it; pull its result.
@@ -235,8 +235,9 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
         if (grad_status.ok()) grad_status = grad.status();
         return;
       }
-      client_->StartExchange(i, step + 1, next_min_version, grad->values,
-                             std::move(grad->ready), param_spans_[i]);
+      client_->StartExchange(
+          i, step + 1, next_min_version, grad->values,
+          [ready = std::move(grad->ready)] { return ready->Wait(); }, param_spans_[i]);
     };
   }
   absl::StatusOr<float> loss = model_->ForwardBackward(x, labels, batch, on_grad_ready);
@@ -244,8 +245,8 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
     // Some tensors may have started their exchange and others not: wait for
     // those in flight (they use this step's buffers) and pull afresh next time.
     if (options_.overlap) {
-      PushStats ignored_push;
-      PullStats ignored_pull;
+      client::PushStats ignored_push;
+      client::PullStats ignored_pull;
       (void)client_->FinishExchanges(&ignored_push, &ignored_pull);
     }
     return loss.ok() ? grad_status : loss.status();

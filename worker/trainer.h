@@ -32,9 +32,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/ps_client.h"
 #include "worker/dataset.h"
 #include "worker/model.h"
-#include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
 namespace shardtrain::worker {
@@ -54,7 +54,7 @@ struct TrainerOptions {
   bool chief = false;
   int eval_batch = 1000;
   // Push each layer's gradient as soon as backward produces it and fetch
-  // the next step's parameters behind it (see worker/tensor_exchange.h);
+  // the next step's parameters behind it (see client/tensor_exchange.h);
   // otherwise push everything after backward and pull before the next step.
   bool overlap = true;
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -90,7 +90,7 @@ class Trainer {
   // trainer; `metrics` may be null.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerOptions& options, const ModelFactory& make_model,
-      PsClient* client, WorkerMetrics* metrics);
+      client::PsClient* client, WorkerMetrics* metrics);
   ~Trainer();
 
   // Registers the model's tensors with the shards and sets clock() to
@@ -126,7 +126,7 @@ class Trainer {
   int64_t clock() const { return clock_.load(); }
 
  private:
-  Trainer(const TrainerOptions& options, PsClient* client,
+  Trainer(const TrainerOptions& options, client::PsClient* client,
           WorkerMetrics* metrics, std::unique_ptr<Model> model);
 
   void StartHeartbeats();
@@ -151,7 +151,7 @@ class Trainer {
   absl::StatusOr<bool> RejoinIfAhead(int64_t step);
 
   const TrainerOptions options_;
-  PsClient* const client_;
+  client::PsClient* const client_;
   WorkerMetrics* const metrics_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> eval_model_;

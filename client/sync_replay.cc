@@ -1,8 +1,8 @@
-#include "worker/sync_replay.h"
+#include "client/sync_replay.h"
 
 #include <algorithm>
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 void SyncReplay::Acked(int shard, const PushRequest* push) {
   absl::MutexLock lock(&mu_);
@@ -41,4 +41,4 @@ std::vector<PushRequest> SyncReplay::Pending(int shard) const {
   return copies;
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

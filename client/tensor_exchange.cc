@@ -1,4 +1,4 @@
-#include "worker/tensor_exchange.h"
+#include "client/tensor_exchange.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,7 +7,7 @@
 #include "common/grpc_status.h"
 #include "common/payload.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 // The reusable messages of one group, and where its answer goes.
 struct TensorExchange::Call {
@@ -68,7 +68,7 @@ TensorExchange::~TensorExchange() {
 
 void TensorExchange::Start(int tensor, int64_t clock, int64_t min_version,
                            absl::Span<const float> grad,
-                           std::unique_ptr<Fence> grad_ready,
+                           GradReady grad_ready,
                            absl::Span<float> params) {
   absl::MutexLock lock(&mu_);
   pending_ += static_cast<int>(calls_[tensor].size());
@@ -94,11 +94,11 @@ bool TensorExchange::HasWorkOrStopping() const {
   return stopping_ || !queue_.empty();
 }
 
-void TensorExchange::Send(const Task& task) {
+void TensorExchange::Send(Task& task) {
   // The gradient may still be on its way from the GPU; the compute thread
   // queues the next layers' backward meanwhile.
-  if (task.grad_ready != nullptr) {
-    const absl::Status copied = task.grad_ready->Wait();
+  if (task.grad_ready) {
+    const absl::Status copied = task.grad_ready();
     if (!copied.ok()) {
       const absl::Status failed(
           copied.code(), absl::StrFormat("copying the gradient of tensor %d: %s",
@@ -257,4 +257,4 @@ absl::Status TensorExchange::Finish(int64_t* max_staleness,
   return status;
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

@@ -25,8 +25,8 @@
 //   channel.Call(std::move(rpc), [](absl::Status status) { ... });
 //
 // Thread-safe.
-#ifndef SHARDTRAIN_WORKER_SHARD_CALL_H_
-#define SHARDTRAIN_WORKER_SHARD_CALL_H_
+#ifndef SHARDTRAIN_CLIENT_SHARD_CALL_H_
+#define SHARDTRAIN_CLIENT_SHARD_CALL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -44,10 +44,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "worker/worker_metrics.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 struct RetryPolicy {
   // Backoff before retry r (0-based) is uniform in
@@ -154,6 +154,6 @@ class ShardChannel {
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_SHARD_CALL_H_
+#endif  // SHARDTRAIN_CLIENT_SHARD_CALL_H_

@@ -1,4 +1,4 @@
-#include "worker/shard_call.h"
+#include "client/shard_call.h"
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 absl::Duration BackoffCeiling(const RetryPolicy& policy, int retry) {
   absl::Duration ceiling = policy.initial_backoff;
@@ -243,4 +243,4 @@ void ShardChannel::NoteAnswer() {
                    absl::Trunc(absl::Now() - outage_start_, absl::Milliseconds(1)));
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

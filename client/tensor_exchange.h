@@ -9,15 +9,15 @@
 // everything started. Encoding and sending run on the exchange's own thread,
 // so the thread computing backward only enqueues.
 //
-// Every RPC goes through the shard's ShardChannel (worker/shard_call.h), so
+// Every RPC goes through the shard's ShardChannel (client/shard_call.h), so
 // the halves are retried across outages and shard restarts like the
 // blocking calls; a retried push keeps its sequence number.
 //
 // Thread-safety: Start and Finish are called from one thread; the sender
 // thread and gRPC completions touch only the started tensor's messages and
 // partition versions (atomics, which a shard resync may also write).
-#ifndef SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
-#define SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
+#ifndef SHARDTRAIN_CLIENT_TENSOR_EXCHANGE_H_
+#define SHARDTRAIN_CLIENT_TENSOR_EXCHANGE_H_
 
 #include <cstdint>
 #include <atomic>
@@ -30,17 +30,17 @@
 
 #include <grpcpp/client_context.h>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/shard_call.h"
+#include "client/sync_replay.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "worker/fence.h"
-#include "worker/shard_call.h"
-#include "worker/sync_replay.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 // Elements [offset, offset + size) of tensor `tensor`, one partition.
 struct PartitionSlice {
@@ -55,6 +55,11 @@ struct PartitionSlice {
 // restarted shard), indexed by PartitionSlice::version_index. A deque, so
 // the atomics never move.
 using VersionTable = std::deque<std::atomic<int64_t>>;
+
+// Blocks until a gradient handed to an exchange is ready to be read (e.g.
+// its copy from a device has landed) and returns that copy's status. An
+// empty one: the gradient is already there.
+using GradReady = absl::AnyInvocable<absl::Status()>;
 
 // Records one finished RPC for metrics: method, status, bytes sent,
 // bytes received, start time.
@@ -73,7 +78,7 @@ class TensorExchange {
     // Not owned; null sends gradients dense. Must outlive the exchange.
     common::TopKCompressor* topk = nullptr;
     // Sync mode: notes acknowledged pushes until their pull completes (see
-    // worker/sync_replay.h). Not owned; null in async mode.
+    // client/sync_replay.h). Not owned; null in async mode.
     SyncReplay* replay = nullptr;
     absl::Duration push_timeout = absl::Seconds(30);
     absl::Duration pull_timeout = absl::Seconds(300);
@@ -93,11 +98,11 @@ class TensorExchange {
                  RpcRecorder recorder);
   ~TensorExchange();
 
-  // Sends `grad` once `grad_ready` (if not null) has passed, then pulls
+  // Sends `grad` once `grad_ready` (if not empty) has returned OK, then pulls
   // into `params`. REQUIRES: `grad` and `params` stay valid until Finish()
   // returns.
   void Start(int tensor, int64_t clock, int64_t min_version,
-             absl::Span<const float> grad, std::unique_ptr<Fence> grad_ready,
+             absl::Span<const float> grad, GradReady grad_ready,
              absl::Span<float> params);
   // Waits for every started exchange. Returns the first error, preferring
   // any other error to a FAILED_PRECONDITION (a late sync gradient, which
@@ -112,14 +117,14 @@ class TensorExchange {
     int64_t clock;
     int64_t min_version;
     absl::Span<const float> grad;
-    std::unique_ptr<Fence> grad_ready;  // Null: grad is already there.
+    GradReady grad_ready;  // Empty: grad is already there.
     absl::Span<float> params;
   };
 
   void SendLoop();
   // SendLoop's wake-up condition: a task is queued or Finish is stopping.
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Send(const Task& task);
+  void Send(Task& task);
   void StartPull(Call* call);
   void OnPushed(Call* call, const absl::Status& status);
   void OnPulled(Call* call, const absl::Status& status);
@@ -143,6 +148,6 @@ class TensorExchange {
   std::thread sender_;  // last: starts after everything above exists
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_TENSOR_EXCHANGE_H_
+#endif  // SHARDTRAIN_CLIENT_TENSOR_EXCHANGE_H_

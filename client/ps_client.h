@@ -13,7 +13,7 @@
 //   RETURN_IF_ERROR(client->Push(clock, grads, &push_stats));
 //
 // Faults. Every RPC goes through its shard's ShardChannel
-// (worker/shard_call.h): it is retried while the shard is unreachable, up
+// (client/shard_call.h): it is retried while the shard is unreachable, up
 // to `reconnect_timeout` after the call's first failure. Each client draws a
 // random non-zero worker incarnation, sent on Register/Push/Pull/Heartbeat,
 // and numbers its pushes per shard (1, 2, ...; a retry resends the same
@@ -26,8 +26,8 @@
 //
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
-#ifndef SHARDTRAIN_WORKER_PS_CLIENT_H_
-#define SHARDTRAIN_WORKER_PS_CLIENT_H_
+#ifndef SHARDTRAIN_CLIENT_PS_CLIENT_H_
+#define SHARDTRAIN_CLIENT_PS_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -42,17 +42,17 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/client_metrics.h"
+#include "client/shard_call.h"
+#include "client/sync_replay.h"
+#include "client/tensor_exchange.h"
 #include "common/credentials.h"
 #include "common/metrics.h"
 #include "common/partition.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "worker/shard_call.h"
-#include "worker/sync_replay.h"
-#include "worker/tensor_exchange.h"
-#include "worker/worker_metrics.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 struct PsClientOptions {
   // Shard addresses in shard-index order ("host:port").
@@ -146,7 +146,8 @@ class PsClient {
                         PushStats* push_stats, PullStats* pull_stats);
 
   // Overlapped exchange of one tensor: sends its gradient (as soon as
-  // `grad_ready`, if not null, has passed) and, once
+  // `grad_ready`, if not empty, has returned OK; its error otherwise fails
+  // the exchange) and, once
   // every shard has taken it, asks for its parameters (at least
   // `min_version`) into `params`, which must stay valid until
   // FinishExchanges(). Meant to be called from backward as each layer's
@@ -155,7 +156,7 @@ class PsClient {
   // FinishExchanges() returns.
   void StartExchange(int tensor, int64_t clock, int64_t min_version,
                      absl::Span<const float> grad,
-                     std::unique_ptr<Fence> grad_ready,
+                     GradReady grad_ready,
                      absl::Span<float> params);
   // Waits for every started exchange; the first error wins.
   absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
@@ -233,7 +234,7 @@ class PsClient {
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Sync: sends the pushes `channel`'s shard acknowledged before it
-  // restarted and whose step has not completed there (worker/sync_replay.h).
+  // restarted and whose step has not completed there (client/sync_replay.h).
   void ReplayPushes(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Applies shard `shard`'s Register answer: its incarnation and partition
   // versions. `restarted`: count and log the updates lost.
@@ -283,6 +284,6 @@ class PsClient {
   std::vector<ShardCalls> calls_;
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_PS_CLIENT_H_
+#endif  // SHARDTRAIN_CLIENT_PS_CLIENT_H_

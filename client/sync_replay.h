@@ -13,8 +13,8 @@
 // The PushRequest pointers are borrowed: the client's reusable messages,
 // which are not re-encoded while their step's pull is in flight.
 // Thread-safe.
-#ifndef SHARDTRAIN_WORKER_SYNC_REPLAY_H_
-#define SHARDTRAIN_WORKER_SYNC_REPLAY_H_
+#ifndef SHARDTRAIN_CLIENT_SYNC_REPLAY_H_
+#define SHARDTRAIN_CLIENT_SYNC_REPLAY_H_
 
 #include <cstdint>
 #include <vector>
@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/shardtrain.pb.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 class SyncReplay {
  public:
@@ -48,6 +48,6 @@ class SyncReplay {
   int64_t highest_clock_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_SYNC_REPLAY_H_
+#endif  // SHARDTRAIN_CLIENT_SYNC_REPLAY_H_

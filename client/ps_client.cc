@@ -1,4 +1,4 @@
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
 
 #include <algorithm>
 #include <functional>
@@ -17,7 +17,7 @@
 #include "common/payload.h"
 #include "common/status_macros.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 namespace {
 
 uint64_t NewIncarnation() {
@@ -623,7 +623,7 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
 
 void PsClient::StartExchange(int tensor, int64_t clock, int64_t min_version,
                              absl::Span<const float> grad,
-                             std::unique_ptr<Fence> grad_ready,
+                             GradReady grad_ready,
                              absl::Span<float> params) {
   exchange_->Start(tensor, clock, min_version, grad, std::move(grad_ready),
                    params);
@@ -674,4 +674,4 @@ absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus() {
   return responses;
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

@@ -1,8 +1,8 @@
-#include "worker/sync_replay.h"
+#include "client/sync_replay.h"
 
 #include <gtest/gtest.h>
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 namespace {
 
 TEST(SyncReplayTest, KeepsAcknowledgedPushesUntilTheirPull) {
@@ -41,4 +41,4 @@ TEST(SyncReplayTest, ALaterStepForgetsEarlierOnes) {
 }
 
 }  // namespace
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
