@@ -38,13 +38,19 @@ inline uint32_t FloatToBits(float f) {
 // zero) is built as 2^-14 * (1 + m/1024) and 2^-14 subtracted, which is
 // exactly m * 2^-24 (the float result is normal, so flush-to-zero modes do
 // not change it). Every case is computed and selected, without branches.
+//
+// The selects are written as masks, not `?:`: GCC would otherwise turn them
+// into branches, move the subtraction into one, and then refuse to
+// vectorise a loop with a floating-point operation under a condition.
 inline float HalfBitsToFloat(uint16_t h) {
   const uint32_t shifted = static_cast<uint32_t>(h & 0x7fffu) << 13;
   const uint32_t exponent = shifted & 0x0f800000u;
-  uint32_t bits = shifted + (112u << 23);
-  bits += exponent == 0x0f800000u ? (112u << 23) : 0u;
-  const float subnormal = BitsToFloat(bits + (1u << 23)) - BitsToFloat(113u << 23);
-  const uint32_t magnitude = exponent == 0 ? FloatToBits(subnormal) : bits;
+  const uint32_t inf_or_nan = 0u - static_cast<uint32_t>(exponent == 0x0f800000u);
+  const uint32_t subnormal = 0u - static_cast<uint32_t>(exponent == 0);
+  const uint32_t bits = shifted + (112u << 23) + (inf_or_nan & (112u << 23));
+  const uint32_t small =
+      FloatToBits(BitsToFloat(bits + (1u << 23)) - BitsToFloat(113u << 23));
+  const uint32_t magnitude = (small & subnormal) | (bits & ~subnormal);
   return BitsToFloat(magnitude | (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
