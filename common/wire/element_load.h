@@ -1,8 +1,13 @@
-// Loads one little-endian element of a wire dtype from possibly unaligned
-// memory as a float. memcpy keeps unaligned loads defined behaviour and
-// compiles to a plain load, so loops over these vectorise.
+// Loads and stores single little-endian elements of a wire dtype in
+// possibly unaligned memory, as floats. memcpy keeps unaligned access
+// defined behaviour and compiles to a plain load or store; the conversions
+// are inline and branch-free, so loops over these vectorise (a loop that
+// called common::HalfToFloat, defined in another file, could not).
+// Results are bit for bit those of common::HalfToFloat, Bfloat16ToFloat and
+// FloatToBfloat16 (common/payload.h).
 //
 //   for (int64_t i = 0; i < n; ++i) sum += LoadElement<DTYPE_F32>(bytes, i);
+//   StoreElement<DTYPE_BF16>(out, i, value);
 #ifndef SHARDTRAIN_COMMON_WIRE_ELEMENT_LOAD_H_
 #define SHARDTRAIN_COMMON_WIRE_ELEMENT_LOAD_H_
 
@@ -14,6 +19,52 @@
 
 namespace shardtrain::wire {
 
+namespace element_internal {
+
+inline float BitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+inline uint32_t FloatToBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+// IEEE half to float. The exponent is rebiased by adding to the shifted
+// bits; Inf/NaN get the rest of the float exponent range; a subnormal (or
+// zero) is built as 2^-14 * (1 + m/1024) and 2^-14 subtracted, which is
+// exactly m * 2^-24 (the float result is normal, so flush-to-zero modes do
+// not change it). Every case is computed and selected, without branches.
+//
+// The selects are written as masks, not `?:`: GCC would otherwise turn them
+// into branches, move the subtraction into one, and then refuse to
+// vectorise a loop with a floating-point operation under a condition.
+inline float HalfBitsToFloat(uint16_t h) {
+  const uint32_t shifted = static_cast<uint32_t>(h & 0x7fffu) << 13;
+  const uint32_t exponent = shifted & 0x0f800000u;
+  const uint32_t inf_or_nan = 0u - static_cast<uint32_t>(exponent == 0x0f800000u);
+  const uint32_t subnormal = 0u - static_cast<uint32_t>(exponent == 0);
+  const uint32_t bits = shifted + (112u << 23) + (inf_or_nan & (112u << 23));
+  const uint32_t small =
+      FloatToBits(BitsToFloat(bits + (1u << 23)) - BitsToFloat(113u << 23));
+  const uint32_t magnitude = (small & subnormal) | (bits & ~subnormal);
+  return BitsToFloat(magnitude | (static_cast<uint32_t>(h & 0x8000u) << 16));
+}
+
+// Float to bfloat16, rounding to nearest even; NaN stays a (quiet) NaN.
+inline uint16_t FloatToBfloat16Bits(float f) {
+  const uint32_t x = FloatToBits(f);
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = (x >> 16) | 0x40u;
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+}  // namespace element_internal
+
+// Element i of `bytes` (kDType elements) as a float.
 template <int kDType>
 inline float LoadElement(const char* bytes, int64_t i) {
   if constexpr (kDType == DTYPE_F32) {
@@ -24,8 +75,30 @@ inline float LoadElement(const char* bytes, int64_t i) {
     static_assert(kDType == DTYPE_F16 || kDType == DTYPE_BF16);
     uint16_t bits;
     std::memcpy(&bits, bytes + i * 2, sizeof(bits));
-    if constexpr (kDType == DTYPE_F16) return common::HalfToFloat(bits);
-    return common::Bfloat16ToFloat(bits);
+    if constexpr (kDType == DTYPE_F16) {
+      return element_internal::HalfBitsToFloat(bits);
+    } else {
+      return element_internal::BitsToFloat(static_cast<uint32_t>(bits) << 16);
+    }
+  }
+}
+
+// Writes `value` converted to kDType as element i of `bytes`. f16 goes
+// through common::FloatToHalf (not inline; its rounding of subnormals is
+// not worth duplicating), so only f32 and bf16 stores vectorise.
+template <int kDType>
+inline void StoreElement(char* bytes, int64_t i, float value) {
+  if constexpr (kDType == DTYPE_F32) {
+    std::memcpy(bytes + i * 4, &value, sizeof(value));
+  } else {
+    static_assert(kDType == DTYPE_F16 || kDType == DTYPE_BF16);
+    uint16_t bits;
+    if constexpr (kDType == DTYPE_F16) {
+      bits = common::FloatToHalf(value);
+    } else {
+      bits = element_internal::FloatToBfloat16Bits(value);
+    }
+    std::memcpy(bytes + i * 2, &bits, sizeof(bits));
   }
 }
 
