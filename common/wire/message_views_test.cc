@@ -503,6 +503,35 @@ TEST(WireMalformed, InvalidUtf8Names) {
   }
 }
 
+TEST(WireLimits, PartsOverTheLimitAreRefusedBeforeParsing) {
+  const PushRequest push = SamplePush(DTYPE_F32, ENCODING_DENSE, 1);  // 5 parts
+  const std::string bytes = push.SerializeAsString();
+  const ReceivedMessage message = ReceivedMessage::FromPieces(bytes, {7, 100});
+  PushView view;
+  EXPECT_TRUE(ParsePush(message, &view, 5).ok());
+  absl::Status status = ParsePush(message, &view, 4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(status.message(), "push has 5 parts; the limit is 4 per request");
+
+  // 10 million empty parts in 20 MB: refused without allocating for them.
+  std::string many;
+  for (int i = 0; i < 10'000'000; ++i) many.append("\x1a\x00", 2);
+  status = ParsePush(ReceivedMessage::FromPieces(many, {}), &view, 65536);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_LT(view.parts.capacity(), 65536u);
+
+  // In a PushPull, over both occurrences of the push.
+  PushPullRequest push_pull;
+  *push_pull.mutable_push() = push;
+  const std::string twice = push_pull.SerializeAsString() + push_pull.SerializeAsString();
+  PushPullView push_pull_view;
+  const ReceivedMessage twice_message = ReceivedMessage::FromPieces(twice, {});
+  EXPECT_TRUE(ParsePushPull(twice_message, &push_pull_view, 10).ok());
+  EXPECT_EQ(push_pull_view.push.parts.size(), 10u);
+  status = ParsePushPull(twice_message, &push_pull_view, 9);
+  EXPECT_EQ(status.message(), "push has 10 parts; the limit is 9 per request");
+}
+
 TEST(ReceivedMessageTest, TakeReferencesTheSlicesAndClears) {
   const std::string big(1000, 'z');
   grpc::Slice slices[] = {grpc::Slice(big), grpc::Slice(std::string("tail"))};
