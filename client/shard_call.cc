@@ -65,14 +65,18 @@ struct ShardChannel::PendingCall {
 };
 
 ShardChannel::ShardChannel(int index, std::string address,
-                           std::shared_ptr<grpc::Channel> channel,
+                           std::vector<std::shared_ptr<grpc::Channel>> connections,
                            const RetryPolicy& policy, PsClientMetrics* metrics)
     : index_(index),
       address_(std::move(address)),
-      channel_(std::move(channel)),
-      stub_(ParameterServer::NewStub(channel_)),
+      connections_(std::move(connections)),
+      stub_(ParameterServer::NewStub(connections_.at(0))),
       policy_(policy),
-      metrics_(metrics) {}
+      metrics_(metrics) {
+  for (const std::shared_ptr<grpc::Channel>& connection : connections_) {
+    generic_.push_back(std::make_unique<grpc::GenericStub>(connection));
+  }
+}
 
 void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
   auto* call = new PendingCall;

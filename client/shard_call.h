@@ -37,6 +37,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/status.h>
 
 #include "absl/random/bit_gen_ref.h"
@@ -95,10 +96,13 @@ class ShardChannel {
   using ResyncFn =
       std::function<void(ShardChannel* channel, std::function<void(absl::Status)> done)>;
 
+  // `connections` are this shard's gRPC channels (at least one; see
+  // PsClientOptions::channels_per_shard): the control RPCs (stub()) use the
+  // first, the data path spreads its calls over all (generic()).
   // `metrics` may be null; if not, it must outlive the channel.
   ShardChannel(int index, std::string address,
-               std::shared_ptr<grpc::Channel> channel, const RetryPolicy& policy,
-               PsClientMetrics* metrics);
+               std::vector<std::shared_ptr<grpc::Channel>> connections,
+               const RetryPolicy& policy, PsClientMetrics* metrics);
   ShardChannel(const ShardChannel&) = delete;
   ShardChannel& operator=(const ShardChannel&) = delete;
 
@@ -117,7 +121,11 @@ class ShardChannel {
 
   int index() const { return index_; }
   const std::string& address() const { return address_; }
+  // Typed stub on the first connection (Register, Heartbeat, Status).
   ParameterServer::Stub* stub() { return stub_.get(); }
+  // Raw-bytes stub on connection `connection` (Push, Pull, PushPull).
+  grpc::GenericStub* generic(int connection) { return generic_[connection].get(); }
+  int num_connections() const { return static_cast<int>(connections_.size()); }
   const RetryPolicy& policy() const { return policy_; }
 
  private:
@@ -136,8 +144,9 @@ class ShardChannel {
 
   const int index_;
   const std::string address_;
-  const std::shared_ptr<grpc::Channel> channel_;
+  const std::vector<std::shared_ptr<grpc::Channel>> connections_;
   const std::unique_ptr<ParameterServer::Stub> stub_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   const RetryPolicy policy_;
   PsClientMetrics* const metrics_;
   ResyncFn resync_;

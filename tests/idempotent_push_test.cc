@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <grpcpp/support/interceptor.h>
 
@@ -40,11 +42,18 @@ class DropFirstPushResponse : public grpc::experimental::Interceptor {
     using grpc::experimental::InterceptionHookPoints;
     if (is_push_ &&
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
-      const auto* request = static_cast<const PushRequest*>(methods->GetSendMessage());
-      if (request != nullptr) {
+      // The client sends raw bytes (grpc::GenericStub): parse a copy of them
+      // (it shares the slices) as the shard would.
+      grpc::ByteBuffer* sent = methods->GetSerializedSendMessage();
+      PushRequest request;
+      if (sent != nullptr) {
+        grpc::ByteBuffer copy = *sent;
+        EXPECT_TRUE((grpc::GenericDeserialize<grpc::ProtoBufferReader, PushRequest>(
+                         &copy, &request))
+                        .ok());
         absl::MutexLock lock(&log_->mu);
-        log_->sequences.push_back(request->sequence());
-        log_->incarnations.push_back(request->worker_incarnation());
+        log_->sequences.push_back(request.sequence());
+        log_->incarnations.push_back(request.worker_incarnation());
       }
     }
     if (is_push_ &&
