@@ -83,6 +83,9 @@ ABSL_FLAG(double, wait_for_workers_s, 600,
           "Chief: how long to wait for the other workers after the last epoch "
           "before failing");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(int, channels_per_shard, 1,
+          "TCP connections to each shard; a push's or pull's partitions on one "
+          "shard are split over them");
 ABSL_FLAG(double, linger_s, 0,
           "Keep serving metrics this long after training, so a last scrape "
           "sees the final values");
@@ -143,6 +146,7 @@ absl::Status RunWorker() {
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
+  client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
   ASSIGN_OR_RETURN(auto client, client::PsClient::Create(client_options, &rpc_metrics,
                                                          &client_metrics));
 
