@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bench/echo.grpc.pb.h"
 #include "client/ps_client.h"
@@ -158,6 +159,26 @@ class BenchTensor {
   client::PushStats push_stats_;
   client::PullStats pull_stats_;
 };
+
+// ---------------------------------------------------------------------------
+// Client settings.
+
+// Applies "key=value,key=value" to `options`: channels (channels_per_shard),
+// write_buffer_kb, max_frame_kb, lookahead_kb, min_read_chunk_kb,
+// max_read_chunk_kb (client/channels.h; 0 keeps gRPC's default), bdp (0 or
+// 1). Empty: nothing changes. INVALID_ARGUMENT names an unknown key or bad
+// value.
+absl::Status ApplyClientSettings(absl::string_view settings,
+                                 client::PsClientOptions* options);
+
+// A named set of client settings, as ApplyClientSettings takes them.
+struct ClientVariant {
+  std::string name;
+  std::string settings;
+};
+
+// "name:settings;name:settings", e.g. "c2:channels=2;wb:write_buffer_kb=1024".
+absl::StatusOr<std::vector<ClientVariant>> ParseClientVariants(absl::string_view flag);
 
 // ---------------------------------------------------------------------------
 // Tables.

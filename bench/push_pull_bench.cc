@@ -86,6 +86,9 @@ ABSL_FLAG(int, max_mb, 64, "Skip payloads larger than this many MiB");
 ABSL_FLAG(bool, secure, false,
           "Compare PsClient over plaintext with PsClient over mutual TLS + "
           "token instead of PsClient with a raw gRPC echo");
+ABSL_FLAG(std::string, client, "",
+          "PsClient settings, key=value,...: channels, write_buffer_kb, max_frame_kb, "
+          "lookahead_kb, min_read_chunk_kb, max_read_chunk_kb, bdp (0/1)");
 ABSL_FLAG(int, rounds, 9,
           "--secure: rounds per case, each timing one block of each system; "
           "figures are medians over rounds");
@@ -195,6 +198,7 @@ absl::StatusOr<std::unique_ptr<client::PsClient>> ConnectClient(
   client_options.servers = {absl::StrCat("127.0.0.1:", shard.port())};
   client_options.max_message_bytes = kMaxMessageBytes;
   client_options.security = security;
+  RETURN_IF_ERROR(ApplyClientSettings(absl::GetFlag(FLAGS_client), &client_options));
   return client::PsClient::Create(client_options, nullptr);
 }
 

@@ -1,8 +1,9 @@
 // ShardChannel: the one place where a worker's RPCs to a shard are retried.
 //
-// Every RPC the worker sends (PsClient's blocking calls and TensorExchange's
-// overlapped halves) goes through ShardChannel::Call, which runs it on the
-// gRPC callback API and, while the shard cannot be reached, tries again:
+// Every RPC the worker sends (the data path's GroupCalls, client/group_call.h,
+// for the blocking calls and the overlapped exchange alike, and the control
+// RPCs) goes through ShardChannel::Call, which runs it on the gRPC callback
+// API and, while the shard cannot be reached, tries again:
 //  - UNAVAILABLE (no connection, connection reset), a per-attempt
 //    DEADLINE_EXCEEDED and a transport reset are retried with exponential
 //    backoff and full jitter, each retry waiting for the channel to connect
@@ -15,12 +16,15 @@
 //    shard, shared by every call that needs it), then retries.
 // Any other error ends the call at once.
 //
+// A shard may have several connections (PsClientOptions::channels_per_shard):
+// the control RPCs use the first through stub(), the data path any of them
+// through generic(connection); retries and resyncs are the shard's, shared.
+//
 //   ShardRpc rpc;
-//   rpc.method = "Push";
+//   rpc.method = "Heartbeat";
 //   rpc.attempt_timeout = absl::Seconds(30);
 //   rpc.start = [&](grpc::ClientContext* context, uint64_t incarnation, auto done) {
-//     request.set_shard_incarnation(incarnation);
-//     stub->async()->Push(context, &request, &response, std::move(done));
+//     channel.stub()->async()->Heartbeat(context, &request, &response, std::move(done));
 //   };
 //   channel.Call(std::move(rpc), [](absl::Status status) { ... });
 //

@@ -14,7 +14,8 @@
 // across outages and shard restarts, a retried push keeping its sequence
 // number, the gradient sent from where it lies.
 //
-//   TensorExchange exchange(channels, std::move(groups_by_tensor));
+//   TensorExchange exchange(std::move(groups_by_tensor), &versions, replay,
+//                           /*release_timeout=*/absl::Seconds(30));
 //   exchange.Start(t, clock, min_version, grad, grad_ready, params);
 //   ...
 //   RETURN_IF_ERROR(exchange.Finish(&staleness, &wait, &version));

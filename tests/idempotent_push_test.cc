@@ -103,6 +103,8 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
   client_options.servers = {"127.0.0.1:" + std::to_string((*shard)->port())};
   client_options.max_partition_elements = 100;
   client_options.reconnect_timeout = absl::Seconds(10);
+  // One Push RPC per push, so the log below counts attempts of that one.
+  client_options.channels_per_shard = 1;
   client_options.interceptors = [&log](int) {
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
         factories;

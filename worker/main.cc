@@ -83,7 +83,7 @@ ABSL_FLAG(double, wait_for_workers_s, 600,
           "Chief: how long to wait for the other workers after the last epoch "
           "before failing");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
-ABSL_FLAG(int, channels_per_shard, 1,
+ABSL_FLAG(int, channels_per_shard, 4,
           "TCP connections to each shard; a push's or pull's partitions on one "
           "shard are split over them");
 ABSL_FLAG(double, linger_s, 0,
