@@ -13,6 +13,7 @@
 #include "common/float_env.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "common/wire/payload_pieces.h"
 #include "server/internal/partition_locks.h"
 
 namespace shardtrain::server {
@@ -279,32 +280,39 @@ absl::Status Shard::Register(const RegisterRequest& request,
 }
 
 absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
-    const PushRequest& request) const {
-  if (request.parts().empty()) {
+    const wire::PushView& request) const {
+  if (request.parts.empty()) {
     return absl::InvalidArgumentError("push carries no gradients");
   }
-  if (request.parts_size() > options_.limits.max_parts_per_request) {
+  const size_t num_parts = request.parts.size();
+  if (num_parts > static_cast<size_t>(options_.limits.max_parts_per_request)) {
     return Refuse("max_parts_per_request",
                   absl::ResourceExhaustedError(absl::StrFormat(
                       "push has %d parts; the limit is %d per request "
                       "(--max_parts_per_request)",
-                      request.parts_size(), options_.limits.max_parts_per_request)));
+                      num_parts, options_.limits.max_parts_per_request)));
   }
   // Every key is looked up and checked for repeats before anything is
   // decoded, so a request naming one partition many times costs nothing.
   std::vector<DecodedPart> decoded;
-  decoded.reserve(request.parts_size());
-  for (int i = 0; i < request.parts_size(); ++i) {
-    const GradientPart& part = request.parts(i);
-    ASSIGN_OR_RETURN(Partition * partition, store_.Find(part.key()));
+  decoded.reserve(num_parts);
+  int sparse_parts = 0;
+  for (size_t i = 0; i < num_parts; ++i) {
+    const wire::GradientPartView& part = request.parts[i];
+    ASSIGN_OR_RETURN(Partition * partition,
+                     store_.Find(part.key.tensor, part.key.partition));
     // Versions count updates, like clocks count steps: bounded, so that no
     // version (a sync fast-forward included) can overflow.
-    if (part.version() < 0 || part.version() > kMaxClock) {
+    if (part.version < 0 || part.version > kMaxClock) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s/%d: version %d is not in [0, %d]", partition->tensor,
-          partition->index, part.version(), kMaxClock));
+          partition->index, part.version, kMaxClock));
     }
-    decoded.push_back(DecodedPart{partition, i, part.version(), {}, false});
+    DecodedPart& d = decoded.emplace_back();
+    d.partition = partition;
+    d.payload = &part.grad;
+    d.version = part.version;
+    if (part.grad.encoding == ENCODING_SPARSE) ++sparse_parts;
   }
   std::sort(decoded.begin(), decoded.end(),
             [](const DecodedPart& a, const DecodedPart& b) {
@@ -317,35 +325,34 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
           decoded[i].partition->index));
     }
   }
+  // Dense payloads (any dtype) are checked here and applied later straight
+  // from the received bytes: one read for the NaN/Inf check, one pass for
+  // the update. Sparse ones are decoded into scratch.
   std::vector<std::vector<float>>& scratch = GradScratch();
-  if (scratch.size() < decoded.size()) scratch.resize(decoded.size());
-  for (size_t i = 0; i < decoded.size(); ++i) {
-    DecodedPart& d = decoded[i];
+  if (scratch.size() < static_cast<size_t>(sparse_parts)) scratch.resize(sparse_parts);
+  int next_scratch = 0;
+  for (DecodedPart& d : decoded) {
     const Partition& partition = *d.partition;
-    // Dense f32 is used where it lies in the request (which outlives the
-    // push); other encodings are decoded into scratch.
-    const Payload& payload = request.parts(d.index).grad();
-    const std::string& bytes = payload.data();
+    const wire::PayloadView& payload = *d.payload;
+    const size_t size = static_cast<size_t>(partition.range.size);
     absl::Status status;
-    if (payload.encoding() == ENCODING_DENSE && payload.dtype() == DTYPE_F32 &&
-        payload.indices().empty() &&
-        bytes.size() == static_cast<size_t>(partition.range.size) * sizeof(float) &&
-        reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
-      d.grad = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
-                                   static_cast<size_t>(partition.range.size));
-    } else if (payload.encoding() == ENCODING_SPARSE &&
-               payload.indices().size() / sizeof(uint32_t) >
-                   static_cast<size_t>(partition.range.size)) {
+    if (payload.encoding != ENCODING_SPARSE) {
+      d.dense = true;
+      status = wire::CheckDense(payload, partition.range.size);
+      if (status.ok()) status = wire::CheckFinite(payload);
+    } else if (payload.indices.size() / sizeof(uint32_t) > size) {
+      // Refused before scratch is sized for it.
       status = absl::InvalidArgumentError(absl::StrFormat(
           "sparse payload names %d elements of a %d-element partition",
-          payload.indices().size() / sizeof(uint32_t), partition.range.size));
+          payload.indices.size() / sizeof(uint32_t), size));
     } else {
-      std::vector<float>& buffer = scratch[i];
-      buffer.resize(partition.range.size);
-      status = common::DecodePayload(payload, absl::MakeSpan(buffer));
-      d.grad = buffer;
+      std::vector<float>& buffer = scratch[next_scratch++];
+      buffer.resize(size);
+      status = wire::DecodeInto(payload, absl::MakeSpan(buffer));
+      // Checked after decoding: repeated indices add up, and may overflow.
+      if (status.ok()) status = common::CheckFinite(buffer);
+      d.decoded = buffer;
     }
-    if (status.ok()) status = common::CheckFinite(d.grad);
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrFormat("%s/%d: %s", partition.tensor,
@@ -370,12 +377,17 @@ void Shard::NoteVersion(int64_t version) {
   }
 }
 
-void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
+void Shard::ApplyUpdate(Partition& part, const wire::PayloadView* dense,
+                        const float* grad, float lr_scale) {
   const int64_t step = part.version.load(std::memory_order_relaxed);
-  absl::InlinedVector<float*, 4> slots;
+  absl::InlinedVector<float*, Optimizer::kMaxSlots> slots;
   for (std::vector<float>& slot : part.slots) slots.push_back(slot.data());
-  optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
-                    absl::MakeConstSpan(grad, part.params.size()), slots);
+  if (dense != nullptr) {
+    optimizer_->ApplyPayload(step, lr_scale, *dense, absl::MakeSpan(part.params), slots);
+  } else {
+    optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
+                      absl::MakeConstSpan(grad, part.params.size()), slots);
+  }
   part.version.store(step + 1, std::memory_order_release);
   NoteVersion(step + 1);
   if (part.version_gauge != nullptr) {
@@ -393,7 +405,7 @@ bool Shard::MaybeFinishStep(Partition& part, bool close) {
   const float inverse = 1.0f / static_cast<float>(part.contributions);
   float* __restrict accum = part.accum.data();
   for (size_t i = 0; i < part.accum.size(); ++i) accum[i] *= inverse;
-  ApplyUpdate(part, accum, 1.0f);
+  ApplyUpdate(part, /*dense=*/nullptr, accum, 1.0f);
   // Coordinated step checkpoints: copy the partition at every N-th step.
   if (step_snapshot_.Due(part.version.load(std::memory_order_relaxed))) {
     step_snapshot_.Capture(part);
@@ -406,15 +418,19 @@ bool Shard::MaybeFinishStep(Partition& part, bool close) {
 }
 
 absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
+  return Push(wire::ViewOf(request), response);
+}
+
+absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) {
   response->set_incarnation(incarnation_);
   response->set_duplicate(false);
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
-  if (request.clock() < 0 || request.clock() > kMaxClock) {
+  RETURN_IF_ERROR(CheckWorker(request.worker));
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation));
+  if (request.clock < 0 || request.clock > kMaxClock) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "clock %d is not in [0, %d]", request.clock(), kMaxClock));
+        "clock %d is not in [0, %d]", request.clock, kMaxClock));
   }
-  const uint64_t sequence = request.sequence();
+  const uint64_t sequence = request.sequence;
   if (sequence == 0) {
     RETURN_IF_ERROR(ApplyPush(request, response));
     NotifyProgress();
@@ -425,17 +441,18 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
   return absl::OkStatus();
 }
 
-absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* response) {
-  const uint64_t sequence = request.sequence();
+absl::Status Shard::DedupedPush(const wire::PushView& request,
+                                PushResponse* response) {
+  const uint64_t sequence = request.sequence;
   // The worker's log stays locked from the duplicate check until the push
   // is recorded, so a retry arriving meanwhile waits and is then answered
   // as a duplicate. Taken before any partition lock.
-  PushLog& log = *push_logs_[request.worker()];
+  PushLog& log = *push_logs_[request.worker];
   absl::MutexLock lock(&log.mu);
   // A new worker incarnation starts a new log, but only once its push is
   // applied: a refused push changes nothing.
   const bool fresh_log =
-      log.incarnation != request.worker_incarnation() || log.applied.empty();
+      log.incarnation != request.worker_incarnation || log.applied.empty();
   if (!fresh_log && sequence <= log.highest) {
     if (log.highest - sequence >= static_cast<uint64_t>(kPushWindow)) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -449,14 +466,14 @@ absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* respon
       response->set_max_staleness(staleness);
       metrics_->duplicate_pushes().Increment();
       duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
-      VLOG(1) << "push " << sequence << " of worker " << request.worker()
+      VLOG(1) << "push " << sequence << " of worker " << request.worker
               << " is a duplicate; not applied again";
       return absl::OkStatus();
     }
   }
   RETURN_IF_ERROR(ApplyPush(request, response));
   if (fresh_log) {
-    log.incarnation = request.worker_incarnation();
+    log.incarnation = request.worker_incarnation;
     log.highest = 0;
     log.applied.assign(kPushWindow, -1);
   }
@@ -473,11 +490,12 @@ absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* respon
   return absl::OkStatus();
 }
 
-absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response) {
+absl::Status Shard::ApplyPush(const wire::PushView& request,
+                              PushResponse* response) {
   common::EnableFlushToZero();  // gRPC threads run the optimizer
   ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
   const bool sync = options_.mode == ConsistencyMode::kSync;
-  const uint32_t worker = request.worker();
+  const uint32_t worker = request.worker;
 
   // All partitions of the request are locked, in id order, for the checks
   // and the update together: either every part is applied or none is.
@@ -527,7 +545,6 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
       for (DecodedPart& part : parts) {
         Partition& p = *part.partition;
         p.mu.AssertHeld();  // by `locks`
-        const absl::Span<const float> grad = part.grad;
         if (sync) {
           if (part.ahead) {
             // A restarted shard redoing a step (a worker sent again the
@@ -547,9 +564,13 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
             }
           }
           if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
-          float* __restrict accum = p.accum.data();
-          const float* __restrict g = grad.data();
-          for (size_t i = 0; i < grad.size(); ++i) accum[i] += g[i];
+          if (part.dense) {
+            wire::AddInto(*part.payload, absl::MakeSpan(p.accum));
+          } else {
+            float* __restrict accum = p.accum.data();
+            const float* __restrict g = part.decoded.data();
+            for (size_t i = 0; i < part.decoded.size(); ++i) accum[i] += g[i];
+          }
           p.contributed[worker] = true;
           ++p.contributions;
           MaybeFinishStep(p);
@@ -562,7 +583,8 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
               options_.staleness_aware_lr && staleness > 1
                   ? 1.0f / static_cast<float>(staleness)
                   : 1.0f;
-          ApplyUpdate(p, grad.data(), lr_scale);
+          ApplyUpdate(p, part.dense ? part.payload : nullptr, part.decoded.data(),
+                      lr_scale);
         }
       }
     }
@@ -595,8 +617,8 @@ absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response
   }
   response->set_max_staleness(max_staleness);
   const Membership::UpdateResult update =
-      membership_.Update(static_cast<int>(worker), request.worker_incarnation(),
-                         request.clock(), false, absl::Now(), RejoinStep());
+      membership_.Update(static_cast<int>(worker), request.worker_incarnation,
+                         request.clock, false, absl::Now(), RejoinStep());
   CountJoin(update.join);
   UpdateMembershipMetrics();
   return absl::OkStatus();
