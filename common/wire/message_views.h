@@ -41,13 +41,21 @@
 
 namespace shardtrain::wire {
 
-// The slices of one received message, referenced, not copied.
+// The slices of one received message, referenced, not copied. An invalid
+// (never filled) buffer is taken as an empty message.
+//
+// Views point into the slices, and gRPC keeps a short slice's bytes inside
+// the grpc::Slice itself: a ReceivedMessage may be moved while views of it
+// live (the slices stay where they are), but not taken into again.
 class ReceivedMessage {
  public:
   ReceivedMessage() = default;
   // Takes references to `buffer`'s slices and clears it. INVALID_ARGUMENT
   // if gRPC cannot hand them over (a compressed buffer).
   absl::Status Take(grpc::ByteBuffer* buffer);
+  // The same for a buffer the caller may not clear (the request of a raw
+  // callback method); `buffer` keeps its own references.
+  absl::Status Take(const grpc::ByteBuffer& buffer);
   // Tests: a message made of `bytes` cut into pieces at `cuts` (offsets in
   // increasing order), each piece its own slice.
   static ReceivedMessage FromPieces(absl::string_view bytes,
