@@ -6,6 +6,7 @@
 #include <random>
 
 #include <glog/logging.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
@@ -498,7 +499,9 @@ absl::Status Shard::ApplyPush(const wire::PushView& request,
   const uint32_t worker = request.worker;
 
   // All partitions of the request are locked, in id order, for the checks
-  // and the update together: either every part is applied or none is.
+  // and the update together: either every part is applied or none is. Once
+  // the checks have passed, each partition is released as soon as its
+  // update is done, so a pull or push of it waits for that update only.
   absl::Status verdict;
   int64_t max_staleness = 0;
   int64_t lost = 0;
@@ -507,7 +510,7 @@ absl::Status Shard::ApplyPush(const wire::PushView& request,
     std::vector<Partition*> to_lock;
     to_lock.reserve(parts.size());
     for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
-    const internal::PartitionLocks locks(std::move(to_lock));
+    internal::PartitionLocks locks(std::move(to_lock));
     for (DecodedPart& part : parts) {
       const Partition& p = *part.partition;
       p.mu.AssertHeld();  // by `locks`
@@ -586,9 +589,10 @@ absl::Status Shard::ApplyPush(const wire::PushView& request,
           ApplyUpdate(p, part.dense ? part.payload : nullptr, part.decoded.data(),
                       lr_scale);
         }
+        locks.Release(&p);
       }
     }
-  }  // unlocks the partitions
+  }  // unlocks the partitions (all of them if the checks failed)
   // Large scratch is not kept past a request that needed it.
   std::vector<std::vector<float>>& scratch = GradScratch();
   size_t scratch_elements = 0;
@@ -706,29 +710,31 @@ bool Shard::PullReady(const PullRequest& request) const {
   return true;
 }
 
-void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
-  response->set_incarnation(incarnation_);
+void Shard::FillPull(const PullRequest& request,
+                     wire::PullResponseBuilder* builder) const {
   const DType dtype =
       request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype();
-  // Reuse the response's existing part messages and their byte buffers.
-  while (response->parts_size() > request.parts_size()) {
-    response->mutable_parts()->RemoveLast();
-  }
-  for (int i = 0; i < request.parts_size(); ++i) {
-    const PartitionKey& key = request.parts(i);
-    ParameterPart* out =
-        i < response->parts_size() ? response->mutable_parts(i) : response->add_parts();
-    *out->mutable_key() = key;
+  const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
+  for (const PartitionKey& key : request.parts()) {
     absl::StatusOr<Partition*> found = store_.Find(key);
     if (!found.ok()) continue;  // unreachable after ValidatePull
     const Partition& part = **found;
-    Payload* value = out->mutable_value();
-    value->set_dtype(dtype);
-    value->set_encoding(ENCODING_DENSE);
     absl::ReaderMutexLock lock(&part.mu);
-    out->set_version(part.version.load(std::memory_order_relaxed));
-    common::EncodeDense(part.params, dtype, value->mutable_data());
+    char* out = builder->AddPart(key.tensor(), key.partition(),
+                                 part.version.load(std::memory_order_relaxed), dtype,
+                                 part.params.size() * width);
+    wire::EncodeElements(part.params, dtype, out);
   }
+}
+
+void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
+  wire::PullResponseBuilder builder;
+  FillPull(request, &builder);
+  grpc::ByteBuffer buffer;
+  builder.Finish(/*wait_seconds=*/0, incarnation_, &buffer);
+  grpc::ProtoBufferReader reader(&buffer);
+  // The encoder writes valid protobuf; a failure here is a broken invariant.
+  CHECK(response->ParseFromZeroCopyStream(&reader)) << "pull response does not parse";
 }
 
 absl::Status Shard::Heartbeat(const HeartbeatRequest& request,

@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
 #include "server/membership.h"
@@ -75,7 +76,13 @@ class Shard {
   // True when `request` may be answered now.
   // REQUIRES: ValidatePull(request).ok().
   bool PullReady(const PullRequest& request) const;
-  // Copies the current parameters of the requested partitions.
+  // Writes the current parameters of the requested partitions, converted to
+  // the requested dtype, into `builder`: each partition once, under its
+  // lock, straight into the memory that is sent.
+  // REQUIRES: ValidatePull(request).ok().
+  void FillPull(const PullRequest& request, wire::PullResponseBuilder* builder) const;
+  // The same as a stock message (tests, in-process callers): encoded as
+  // above and parsed back, wait_seconds 0.
   // REQUIRES: ValidatePull(request).ok().
   void FillPull(const PullRequest& request, PullResponse* response) const;
 
