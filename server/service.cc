@@ -9,12 +9,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 
 namespace shardtrain::server {
 
 namespace {
+
+// What a raw method answers for a body it cannot parse: exactly what the
+// bad-body interceptor answers for the others. The parser's detail (which
+// field, which byte) goes to the log.
+absl::Status BadBody(const absl::Status& parsed, const char* type) {
+  if (parsed.ok()) return parsed;
+  VLOG(1) << parsed;
+  return absl::InvalidArgumentError(absl::StrCat("request body is not a valid ", type));
+}
 
 // Parses a small stock message (a PullRequest) from a raw request.
 absl::Status ParseStock(const grpc::ByteBuffer& buffer,
@@ -24,10 +34,23 @@ absl::Status ParseStock(const grpc::ByteBuffer& buffer,
   grpc::ByteBuffer copy(buffer);  // references the same slices
   grpc::ProtoBufferReader reader(&copy);
   if (!message->ParseFromZeroCopyStream(&reader)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request body is not a valid ", message->GetTypeName()));
+    return BadBody(absl::InvalidArgumentError("protobuf parse failed"),
+                   message->GetTypeName().c_str());
   }
   return absl::OkStatus();
+}
+
+// Parses a PushRequest (or PushPullRequest) from a raw request.
+absl::Status ParseRaw(const grpc::ByteBuffer& buffer, wire::ReceivedMessage* message,
+                      wire::PushView* view) {
+  RETURN_IF_ERROR(message->Take(buffer));
+  return BadBody(wire::ParsePush(*message, view), "shardtrain.PushRequest");
+}
+
+absl::Status ParseRaw(const grpc::ByteBuffer& buffer, wire::ReceivedMessage* message,
+                      wire::PushPullView* view) {
+  RETURN_IF_ERROR(message->Take(buffer));
+  return BadBody(wire::ParsePushPull(*message, view), "shardtrain.PushPullRequest");
 }
 
 // Views of the requests being handled on this thread, reused so that their
@@ -147,8 +170,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
   PushResponse push_response;
-  absl::Status status = message.Take(*request);
-  if (status.ok()) status = wire::ParsePush(message, &push);
+  absl::Status status = ParseRaw(*request, &message, &push);
   if (status.ok()) status = shard_->Push(push, &push_response);
   if (status.ok()) {
     bool own_buffer = false;
@@ -228,8 +250,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   wire::ReceivedMessage message;
   wire::PushPullView& view = ThreadPushPullView();
   PushResponse push_response;
-  absl::Status status = message.Take(*request);
-  if (status.ok()) status = wire::ParsePushPull(message, &view);
+  absl::Status status = ParseRaw(*request, &message, &view);
   // The pull is checked before the push is applied so that a bad pull
   // rejects the whole request without changing the shard.
   if (status.ok() && view.pull.worker() != view.push.worker) {

@@ -17,6 +17,17 @@
 #include "common/payload.h"
 #include "proto/shardtrain.pb.h"
 
+// Marks a loop-heavy function to be compiled twice, for AVX2 and for
+// baseline x86-64, the better one picked when the program loads (GCC on
+// x86-64 Linux; elsewhere nothing). AVX2 without FMA: the compiler cannot
+// contract a*b+c, so both versions compute bit-identical results.
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
+    !defined(__clang__)
+#define SHARDTRAIN_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SHARDTRAIN_VECTOR_CLONES
+#endif
+
 namespace shardtrain::wire {
 
 namespace element_internal {

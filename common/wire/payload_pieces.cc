@@ -41,7 +41,7 @@ void DispatchDType(int dtype, Body&& body) {
 // accumulators) keep the OR chain from limiting the loop to one vector per
 // cycle.
 template <typename Bits, Bits kExponent, Bits kOne>
-Bits AnyAllOnesExponent(const char* bytes, int64_t count) {
+SHARDTRAIN_VECTOR_CLONES Bits AnyAllOnesExponent(const char* bytes, int64_t count) {
   constexpr int kLanes = 64 / sizeof(Bits);
   Bits lanes[kLanes] = {};
   int64_t i = 0;
