@@ -42,6 +42,7 @@
 #include "bench/bench_util.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 #include "server/shard.h"
 
@@ -222,6 +223,53 @@ absl::Status Run(const std::string& command_line) {
       std::fflush(stdout);
       table += row;
     }
+  }
+  // Pulls of the same tensor: Shard::FillPull writing each partition once
+  // into a PullResponseBuilder, and the finished message.
+  const std::string pull_header = absl::StrFormat(
+      "# pull: Shard::FillPull into a wire::PullResponseBuilder + Finish, per MB of f32 "
+      "parameters read\n%-9s %-5s %9s %8s %8s %10s\n",
+      "pull", "dtype", "payloadMB", "pull", "memcpy", "pull/copy");
+  std::printf("%s", pull_header.c_str());
+  table += pull_header;
+  for (absl::string_view dtype_name : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    const DType dtype = ParseDType(dtype_name);
+    ASSIGN_OR_RETURN(Case c, MakeCase("sgd", DTYPE_F32, elements, partitions, piece_bytes));
+    PullRequest request;
+    request.set_worker(0);
+    request.set_dtype(dtype);
+    for (int p = 0; p < partitions; ++p) {
+      PartitionKey* key = request.add_parts();
+      key->set_tensor("w");
+      key->set_partition(p);
+    }
+    RETURN_IF_ERROR(c.shard->ValidatePull(request));
+    const size_t payload_bytes = static_cast<size_t>(elements) * common::DTypeSize(dtype);
+    auto copy = [&] {
+      std::memcpy(copy_to.data(), copy_from.data(), payload_bytes);
+      asm volatile("" : : "r"(copy_to.data()) : "memory");
+    };
+    grpc::ByteBuffer sent;
+    auto pull = [&] {
+      wire::PullResponseBuilder builder;
+      c.shard->FillPull(request, &builder);
+      builder.Finish(0, c.shard->incarnation(), &sent);
+      sent.Clear();  // as gRPC does once it has written the message
+    };
+    copy(), pull();
+    std::vector<double> pull_s, copy_s, to_copy;
+    for (int r = 0; r < rounds; ++r) {
+      copy_s.push_back(Block(iterations, copy));
+      pull_s.push_back(Block(iterations, pull));
+      to_copy.push_back(pull_s.back() / copy_s.back());
+    }
+    const double ms_per_mb = 1e3 / param_mb;
+    const std::string row = absl::StrFormat(
+        "%-9s %-5s %9.2f %8.4f %8.4f %10.2f\n", "pull", dtype_name,
+        static_cast<double>(payload_bytes) / (1 << 20), bench::Median(pull_s) * ms_per_mb,
+        bench::Median(copy_s) * ms_per_mb, bench::Median(to_copy));
+    std::printf("%s", row.c_str());
+    table += row;
   }
   if (!absl::GetFlag(FLAGS_out).empty()) {
     RETURN_IF_ERROR(bench::WriteTable(absl::GetFlag(FLAGS_out), table));

@@ -74,6 +74,20 @@ bool AnyNonFinite(const char* bytes, int64_t count) {
   }
 }
 
+// out[i] += element i of bytes[0, n).
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES void AddLoop(const char* __restrict bytes, int64_t n,
+                                      float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] += LoadElement<kDType>(bytes, i);
+}
+
+// values[0, n) converted to a 16-bit kDType at `out`.
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES void EncodeLoop(const float* __restrict values, int64_t n,
+                                         char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) StoreElement<kDType>(out, i, values[i]);
+}
+
 // Reads consecutive elements of a ReceivedBytes, whatever its split.
 class ElementCursor {
  public:
@@ -268,11 +282,8 @@ void AddInto(const PayloadView& dense, absl::Span<float> out) {
   DispatchDType(dense.dtype, [&](auto dtype) {
     constexpr int kDType = decltype(dtype)::value;
     ForEachRun(dense.data, common::DTypeSize(kDType),
-               [&](int64_t first, const char* __restrict bytes, int64_t count) {
-                 float* __restrict dst = out.data() + first;
-                 for (int64_t i = 0; i < count; ++i) {
-                   dst[i] += LoadElement<kDType>(bytes, i);
-                 }
+               [&](int64_t first, const char* bytes, int64_t count) {
+                 AddLoop<kDType>(bytes, count, out.data() + first);
                });
   });
 }
@@ -283,10 +294,7 @@ void EncodeElements(absl::Span<const float> values, int dtype, char* out) {
     if constexpr (kDType == DTYPE_F32) {
       std::memcpy(out, values.data(), values.size() * sizeof(float));
     } else {
-      const float* __restrict src = values.data();
-      char* __restrict dst = out;
-      const int64_t n = static_cast<int64_t>(values.size());
-      for (int64_t i = 0; i < n; ++i) StoreElement<kDType>(dst, i, src[i]);
+      EncodeLoop<kDType>(values.data(), static_cast<int64_t>(values.size()), out);
     }
   });
 }
