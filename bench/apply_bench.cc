@@ -1,4 +1,5 @@
-// apply_bench: the server's CPU cost of applying one push, per MB.
+// apply_bench: the server's CPU cost of applying one push (and of
+// answering one pull), per MB.
 //
 // A shard (async, one worker) holds one tensor of --mb MiB of f32
 // parameters in --partitions partitions. Each case pushes a gradient for
@@ -21,6 +22,9 @@
 // MB of f32 parameters updated (so f32 and bf16 payloads compare on the same
 // work), and medians of the per-round ratios of the wire path to each
 // baseline and of the stock path to the wire path.
+// Pulls of the same tensor (each dtype): Shard::FillPull into a
+// wire::PullResponseBuilder (each partition converted once, into the memory
+// that is sent) and Finish, against a memcpy of the payload bytes.
 //
 //   apply_bench --out=bench/results/apply_cpu.txt
 #include <algorithm>
