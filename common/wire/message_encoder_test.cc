@@ -23,7 +23,16 @@
 #include "common/wire/testing/view_diff.h"
 #include "common/wire/testing/wire_samples.h"
 #include "gtest/gtest.h"
+// The generated raw methods hide the typed ones of the same name, which
+// clang points out where the header declares them.
+#ifdef __clang__
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Woverloaded-virtual"
+#endif
 #include "proto/shardtrain.grpc.pb.h"
+#ifdef __clang__
+#pragma clang diagnostic pop
+#endif
 
 namespace shardtrain::wire {
 namespace {

@@ -160,9 +160,16 @@ bool ParsePart(WireReader& reader, const char* payload_name, PartView* part,
   return true;
 }
 
-bool ParsePushFields(WireReader& reader, PushView* view) {
-  view->parts.reserve(view->parts.size() +
-                      CountFields(reader, MakeTag(3, kLengthDelimited)));
+// `*too_many`: set to the number of parts when over `max_parts` (nothing
+// is allocated for them then).
+bool ParsePushFields(WireReader& reader, size_t max_parts, size_t* too_many, PushView* view) {
+  const size_t parts =
+      view->parts.size() + CountFields(reader, MakeTag(3, kLengthDelimited));
+  if (parts > max_parts) {
+    *too_many = parts;
+    return false;
+  }
+  view->parts.reserve(parts);
   while (!reader.AtLimit()) {
     uint32_t tag;
     if (!reader.ReadTag(&tag)) return false;
@@ -252,6 +259,11 @@ bool MergeStockField(WireReader& reader, absl::string_view field,
   return true;
 }
 
+absl::Status TooManyParts(size_t parts, size_t max_parts) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "push has ", parts, " parts; the limit is ", max_parts, " per request"));
+}
+
 void Reset(PushView* view) {
   view->worker = 0;
   view->clock = 0;
@@ -303,27 +315,35 @@ ReceivedMessage ReceivedMessage::FromPieces(absl::string_view bytes,
   return message;
 }
 
-absl::Status ParsePush(const ReceivedMessage& message, PushView* view) {
+absl::Status ParsePush(const ReceivedMessage& message, PushView* view, size_t max_parts) {
   Reset(view);
   const Pieces pieces = PiecesOf(message);
   WireReader reader(pieces);
-  if (!ParsePushFields(reader, view)) return Invalid("request", "PushRequest", reader);
+  size_t too_many = 0;
+  if (!ParsePushFields(reader, max_parts, &too_many, view)) {
+    if (too_many > 0) return TooManyParts(too_many, max_parts);
+    return Invalid("request", "PushRequest", reader);
+  }
   return absl::OkStatus();
 }
 
-absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view) {
+absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view,
+                           size_t max_parts) {
   Reset(&view->push);
   view->pull.Clear();
   const Pieces pieces = PiecesOf(message);
   WireReader reader(pieces);
+  size_t too_many = 0;
   while (!reader.AtLimit()) {
     uint32_t tag;
     bool ok = reader.ReadTag(&tag);
     if (ok) {
       switch (tag) {
         case MakeTag(1, kLengthDelimited):
-          ok = ReadMessage(reader, "push", -1,
-                           [&] { return ParsePushFields(reader, &view->push); });
+          ok = ReadMessage(reader, "push", -1, [&] {
+            return ParsePushFields(reader, max_parts, &too_many, &view->push);
+          });
+          if (too_many > 0) return TooManyParts(too_many, max_parts);
           break;
         case MakeTag(2, kLengthDelimited):
           ok = MergeStockField(reader, "pull", &view->pull);

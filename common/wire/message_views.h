@@ -130,8 +130,15 @@ struct PushPullResponseView {
   PullResponseView pull;
 };
 
-absl::Status ParsePush(const ReceivedMessage& message, PushView* view);
-absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view);
+// `max_parts`: a push with more parts than this is RESOURCE_EXHAUSTED
+// "push has N parts; the limit is M per request", found by a scan of the
+// tags before anything is allocated for the parts (a part's view takes
+// about 160 bytes; an empty part on the wire 2).
+inline constexpr size_t kNoPartLimit = ~size_t{0};
+absl::Status ParsePush(const ReceivedMessage& message, PushView* view,
+                       size_t max_parts = kNoPartLimit);
+absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view,
+                           size_t max_parts = kNoPartLimit);
 absl::Status ParsePullResponse(const ReceivedMessage& message,
                                PullResponseView* view);
 absl::Status ParsePushPullResponse(const ReceivedMessage& message,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +21,10 @@
 
 namespace shardtrain::wire {
 namespace {
+
+// Stock protobuf logs every invalid UTF-8 string it refuses; these tests
+// send many.
+google::protobuf::LogHandler* const kQuiet = google::protobuf::SetLogHandler(nullptr);
 
 // Per stock message: its view, parser and error prefix.
 template <typename Stock>
@@ -175,7 +181,8 @@ TYPED_TEST(WireCompat, ReusedViewIsReset) {
   const TypeParam full = Sample<TypeParam>(DTYPE_F32, ENCODING_DENSE, 1);
   typename Traits<TypeParam>::View view;
   const std::string bytes = full.SerializeAsString();
-  ASSERT_TRUE(Traits<TypeParam>::Parse(ReceivedMessage::FromPieces(bytes, {}), &view).ok());
+  const ReceivedMessage message = ReceivedMessage::FromPieces(bytes, {});
+  ASSERT_TRUE(Traits<TypeParam>::Parse(message, &view).ok());
   // The same view reused for an empty message holds nothing of the first.
   ReceivedMessage empty = ReceivedMessage::FromPieces("", {});
   ASSERT_TRUE(Traits<TypeParam>::Parse(empty, &view).ok());
@@ -266,7 +273,8 @@ TEST(WireCompatHandMade, PushFieldsOutOfOrderWithUnknownsEverywhere) {
                                .VarintField(2, 22);
   ExpectHandMade<PushRequest>(push);
   PushView view;
-  ASSERT_TRUE(ParsePush(ReceivedMessage::FromPieces(push, {}), &view).ok());
+  const ReceivedMessage message = ReceivedMessage::FromPieces(push, {});  // `view` borrows it
+  ASSERT_TRUE(ParsePush(message, &view).ok());
   ASSERT_EQ(view.parts.size(), 2u);
   EXPECT_EQ(view.worker, 11u);
   EXPECT_EQ(view.parts[1].key.tensor, "t");
@@ -344,7 +352,8 @@ TEST(WireCompatHandMade, RepeatedScalarsAndSubmessagesMerge) {
                                .VarintField(2, 0);  // explicitly back to 0
   ExpectHandMade<PushRequest>(push);
   PushView view;
-  ASSERT_TRUE(ParsePush(ReceivedMessage::FromPieces(push, {3, 9}), &view).ok());
+  const ReceivedMessage message = ReceivedMessage::FromPieces(push, {3, 9});
+  ASSERT_TRUE(ParsePush(message, &view).ok());
   ASSERT_EQ(view.parts.size(), 1u);
   EXPECT_EQ(view.worker, 2u);
   EXPECT_EQ(view.parts[0].key.tensor, "b");
@@ -362,7 +371,8 @@ TEST(WireCompatHandMade, RepeatedScalarsAndSubmessagesMerge) {
                                     .LengthField(2, SamplePullRequest(2).SerializeAsString());
   ExpectHandMade<PushPullRequest>(push_pull);
   PushPullView push_pull_view;
-  ASSERT_TRUE(ParsePushPull(ReceivedMessage::FromPieces(push_pull, {}), &push_pull_view).ok());
+  const ReceivedMessage push_pull_message = ReceivedMessage::FromPieces(push_pull, {});
+  ASSERT_TRUE(ParsePushPull(push_pull_message, &push_pull_view).ok());
   EXPECT_EQ(push_pull_view.push.parts.size(), 2u);
   EXPECT_EQ(push_pull_view.pull.parts_size(), 2 * SamplePullRequest(1).parts_size());
 
@@ -388,7 +398,8 @@ TEST(WireCompatHandMade, Int32FieldsKeepTheLow32Bits) {
   const std::string push = Bytes().VarintField(1, 0x500000003ull).LengthField(3, part);
   ExpectHandMade<PushRequest>(push);
   PushView view;
-  ASSERT_TRUE(ParsePush(ReceivedMessage::FromPieces(push, {}), &view).ok());
+  const ReceivedMessage message = ReceivedMessage::FromPieces(push, {});  // `view` borrows it
+  ASSERT_TRUE(ParsePush(message, &view).ok());
   EXPECT_EQ(view.worker, 3u);
   EXPECT_EQ(view.parts[0].key.partition, 7u);
   EXPECT_EQ(view.parts[0].grad.dtype, -1);
@@ -490,6 +501,35 @@ TEST(WireMalformed, InvalidUtf8Names) {
     ExpectRefused<PullResponse>(Bytes().LengthField(1, Bytes().LengthField(1, key)),
                                 "parts[0].key.tensor: invalid UTF-8");
   }
+}
+
+TEST(WireLimits, PartsOverTheLimitAreRefusedBeforeParsing) {
+  const PushRequest push = SamplePush(DTYPE_F32, ENCODING_DENSE, 1);  // 5 parts
+  const std::string bytes = push.SerializeAsString();
+  const ReceivedMessage message = ReceivedMessage::FromPieces(bytes, {7, 100});
+  PushView view;
+  EXPECT_TRUE(ParsePush(message, &view, 5).ok());
+  absl::Status status = ParsePush(message, &view, 4);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_EQ(status.message(), "push has 5 parts; the limit is 4 per request");
+
+  // 10 million empty parts in 20 MB: refused without allocating for them.
+  std::string many;
+  for (int i = 0; i < 10'000'000; ++i) many.append("\x1a\x00", 2);
+  status = ParsePush(ReceivedMessage::FromPieces(many, {}), &view, 65536);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_LT(view.parts.capacity(), 65536u);
+
+  // In a PushPull, over both occurrences of the push.
+  PushPullRequest push_pull;
+  *push_pull.mutable_push() = push;
+  const std::string twice = push_pull.SerializeAsString() + push_pull.SerializeAsString();
+  PushPullView push_pull_view;
+  const ReceivedMessage twice_message = ReceivedMessage::FromPieces(twice, {});
+  EXPECT_TRUE(ParsePushPull(twice_message, &push_pull_view, 10).ok());
+  EXPECT_EQ(push_pull_view.push.parts.size(), 10u);
+  status = ParsePushPull(twice_message, &push_pull_view, 9);
+  EXPECT_EQ(status.message(), "push has 10 parts; the limit is 9 per request");
 }
 
 TEST(ReceivedMessageTest, TakeReferencesTheSlicesAndClears) {
