@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
-#include "common/status_macros.h"
 #include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 
@@ -40,17 +39,17 @@ absl::Status ParseStock(const grpc::ByteBuffer& buffer,
   return absl::OkStatus();
 }
 
-// Parses a PushRequest (or PushPullRequest) from a raw request.
-absl::Status ParseRaw(const grpc::ByteBuffer& buffer, wire::ReceivedMessage* message,
-                      wire::PushView* view) {
-  RETURN_IF_ERROR(message->Take(buffer));
-  return BadBody(wire::ParsePush(*message, view), "shardtrain.PushRequest");
-}
-
-absl::Status ParseRaw(const grpc::ByteBuffer& buffer, wire::ReceivedMessage* message,
-                      wire::PushPullView* view) {
-  RETURN_IF_ERROR(message->Take(buffer));
-  return BadBody(wire::ParsePushPull(*message, view), "shardtrain.PushPullRequest");
+// A parse result of a push: a body that does not parse is BadBody; a push
+// naming more parts than allowed (found before any is allocated) is refused
+// as the shard refuses it, counted under the same limit.
+absl::Status PushParsed(const absl::Status& parsed, const char* type,
+                        ShardMetrics* metrics) {
+  if (parsed.code() == absl::StatusCode::kResourceExhausted) {
+    metrics->requests_refused("max_parts_per_request").Increment();
+    return absl::ResourceExhaustedError(
+        absl::StrCat(parsed.message(), " (--max_parts_per_request)"));
+  }
+  return BadBody(parsed, type);
 }
 
 // Views of the requests being handled on this thread, reused so that their
@@ -170,7 +169,11 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
   PushResponse push_response;
-  absl::Status status = ParseRaw(*request, &message, &push);
+  absl::Status status = message.Take(*request);
+  if (status.ok()) {
+    status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
+                        "shardtrain.PushRequest", shard_metrics_);
+  }
   if (status.ok()) status = shard_->Push(push, &push_response);
   if (status.ok()) {
     bool own_buffer = false;
@@ -250,7 +253,11 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   wire::ReceivedMessage message;
   wire::PushPullView& view = ThreadPushPullView();
   PushResponse push_response;
-  absl::Status status = ParseRaw(*request, &message, &view);
+  absl::Status status = message.Take(*request);
+  if (status.ok()) {
+    status = PushParsed(wire::ParsePushPull(message, &view, MaxParts()),
+                        "shardtrain.PushPullRequest", shard_metrics_);
+  }
   // The pull is checked before the push is applied so that a bad pull
   // rejects the whole request without changing the shard.
   if (status.ok() && view.pull.worker() != view.push.worker) {

@@ -101,6 +101,11 @@ class ParameterServerService final : public ParameterServerBase {
   void OnWaiterCancelled(WaitingReactor* waiter);
   void Record(const char* method, const grpc::Status& status, absl::Time start,
               size_t request_bytes, size_t response_bytes);
+  // The most parts a push may name (checked while parsing, before the
+  // parts' views are allocated).
+  size_t MaxParts() const {
+    return static_cast<size_t>(shard_->options().limits.max_parts_per_request);
+  }
   // Finishes `reactor` with `status`, recording the RPC.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method,
               const absl::Status& status, absl::Time start,
