@@ -34,6 +34,7 @@ using wire::LoadElement;
 //   d = g + wd * p
 //   p = p - lr * d
 template <int kDType>
+SHARDTRAIN_VECTOR_CLONES
 void SgdKernel(int64_t n, float lr, float wd, float* __restrict p,
                const char* __restrict g) {
   for (int64_t i = 0; i < n; ++i) {
@@ -49,6 +50,7 @@ void SgdKernel(int64_t n, float lr, float wd, float* __restrict p,
 //   d = nesterov ? d + mu * buf : buf
 //   p = p - lr * d
 template <int kDType, bool kNesterov>
+SHARDTRAIN_VECTOR_CLONES
 void MomentumKernel(int64_t n, float lr, float mu, float wd, float* __restrict p,
                     const char* __restrict g, float* __restrict buf) {
   for (int64_t i = 0; i < n; ++i) {
@@ -75,6 +77,7 @@ struct AdamScalars {
 };
 
 template <int kDType, bool kDecoupled>
+SHARDTRAIN_VECTOR_CLONES
 void AdamKernel(int64_t n, const AdamScalars& s, float* __restrict p,
                 const char* __restrict g, float* __restrict m,
                 float* __restrict v) {
@@ -103,6 +106,7 @@ void AdamKernel(int64_t n, const AdamScalars& s, float* __restrict p,
 //   acc = acc + d^2             (acc starts at adagrad_initial_accumulator)
 //   p = p - lr * d / (sqrt(acc) + eps)
 template <int kDType>
+SHARDTRAIN_VECTOR_CLONES
 void AdagradKernel(int64_t n, float lr, float wd, float eps, float* __restrict p,
                    const char* __restrict g, float* __restrict acc) {
   for (int64_t i = 0; i < n; ++i) {

@@ -3,8 +3,8 @@
 // defined behaviour and compiles to a plain load or store; the conversions
 // are inline and branch-free, so loops over these vectorise (a loop that
 // called common::HalfToFloat, defined in another file, could not).
-// Results are bit for bit those of common::HalfToFloat, Bfloat16ToFloat and
-// FloatToBfloat16 (common/payload.h).
+// Results are bit for bit those of common::HalfToFloat, Bfloat16ToFloat,
+// FloatToHalf and FloatToBfloat16 (common/payload.h).
 //
 //   for (int64_t i = 0; i < n; ++i) sum += LoadElement<DTYPE_F32>(bytes, i);
 //   StoreElement<DTYPE_BF16>(out, i, value);
@@ -16,6 +16,17 @@
 
 #include "common/payload.h"
 #include "proto/shardtrain.pb.h"
+
+// Marks a loop-heavy function to be compiled twice, for AVX2 and for
+// baseline x86-64, the better one picked when the program loads (GCC on
+// x86-64 Linux; elsewhere nothing). AVX2 without FMA: the compiler cannot
+// contract a*b+c, so both versions compute bit-identical results.
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
+    !defined(__clang__)
+#define SHARDTRAIN_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define SHARDTRAIN_VECTOR_CLONES
+#endif
 
 namespace shardtrain::wire {
 
@@ -54,6 +65,30 @@ inline float HalfBitsToFloat(uint16_t h) {
   return BitsToFloat(magnitude | (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
+// Float to IEEE half, rounding to nearest even, as common::FloatToHalf:
+// NaN becomes the quiet NaN 0x7e00 (sign kept), values from 65520 up Inf.
+// A result that is subnormal (or zero) comes from adding 0.5, whose ulp is
+// the half subnormal step 2^-24, so the float adder rounds; a normal one
+// from rebiasing the exponent and rounding the 13 dropped mantissa bits by
+// hand. All cases are computed and selected with masks (see above).
+inline uint16_t FloatToHalfBits(float f) {
+  const uint32_t x = FloatToBits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  // Normal: exponent rebiased (127 -> 15), 0xfff + the lowest kept bit
+  // added so the shift rounds to nearest even; may carry into Inf.
+  const uint32_t normal = (abs - (112u << 23) + 0xfffu + ((abs >> 13) & 1u)) >> 13;
+  // Subnormal or zero: 0.5 + |f| (|f| < 2^-14) rounds |f| to a multiple of
+  // 2^-24; the bits above 0.5's are the half's.
+  const uint32_t small =
+      FloatToBits(BitsToFloat(abs) + BitsToFloat(126u << 23)) - (126u << 23);
+  const uint32_t special = abs > 0x7f800000u ? 0x7e00u : 0x7c00u;  // NaN, Inf
+  const uint32_t is_small = 0u - static_cast<uint32_t>(abs < (113u << 23));
+  const uint32_t is_special = 0u - static_cast<uint32_t>(abs >= (143u << 23));
+  const uint32_t finite = (small & is_small) | (normal & ~is_small);
+  return static_cast<uint16_t>(sign | (special & is_special) | (finite & ~is_special));
+}
+
 // Float to bfloat16, rounding to nearest even; NaN stays a (quiet) NaN.
 inline uint16_t FloatToBfloat16Bits(float f) {
   const uint32_t x = FloatToBits(f);
@@ -83,9 +118,7 @@ inline float LoadElement(const char* bytes, int64_t i) {
   }
 }
 
-// Writes `value` converted to kDType as element i of `bytes`. f16 goes
-// through common::FloatToHalf (not inline; its rounding of subnormals is
-// not worth duplicating), so only f32 and bf16 stores vectorise.
+// Writes `value` converted to kDType as element i of `bytes`.
 template <int kDType>
 inline void StoreElement(char* bytes, int64_t i, float value) {
   if constexpr (kDType == DTYPE_F32) {
@@ -94,7 +127,7 @@ inline void StoreElement(char* bytes, int64_t i, float value) {
     static_assert(kDType == DTYPE_F16 || kDType == DTYPE_BF16);
     uint16_t bits;
     if constexpr (kDType == DTYPE_F16) {
-      bits = common::FloatToHalf(value);
+      bits = element_internal::FloatToHalfBits(value);
     } else {
       bits = element_internal::FloatToBfloat16Bits(value);
     }

@@ -34,28 +34,58 @@ void DispatchDType(int dtype, Body&& body) {
 }
 
 // Non-zero when some element of bytes[0, count) has an all-ones exponent
-// (Inf or NaN). A branch-free OR of per-element compares: the compiler turns
-// it into a few vector instructions per 16 bytes.
-template <int kDType>
-uint32_t AnyNonFinite(const char* bytes, int64_t count) {
-  if constexpr (kDType == DTYPE_F32) {
-    uint32_t any = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, bytes + 4 * i, sizeof(bits));
-      any |= (bits & 0x7f800000u) == 0x7f800000u;
+// (Inf or NaN). Adding one unit of the lowest exponent bit to the masked
+// exponent carries into the sign bit exactly when the exponent is all ones,
+// so OR-ing the sums and testing the sign bit finds one: three vector
+// instructions per 16 bytes, no compare. Independent lanes (several vector
+// accumulators) keep the OR chain from limiting the loop to one vector per
+// cycle.
+template <typename Bits, Bits kExponent, Bits kOne>
+SHARDTRAIN_VECTOR_CLONES Bits AnyAllOnesExponent(const char* bytes, int64_t count) {
+  constexpr int kLanes = 64 / sizeof(Bits);
+  Bits lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      Bits bits;
+      std::memcpy(&bits, bytes + (i + j) * sizeof(Bits), sizeof(bits));
+      lanes[j] |= static_cast<Bits>((bits & kExponent) + kOne);
     }
-    return any;
-  } else {
-    constexpr uint16_t kMask = kDType == DTYPE_F16 ? 0x7c00u : 0x7f80u;
-    uint16_t any = 0;
-    for (int64_t i = 0; i < count; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, bytes + 2 * i, sizeof(bits));
-      any |= static_cast<uint16_t>((bits & kMask) == kMask);
-    }
-    return any;
   }
+  Bits any = 0;
+  for (; i < count; ++i) {
+    Bits bits;
+    std::memcpy(&bits, bytes + i * sizeof(Bits), sizeof(bits));
+    any |= static_cast<Bits>((bits & kExponent) + kOne);
+  }
+  for (int j = 0; j < kLanes; ++j) any |= lanes[j];
+  constexpr Bits kSign = static_cast<Bits>(Bits{1} << (8 * sizeof(Bits) - 1));
+  return any & kSign;
+}
+
+template <int kDType>
+bool AnyNonFinite(const char* bytes, int64_t count) {
+  if constexpr (kDType == DTYPE_F32) {
+    return AnyAllOnesExponent<uint32_t, 0x7f800000u, 0x00800000u>(bytes, count) != 0;
+  } else if constexpr (kDType == DTYPE_F16) {
+    return AnyAllOnesExponent<uint16_t, 0x7c00u, 0x0400u>(bytes, count) != 0;
+  } else {
+    return AnyAllOnesExponent<uint16_t, 0x7f80u, 0x0080u>(bytes, count) != 0;
+  }
+}
+
+// out[i] += element i of bytes[0, n).
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES void AddLoop(const char* __restrict bytes, int64_t n,
+                                      float* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] += LoadElement<kDType>(bytes, i);
+}
+
+// values[0, n) converted to a 16-bit kDType at `out`.
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES void EncodeLoop(const float* __restrict values, int64_t n,
+                                         char* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) StoreElement<kDType>(out, i, values[i]);
 }
 
 // Reads consecutive elements of a ReceivedBytes, whatever its split.
@@ -212,7 +242,7 @@ absl::Status CheckFinite(const PayloadView& dense) {
   DispatchDType(dense.dtype, [&](auto dtype) {
     constexpr int kDType = decltype(dtype)::value;
     ForEachRun(dense.data, width, [&](int64_t first, const char* bytes, int64_t count) {
-      if (!status.ok() || AnyNonFinite<kDType>(bytes, count) == 0) return;
+      if (!status.ok() || !AnyNonFinite<kDType>(bytes, count)) return;
       // Only now, with a bad element known to be in this run: which one.
       for (int64_t i = 0; i < count; ++i) {
         const float value = LoadElement<kDType>(bytes, i);
@@ -252,11 +282,8 @@ void AddInto(const PayloadView& dense, absl::Span<float> out) {
   DispatchDType(dense.dtype, [&](auto dtype) {
     constexpr int kDType = decltype(dtype)::value;
     ForEachRun(dense.data, common::DTypeSize(kDType),
-               [&](int64_t first, const char* __restrict bytes, int64_t count) {
-                 float* __restrict dst = out.data() + first;
-                 for (int64_t i = 0; i < count; ++i) {
-                   dst[i] += LoadElement<kDType>(bytes, i);
-                 }
+               [&](int64_t first, const char* bytes, int64_t count) {
+                 AddLoop<kDType>(bytes, count, out.data() + first);
                });
   });
 }
@@ -267,10 +294,7 @@ void EncodeElements(absl::Span<const float> values, int dtype, char* out) {
     if constexpr (kDType == DTYPE_F32) {
       std::memcpy(out, values.data(), values.size() * sizeof(float));
     } else {
-      const float* __restrict src = values.data();
-      char* __restrict dst = out;
-      const int64_t n = static_cast<int64_t>(values.size());
-      for (int64_t i = 0; i < n; ++i) StoreElement<kDType>(dst, i, src[i]);
+      EncodeLoop<kDType>(values.data(), static_cast<int64_t>(values.size()), out);
     }
   });
 }

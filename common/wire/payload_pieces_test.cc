@@ -93,6 +93,26 @@ TEST(ElementLoadTest, StoreMatchesCommon) {
   }
 }
 
+// Every 4099th float bit pattern (about a million, all exponents, signs
+// and low mantissa bits), and the boundaries where f16 rounding changes
+// (subnormal threshold, largest half, ties).
+TEST(ElementLoadTest, HalfAndBfloat16StoresMatchCommonAcrossTheRange) {
+  std::vector<uint32_t> patterns = {0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u,
+                                    0x32ffffffu, 0x477fefffu, 0x477ff000u, 0x477ff001u,
+                                    0x47800000u, 0x7f800000u, 0x7f800001u, 0xffc00000u};
+  for (uint64_t bits = 0; bits <= 0xffffffffull; bits += 4099) {
+    patterns.push_back(static_cast<uint32_t>(bits));
+  }
+  for (uint32_t bits : patterns) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    ASSERT_EQ(element_internal::FloatToHalfBits(f), common::FloatToHalf(f))
+        << std::hex << bits;
+    ASSERT_EQ(element_internal::FloatToBfloat16Bits(f), common::FloatToBfloat16(f))
+        << std::hex << bits;
+  }
+}
+
 TEST(ForEachRunTest, EveryElementOnceInOrderWhereverTheCuts) {
   for (int width : {2, 4}) {
     const size_t n = 7;
