@@ -273,8 +273,11 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
 void PsClient::BuildCalls(const Layout& layout) {
   group_context_.sync = sync_;
   group_context_.replay = sync_ ? &replay_ : nullptr;
+  groups_per_shard_.assign(channels_.size(), 0);
   for (int s = 0; s < num_shards(); ++s) {
+    const size_t before = shard_groups_.size();
     AddGroups(s, layout.shard_slices[s], 0, &shard_groups_);
+    groups_per_shard_[s] = static_cast<int>(shard_groups_.size() - before);
   }
   std::vector<std::vector<GroupCall*>> by_tensor(layout.tensor_slices.size());
   for (size_t t = 0; t < layout.tensor_slices.size(); ++t) {
@@ -491,11 +494,59 @@ absl::Status PsClient::CheckParams(absl::Span<const absl::Span<float>> params) c
   return absl::OkStatus();
 }
 
+bool PsClient::DefersClock(int shard) const {
+  return !sync_ && groups_per_shard_[shard] > 1;
+}
+
 void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads) {
   for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+    // See DefersClock: the parts carry the clock before this step.
+    const int64_t sent_clock =
+        DefersClock(group->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
     group->requests().SetPush(
-        clock, group->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
+        sent_clock, group->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
   }
+}
+
+absl::Status PsClient::AdvanceClock(int64_t clock) {
+  std::vector<int> shards;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (DefersClock(s)) shards.push_back(s);
+  }
+  if (shards.empty()) return absl::OkStatus();
+  HeartbeatRequest request;
+  request.set_worker(options_.worker_index);
+  request.set_clock(clock);
+  request.set_worker_incarnation(worker_incarnation_);
+  std::vector<HeartbeatResponse> responses(channels_.size());
+  std::vector<absl::Status> statuses(shards.size());
+  absl::BlockingCounter pending(static_cast<int>(shards.size()));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int s = shards[i];
+    ShardRpc rpc;
+    rpc.method = "Heartbeat";
+    rpc.attempt_timeout = options_.rpc_timeout;
+    rpc.start = [this, s, &request, &responses](grpc::ClientContext* context, uint64_t,
+                                                std::function<void(grpc::Status)> done) {
+      const absl::Time start = absl::Now();
+      responses[s].Clear();
+      channels_[s]->stub()->async()->Heartbeat(
+          context, &request, &responses[s],
+          [this, s, &request, &responses, start, done = std::move(done)](grpc::Status status) {
+            RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
+                      start);
+            done(std::move(status));
+          });
+    };
+    channels_[s]->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
+      statuses[i] = std::move(status);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  absl::Status first;
+  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
+  return first;
 }
 
 void PsClient::SetPulls(int64_t clock, int64_t min_version,
@@ -558,6 +609,7 @@ absl::Status PsClient::Push(int64_t clock,
         group->StartPush(std::move(done));
       },
       /*pushed=*/true));
+  RETURN_IF_ERROR(AdvanceClock(clock));
   CollectPush(stats);
   return absl::OkStatus();
 }
@@ -589,6 +641,7 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
         group->StartPushPull(std::move(done));
       },
       /*pushed=*/true));
+  RETURN_IF_ERROR(AdvanceClock(clock));
   CollectPush(push_stats);
   CollectPull(pull_stats);
   return absl::OkStatus();

@@ -275,6 +275,14 @@ class PsClient {
                               bool restarted);
   absl::Status CheckGrads(absl::Span<const absl::Span<const float>> grads) const;
   absl::Status CheckParams(absl::Span<const absl::Span<float>> params) const;
+  // Async: a blocking push to a shard it reaches over several connections
+  // (several RPCs that land one by one) must not advance this worker's
+  // clock there before every part is applied, or a pull the staleness
+  // bound holds back would be let go to read a half-applied step. So those
+  // parts carry the clock before this step and AdvanceClock sends the new
+  // one (a heartbeat) once all are in. Sync shards count steps by version.
+  bool DefersClock(int shard) const;
+  absl::Status AdvanceClock(int64_t clock);
   void SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads);
   void SetPulls(int64_t clock, int64_t min_version,
                 absl::Span<const absl::Span<float>> params);
@@ -311,6 +319,7 @@ class PsClient {
   // The blocking calls' groups (by shard, then connection) and the
   // exchange's (by tensor, shard, connection).
   std::vector<std::unique_ptr<GroupCall>> shard_groups_;
+  std::vector<int> groups_per_shard_;  // of shard_groups_
   std::vector<std::unique_ptr<GroupCall>> tensor_groups_;
   std::unique_ptr<TensorExchange> exchange_;
 };
