@@ -20,8 +20,10 @@
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -167,7 +169,7 @@ std::string SizeName(int64_t bytes) {
   return absl::StrCat(bytes >> 10, "K");
 }
 
-absl::StatusOr<std::unique_ptr<BenchTensor>> BenchTensor::Register(worker::PsClient& client,
+absl::StatusOr<std::unique_ptr<BenchTensor>> BenchTensor::Register(client::PsClient& client,
                                                                    int64_t payload_bytes) {
   const int64_t elements = payload_bytes / static_cast<int64_t>(sizeof(float));
   TensorSpec spec;
@@ -192,13 +194,60 @@ OpFn BenchTensor::MakeOp(Op op) {
   return [] { return absl::InternalError("unknown op"); };
 }
 
-BenchTensor::BenchTensor(worker::PsClient& client, int64_t elements)
+BenchTensor::BenchTensor(client::PsClient& client, int64_t elements)
     : client_(client),
       // Small, finite gradients: SGD moves the parameters a little each push.
       grad_(static_cast<size_t>(elements), 1e-3f),
       params_(static_cast<size_t>(elements), 0.0f),
       grads_{grad_},
       outs_{absl::MakeSpan(params_)} {}
+
+absl::Status ApplyClientSettings(absl::string_view settings,
+                                 client::PsClientOptions* options) {
+  for (absl::string_view setting : absl::StrSplit(settings, ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> kv = absl::StrSplit(setting, absl::MaxSplits('=', 1));
+    int value = 0;
+    if (kv.size() != 2 || !absl::SimpleAtoi(kv[1], &value) || value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client setting \"", setting, "\" is not key=non-negative integer"));
+    }
+    client::TransportTuning& transport = options->transport;
+    const absl::string_view key = kv[0];
+    if (key == "channels") {
+      options->channels_per_shard = value;
+    } else if (key == "write_buffer_kb") {
+      transport.write_buffer_bytes = value << 10;
+    } else if (key == "max_frame_kb") {
+      transport.max_frame_bytes = value << 10;
+    } else if (key == "lookahead_kb") {
+      transport.lookahead_bytes = value << 10;
+    } else if (key == "min_read_chunk_kb") {
+      transport.min_read_chunk_bytes = value << 10;
+    } else if (key == "max_read_chunk_kb") {
+      transport.max_read_chunk_bytes = value << 10;
+    } else if (key == "bdp") {
+      transport.bdp_probe = value != 0;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown client setting \"", key, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ClientVariant>> ParseClientVariants(absl::string_view flag) {
+  std::vector<ClientVariant> variants;
+  for (absl::string_view item : absl::StrSplit(flag, ';', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(item, absl::MaxSplits(':', 1));
+    if (parts.size() != 2 || parts[0].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("client variant \"", item, "\" is not name:settings"));
+    }
+    client::PsClientOptions check;
+    RETURN_IF_ERROR(ApplyClientSettings(parts[1], &check));
+    variants.push_back(ClientVariant{std::string(parts[0]), std::string(parts[1])});
+  }
+  return variants;
+}
 
 std::string MachineDescription() {
   std::string cpu = "unknown CPU";

@@ -15,10 +15,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bench/echo.grpc.pb.h"
+#include "client/ps_client.h"
 #include "server/internal/message_pool.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain::bench {
 
@@ -140,24 +141,44 @@ std::string SizeName(int64_t bytes);
 // makes.
 class BenchTensor {
  public:
-  static absl::StatusOr<std::unique_ptr<BenchTensor>> Register(worker::PsClient& client,
+  static absl::StatusOr<std::unique_ptr<BenchTensor>> Register(client::PsClient& client,
                                                                 int64_t payload_bytes);
 
   // PsClient::Push, Pull or PushPull of the whole tensor.
   OpFn MakeOp(Op op);
 
  private:
-  BenchTensor(worker::PsClient& client, int64_t elements);
+  BenchTensor(client::PsClient& client, int64_t elements);
 
-  worker::PsClient& client_;
+  client::PsClient& client_;
   std::vector<float> grad_;
   std::vector<float> params_;
   const absl::Span<const float> grads_[1];
   const absl::Span<float> outs_[1];
   int64_t clock_ = 0;
-  worker::PushStats push_stats_;
-  worker::PullStats pull_stats_;
+  client::PushStats push_stats_;
+  client::PullStats pull_stats_;
 };
+
+// ---------------------------------------------------------------------------
+// Client settings.
+
+// Applies "key=value,key=value" to `options`: channels (channels_per_shard),
+// write_buffer_kb, max_frame_kb, lookahead_kb, min_read_chunk_kb,
+// max_read_chunk_kb (client/channels.h; 0 keeps gRPC's default), bdp (0 or
+// 1). Empty: nothing changes. INVALID_ARGUMENT names an unknown key or bad
+// value.
+absl::Status ApplyClientSettings(absl::string_view settings,
+                                 client::PsClientOptions* options);
+
+// A named set of client settings, as ApplyClientSettings takes them.
+struct ClientVariant {
+  std::string name;
+  std::string settings;
+};
+
+// "name:settings;name:settings", e.g. "c2:channels=2;wb:write_buffer_kb=1024".
+absl::StatusOr<std::vector<ClientVariant>> ParseClientVariants(absl::string_view flag);
 
 // ---------------------------------------------------------------------------
 // Tables.

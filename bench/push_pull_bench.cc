@@ -56,8 +56,6 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "absl/flags/flag.h"
-#include "common/deadlock_detection.h"
-#include "common/malloc_tuning.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/statusor.h"
@@ -68,11 +66,13 @@
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
 #include "bench/echo.grpc.pb.h"
+#include "client/ps_client.h"
 #include "common/credentials.h"
+#include "common/deadlock_detection.h"
+#include "common/malloc_tuning.h"
 #include "common/status_macros.h"
 #include "server/internal/message_pool.h"
 #include "server/ps_server.h"
-#include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, out, "",
           "If set, also write the results table to this file");
@@ -86,6 +86,9 @@ ABSL_FLAG(int, max_mb, 64, "Skip payloads larger than this many MiB");
 ABSL_FLAG(bool, secure, false,
           "Compare PsClient over plaintext with PsClient over mutual TLS + "
           "token instead of PsClient with a raw gRPC echo");
+ABSL_FLAG(std::string, client, "",
+          "PsClient settings, key=value,...: channels, write_buffer_kb, max_frame_kb, "
+          "lookahead_kb, min_read_chunk_kb, max_read_chunk_kb, bdp (0/1)");
 ABSL_FLAG(int, rounds, 9,
           "--secure: rounds per case, each timing one block of each system; "
           "figures are medians over rounds");
@@ -189,18 +192,19 @@ absl::StatusOr<std::unique_ptr<server::PsServer>> StartShard(
   return server::PsServer::Start(options);
 }
 
-absl::StatusOr<std::unique_ptr<worker::PsClient>> ConnectClient(
+absl::StatusOr<std::unique_ptr<client::PsClient>> ConnectClient(
     const server::PsServer& shard, const common::ClientSecurity& security = {}) {
-  worker::PsClientOptions client_options;
+  client::PsClientOptions client_options;
   client_options.servers = {absl::StrCat("127.0.0.1:", shard.port())};
   client_options.max_message_bytes = kMaxMessageBytes;
   client_options.security = security;
-  return worker::PsClient::Create(client_options, nullptr);
+  RETURN_IF_ERROR(ApplyClientSettings(absl::GetFlag(FLAGS_client), &client_options));
+  return client::PsClient::Create(client_options, nullptr);
 }
 
 // Measures every op for one payload size; appends a row per op.
 absl::Status BenchSize(const BenchOptions& options, int64_t payload_bytes,
-                       worker::PsClient& client, EchoClient& echo,
+                       client::PsClient& client, EchoClient& echo,
                        const std::string& echo_source, std::vector<Row>* rows) {
   ASSIGN_OR_RETURN(std::unique_ptr<BenchTensor> exchange,
                    BenchTensor::Register(client, payload_bytes));
@@ -361,8 +365,8 @@ absl::Status RunSecure(const BenchOptions& options, const std::string& command_l
   ASSIGN_OR_RETURN(std::unique_ptr<CertDir> certs, CertDir::Make());
   ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> plain_shard, StartShard());
   ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> tls_shard, StartShard(certs->Server()));
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> plain_client, ConnectClient(*plain_shard));
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> tls_client,
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> plain_client, ConnectClient(*plain_shard));
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> tls_client,
                    ConnectClient(*tls_shard, certs->Client()));
 
   const std::string header = absl::StrCat(
@@ -419,7 +423,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
 
   ASSIGN_OR_RETURN(std::unique_ptr<server::PsServer> shard, StartShard());
   ASSIGN_OR_RETURN(std::unique_ptr<EchoServer> echo_server, EchoServer::Start(largest));
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client, ConnectClient(*shard));
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> client, ConnectClient(*shard));
   EchoClient echo(absl::StrCat("127.0.0.1:", echo_server->port()));
   const std::string echo_source(static_cast<size_t>(largest), '\x3c');
 

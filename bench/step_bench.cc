@@ -29,12 +29,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/ps_client.h"
 #include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "server/ps_server.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/tensor_specs.h"
-#include "worker/ps_client.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, model, "mlp:784-4096-4096-10", "Model spec");
@@ -81,7 +81,7 @@ struct Cluster {
 struct Arm {
   bool overlap = false;
   Cluster cluster;
-  std::unique_ptr<worker::PsClient> client;
+  std::unique_ptr<client::PsClient> client;
   std::unique_ptr<worker::Trainer> trainer;
   worker::EpochResult before;  // Phase totals before the measured steps.
   std::vector<double> step_s;
@@ -176,9 +176,9 @@ int main(int argc, char** argv) {
     const int shards = std::stoi(std::string(count));
     // Baseline 2: communication alone, against shards of its own.
     Cluster comm_cluster = StartShards(shards);
-    worker::PsClientOptions client_options;
+    client::PsClientOptions client_options;
     client_options.servers = comm_cluster.addresses;
-    auto client = worker::PsClient::Create(client_options, nullptr).value();
+    auto client = client::PsClient::Create(client_options, nullptr).value();
     if (!client->Register(worker::TensorSpecsFor(model->params(), 1)).ok()) return 1;
     std::vector<std::vector<float>> params, grads;
     std::vector<absl::Span<float>> param_spans;
@@ -191,8 +191,8 @@ int main(int argc, char** argv) {
       param_spans.push_back(absl::MakeSpan(params[i]));
       grad_spans.push_back(grads[i]);
     }
-    worker::PushStats push_stats;
-    worker::PullStats pull_stats;
+    client::PushStats push_stats;
+    client::PullStats pull_stats;
     int64_t comm_clock = 0;
     auto comm_step = [&] {
       ++comm_clock;
@@ -207,9 +207,9 @@ int main(int argc, char** argv) {
       Arm& arm = arms[a];
       arm.overlap = a == 1;
       arm.cluster = StartShards(shards);
-      worker::PsClientOptions options;
+      client::PsClientOptions options;
       options.servers = arm.cluster.addresses;
-      arm.client = worker::PsClient::Create(options, nullptr).value();
+      arm.client = client::PsClient::Create(options, nullptr).value();
       worker::TrainerOptions trainer_options;
       trainer_options.batch = batch;
       trainer_options.overlap = arm.overlap;

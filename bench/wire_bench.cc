@@ -16,6 +16,10 @@
 //   iperf3   a single-stream `iperf3 -c 127.0.0.1 -t N` (default settings)
 //            against an `iperf3 -s` process: the reference for what one TCP
 //            stream over loopback moves on this machine
+//   1x1 NAME one more PsClient per --variants entry (client settings such as
+//            channels=4 or write_buffer_kb=1024, bench::ApplyClientSettings)
+//            against the st 1x1 shard, as another worker: channel settings
+//            compared in the same rounds as everything else
 // The ps-servers run async with sgd (--bin_dir/ps-server). Each (size, op)
 // case runs --rounds rounds after warm-up; a round times one block of
 // --seconds_per_case / --rounds of each gRPC system and one iperf3 run, in an
@@ -77,10 +81,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/bench_util.h"
+#include "client/ps_client.h"
 #include "common/malloc_tuning.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
-#include "worker/ps_client.h"
 
 ABSL_FLAG(std::string, out, "", "If set, also write the results table to this file");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -100,6 +104,12 @@ ABSL_FLAG(bool, quick, false,
 ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
           "Systems to time, comma-separated (e.g. st1x1 alone while profiling)");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
+ABSL_FLAG(std::string, client, "",
+          "Client settings of st 1x1 and st 2x2, key=value,...: channels, write_buffer_kb, "
+          "max_frame_kb, lookahead_kb, min_read_chunk_kb, max_read_chunk_kb, bdp (0/1)");
+ABSL_FLAG(std::string, variants, "",
+          "More st 1x1 systems timed in the same rounds, name:settings;name:settings "
+          "(settings as --client), e.g. \"c2:channels=2;c4:channels=4\"");
 ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server to start");
 ABSL_FLAG(bool, serve_echo, false,
           "Run the Echo baseline server instead (until SIGTERM), writing its "
@@ -468,7 +478,21 @@ struct BenchOptions {
   std::string out_path;
   bool systems[kNumSystems] = {true, true, true, true};
   std::vector<Op> ops = {Op::kPush, Op::kPull, Op::kPushPull};
+  // Client settings of st 1x1 and st 2x2 (bench::ApplyClientSettings).
+  std::string client_settings;
+  // More st 1x1 systems, each one client with its own settings against
+  // the same shard, timed in the same rounds.
+  std::vector<ClientVariant> variants;
 };
+
+// Systems timed: the four above, then one st 1x1 per client variant.
+int NumSystems(const BenchOptions& options) {
+  return kNumSystems + static_cast<int>(options.variants.size());
+}
+
+std::string SystemName(const BenchOptions& options, int s) {
+  return s < kNumSystems ? kSystemNames[s] : absl::StrCat("1x1 ", options.variants[s - kNumSystems].name);
+}
 
 // ps-server processes started with --port_file, with their PIDs.
 struct Shards {
@@ -478,7 +502,8 @@ struct Shards {
 
 absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& options,
                                    const std::string& dir, const std::string& name,
-                                   int count) {
+                                   int count,
+                                   int num_workers) {
   Shards shards;
   std::vector<std::string> port_files;
   for (int i = 0; i < count; ++i) {
@@ -489,7 +514,7 @@ absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& optio
         children.Start({absl::StrCat(options.bin_dir, "/ps-server"), "--listen=127.0.0.1:0",
                         "--metrics_listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
                         absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
-                        absl::StrCat("--num_workers=", count), "--mode=async",
+                        absl::StrCat("--num_workers=", num_workers), "--mode=async",
                         "--optimizer=sgd", "--max_message_mb=256",
                         "--heartbeat_timeout_s=600"},
                        log));
@@ -501,34 +526,38 @@ absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& optio
   return shards;
 }
 
-absl::StatusOr<std::unique_ptr<worker::PsClient>> Connect(const Shards& shards,
-                                                          int worker_index) {
-  worker::PsClientOptions options;
+// Worker `worker_index` of `num_workers`.
+absl::StatusOr<std::unique_ptr<client::PsClient>> Connect(const Shards& shards,
+                                                          int worker_index, int num_workers,
+                                                          const std::string& settings) {
+  client::PsClientOptions options;
   options.servers = shards.addresses;
   options.worker_index = static_cast<uint32_t>(worker_index);
-  options.num_workers = static_cast<uint32_t>(shards.addresses.size());
+  options.num_workers = static_cast<uint32_t>(num_workers);
   options.max_message_bytes = kMaxMessageBytes;
-  return worker::PsClient::Create(options, nullptr);
+  RETURN_IF_ERROR(ApplyClientSettings(settings, &options));
+  return client::PsClient::Create(options, nullptr);
 }
 
 struct Row {
   int64_t payload_bytes = 0;
   Op op = Op::kPush;
-  CaseFigures figures[kNumSystems];
+  explicit Row(int systems) : figures(systems), vs_iperf(systems), vs_echo(systems) {}
+  std::vector<CaseFigures> figures;
   // Median over rounds of the round's rate / iperf3's and / echo's.
-  std::vector<double> vs_iperf[kNumSystems];
-  std::vector<double> vs_echo[kNumSystems];
+  std::vector<std::vector<double>> vs_iperf;
+  std::vector<std::vector<double>> vs_echo;
 };
 
 std::string TableHeader() {
-  return absl::StrFormat("%-7s %-8s %-7s %9s %8s %8s %7s %7s %7s %7s %7s\n", "payload", "op",
+  return absl::StrFormat("%-7s %-8s %-10s %9s %8s %8s %7s %7s %7s %7s %7s\n", "payload", "op",
                          "system", "MB/s", "p50 ms", "p99 ms", "cpu/MB", "cli/MB",
                          "srv/MB", "x iperf", "x echo");
 }
 
-std::string FormatRows(const Row& row, bool with_iperf) {
+std::string FormatRows(const BenchOptions& options, const Row& row, bool with_iperf) {
   std::string text;
-  for (int s = 0; s < kNumSystems; ++s) {
+  for (int s = 0; s < NumSystems(options); ++s) {
     const CaseFigures& f = row.figures[s];
     if (!f.measured) continue;
     const std::string p50 = s == kIperf ? "-" : absl::StrFormat("%.3f", 1e3 * f.calls.Summary().p50_seconds);
@@ -538,8 +567,8 @@ std::string FormatRows(const Row& row, bool with_iperf) {
     const std::string vs_echo =
         !row.vs_echo[s].empty() ? absl::StrFormat("%.2f", Median(row.vs_echo[s])) : "-";
     text += absl::StrFormat(
-        "%-7s %-8s %-7s %9.1f %8s %8s %7.3f %7.3f %7.3f %7s %7s\n", SizeName(row.payload_bytes),
-        s == kIperf ? "tcp" : OpName(row.op), kSystemNames[s], Median(f.rates), p50, p99,
+        "%-7s %-8s %-10s %9.1f %8s %8s %7.3f %7.3f %7.3f %7s %7s\n", SizeName(row.payload_bytes),
+        s == kIperf ? "tcp" : OpName(row.op), SystemName(options, s), Median(f.rates), p50, p99,
         1e3 * (f.client_cpu_seconds + f.server_cpu_seconds) / f.megabytes,
         1e3 * f.client_cpu_seconds / f.megabytes, 1e3 * f.server_cpu_seconds / f.megabytes,
         vs_iperf, vs_echo);
@@ -570,8 +599,9 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   Children children;
 
   // Servers, each its own process.
-  ASSIGN_OR_RETURN(const Shards one, StartShards(children, options, dir, "shard1x1", 1));
-  ASSIGN_OR_RETURN(const Shards two, StartShards(children, options, dir, "shard2x2", 2));
+  ASSIGN_OR_RETURN(const Shards one, StartShards(children, options, dir, "shard1x1", 1,
+                                                       1 + options.variants.size()));
+  ASSIGN_OR_RETURN(const Shards two, StartShards(children, options, dir, "shard2x2", 2, 2));
   const std::string echo_port_file = absl::StrCat(dir, "/echo.port");
   const std::string echo_log = absl::StrCat(dir, "/echo.log");
   ASSIGN_OR_RETURN(const pid_t echo_pid,
@@ -599,10 +629,19 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
     iperf_note = "# iperf3 not selected (--systems)\n";
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client1, Connect(one, 0));
-  std::unique_ptr<worker::PsClient> clients2[2];
+  // The 1x1 shard's workers: st 1x1, then each variant.
+  const int workers1 = 1 + static_cast<int>(options.variants.size());
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> client1,
+                   Connect(one, 0, workers1, options.client_settings));
+  std::vector<std::unique_ptr<client::PsClient>> variant_clients;
+  for (size_t v = 0; v < options.variants.size(); ++v) {
+    ASSIGN_OR_RETURN(variant_clients.emplace_back(),
+                     Connect(one, 1 + static_cast<int>(v), workers1,
+                             options.variants[v].settings));
+  }
+  std::unique_ptr<client::PsClient> clients2[2];
   for (int w = 0; w < 2; ++w) {
-    ASSIGN_OR_RETURN(clients2[w], Connect(two, w));
+    ASSIGN_OR_RETURN(clients2[w], Connect(two, w, 2, options.client_settings));
   }
   EchoClient echo(absl::StrCat("127.0.0.1:", echo_port));
   const std::string echo_source(static_cast<size_t>(options.sizes.back()), '\x3c');
@@ -620,7 +659,18 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       "(client + server process CPU ms) / MB moved over all blocks, cli/MB and srv/MB its "
       "parts (iperf3: its client and server processes); x iperf, x echo = median over "
       "rounds of MB/s / that round's iperf3 (one direction) or echo MB/s\n",
-      "# st 2x2 at 4K: the payload is one partition, which lives on one of the two shards\n");
+      "# st 2x2 at 4K: the payload is one partition, which lives on one of the two shards\n",
+      absl::StrCat("# client settings of st 1x1 and st 2x2: ",
+                   options.client_settings.empty() ? "defaults" : options.client_settings,
+                   "\n"),
+      [&] {
+        std::string variants;
+        for (const ClientVariant& variant : options.variants) {
+          absl::StrAppend(&variants, "# 1x1 ", variant.name, ": st 1x1 with client settings ",
+                          variant.settings, " (another worker of the same shard)\n");
+        }
+        return variants;
+      }());
   std::printf("%s%s", header.c_str(), TableHeader().c_str());
   std::fflush(stdout);
   std::string table = header + TableHeader();
@@ -628,6 +678,10 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   const double block_seconds = options.seconds_per_case / options.rounds;
   for (int64_t bytes : options.sizes) {
     ASSIGN_OR_RETURN(std::unique_ptr<BenchTensor> tensor1, BenchTensor::Register(*client1, bytes));
+    std::vector<std::unique_ptr<BenchTensor>> variant_tensors;
+    for (const std::unique_ptr<client::PsClient>& client : variant_clients) {
+      ASSIGN_OR_RETURN(variant_tensors.emplace_back(), BenchTensor::Register(*client, bytes));
+    }
     // A tensor of one partition (4K) lives whole on one of the two shards.
     const bool spread = options.systems[kSt2x2];
     std::unique_ptr<BenchTensor> tensors2[2];
@@ -635,7 +689,8 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       ASSIGN_OR_RETURN(tensors2[w], BenchTensor::Register(*clients2[w], bytes));
     }
     for (Op op : options.ops) {
-      Row row;
+      const int num_systems = NumSystems(options);
+      Row row(num_systems);
       row.payload_bytes = bytes;
       row.op = op;
       const double megabytes_per_call = bytes * (op == Op::kPushPull ? 2.0 : 1.0) / 1e6;
@@ -643,21 +698,28 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
       std::vector<OpFn> ops2;
       if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
-      const std::vector<OpFn> ops[3] = {
+      // By system; iperf3 (kIperf) has no ops.
+      std::vector<std::vector<OpFn>> ops = {
           {tensor1->MakeOp(op)},
           ops2,
-          {[&] { return echo.Call(echo_source, echo_request_bytes, echo_reply_bytes); }}};
-      const std::vector<pid_t> servers[3] = {one.pids, two.pids, {echo_pid}};
-      for (int s = 0; s < 3; ++s) {
-        if (!options.systems[s]) continue;
+          {[&] { return echo.Call(echo_source, echo_request_bytes, echo_reply_bytes); }},
+          {}};
+      std::vector<std::vector<pid_t>> servers = {one.pids, two.pids, {echo_pid}, {}};
+      for (const std::unique_ptr<BenchTensor>& tensor : variant_tensors) {
+        ops.push_back({tensor->MakeOp(op)});
+        servers.push_back(one.pids);
+      }
+      const auto selected = [&](int s) { return s >= kNumSystems || options.systems[s]; };
+      for (int s = 0; s < num_systems; ++s) {
+        if (!selected(s)) continue;
         for (const OpFn& fn : ops[s]) RETURN_IF_ERROR(WarmUp(fn));
       }
       for (int round = 0; round < options.rounds; ++round) {
-        double rate[kNumSystems] = {0, 0, 0, 0};
-        for (int turn = 0; turn < kNumSystems; ++turn) {
-          const int s = (turn + round) % kNumSystems;
+        std::vector<double> rate(num_systems, 0);
+        for (int turn = 0; turn < num_systems; ++turn) {
+          const int s = (turn + round) % num_systems;
           Block block;
-          if (!options.systems[s] || (s == kSt2x2 && !spread)) continue;
+          if (!selected(s) || (s == kSt2x2 && !spread)) continue;
           if (s == kIperf) {
             if (iperf == nullptr) continue;
             RETURN_IF_ERROR(iperf->Run(&block));
@@ -668,7 +730,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
           Add(block, &row.figures[s]);
           rate[s] = block.megabytes / block.seconds;
         }
-        for (int s = 0; s < kNumSystems; ++s) {
+        for (int s = 0; s < num_systems; ++s) {
           if (rate[s] == 0) continue;
           if (iperf != nullptr && rate[kIperf] > 0) row.vs_iperf[s].push_back(rate[s] / rate[kIperf]);
           if (s != kEcho && rate[kEcho] > 0) row.vs_echo[s].push_back(rate[s] / rate[kEcho]);
@@ -676,7 +738,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       }
       row.vs_iperf[kIperf].clear();
       row.vs_echo[kIperf].clear();
-      const std::string lines = FormatRows(row, iperf != nullptr);
+      const std::string lines = FormatRows(options, row, iperf != nullptr);
       table += lines;
       std::printf("%s", lines.c_str());
       std::fflush(stdout);
@@ -751,6 +813,22 @@ int main(int argc, char** argv) {
   options.rounds = absl::GetFlag(FLAGS_rounds);
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.out_path = absl::GetFlag(FLAGS_out);
+  options.client_settings = absl::GetFlag(FLAGS_client);
+  {
+    shardtrain::client::PsClientOptions check;
+    const absl::Status valid = b::ApplyClientSettings(options.client_settings, &check);
+    if (!valid.ok()) {
+      LOG(ERROR) << "--client: " << valid;
+      return 2;
+    }
+  }
+  absl::StatusOr<std::vector<b::ClientVariant>> variants =
+      b::ParseClientVariants(absl::GetFlag(FLAGS_variants));
+  if (!variants.ok()) {
+    LOG(ERROR) << "--variants: " << variants.status();
+    return 2;
+  }
+  options.variants = *std::move(variants);
   std::vector<int64_t> candidates = {int64_t{4} << 10,  int64_t{64} << 10, int64_t{1} << 20,
                                      int64_t{4} << 20,  int64_t{16} << 20, int64_t{64} << 20};
   if (absl::GetFlag(FLAGS_quick)) {

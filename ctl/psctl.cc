@@ -8,24 +8,25 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <grpcpp/client_context.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/channels.h"
+#include "client/cluster_status.h"
 #include "common/client_security_flags.h"
 #include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "ctl/status_table.h"
 #include "proto/health.grpc.pb.h"
-#include "proto/shardtrain.grpc.pb.h"
+#include "proto/shardtrain.pb.h"
 
 ABSL_FLAG(std::string, servers, "", "Shard addresses host:port, comma-separated, in shard order");
 ABSL_FLAG(std::string, server, "", "health: the address to check");
@@ -40,11 +41,11 @@ namespace {
 
 using namespace shardtrain;  // NOLINT: a binary's main file
 
+absl::Duration Timeout() { return absl::Seconds(absl::GetFlag(FLAGS_timeout_s)); }
+
 std::unique_ptr<grpc::ClientContext> Context() {
   auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(
-                            absl::GetFlag(FLAGS_timeout_s) * 1000)));
+  context->set_deadline(absl::ToChronoTime(absl::Now() + Timeout()));
   return context;
 }
 
@@ -52,22 +53,19 @@ std::vector<std::string> Servers() {
   return absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
 }
 
-// A channel secured as the --tls_*/--auth_token_file flags say; exits with
-// status 2 if they are inconsistent or their files unreadable.
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      common::MakeChannelCredentials(common::ClientSecurityFromFlags(), &args);
-  if (!credentials.ok()) {
-    std::cerr << credentials.status() << "\n";
+// The channels the workers open (client/channels.h), secured as the
+// --tls_*/--auth_token_file flags say; exits with status 2 if they are
+// inconsistent or their files unreadable.
+client::ChannelFactory Channels() {
+  client::ChannelOptions options;
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  options.security = common::ClientSecurityFromFlags();
+  absl::StatusOr<client::ChannelFactory> channels = client::ChannelFactory::Create(options);
+  if (!channels.ok()) {
+    std::cerr << channels.status() << "\n";
     std::exit(2);
   }
-  return grpc::CreateCustomChannel(address, *credentials, args);
-}
-
-std::unique_ptr<ParameterServer::Stub> Stub(const std::string& address) {
-  return ParameterServer::NewStub(Channel(address));
+  return *std::move(channels);
 }
 
 int Status() {
@@ -85,29 +83,19 @@ int Status() {
   // 0 would mean the shard's default (100); ask for the fewest instead.
   request.set_max_partitions(static_cast<uint32_t>(std::max(max_partitions, 1)));
   // Every shard at once: a slow or dead shard costs one timeout, not one each.
+  std::vector<absl::StatusOr<StatusResponse>> answers =
+      client::QueryStatus(Channels(), servers, request, Timeout());
   std::vector<StatusResponse> statuses(servers.size());
-  std::vector<grpc::Status> results(servers.size());
-  {
-    std::vector<std::unique_ptr<ParameterServer::Stub>> stubs;
-    for (const std::string& server : servers) stubs.push_back(Stub(server));
-    std::vector<std::thread> calls;
-    for (size_t s = 0; s < servers.size(); ++s) {
-      calls.emplace_back([&, s] {
-        results[s] = stubs[s]->Status(Context().get(), request, &statuses[s]);
-      });
-    }
-    for (std::thread& call : calls) call.join();
-  }
   int failures = 0;
   for (size_t s = 0; s < servers.size(); ++s) {
-    const grpc::Status& status = results[s];
-    if (!status.ok()) {
-      statuses[s].Clear();
-      std::cerr << absl::StrFormat("shard at %s: %s\n", servers[s], status.error_message());
-      statuses[s].set_shard(static_cast<uint32_t>(s));
-      statuses[s].set_mode("DOWN");
-      ++failures;
+    if (answers[s].ok()) {
+      statuses[s] = *std::move(answers[s]);
+      continue;
     }
+    std::cerr << absl::StrFormat("shard at %s: %s\n", servers[s], answers[s].status().message());
+    statuses[s].set_shard(static_cast<uint32_t>(s));
+    statuses[s].set_mode("DOWN");
+    ++failures;
   }
   std::cout << ctl::FormatClusterStatus(servers, statuses, max_partitions);
   return failures == 0 ? 0 : 1;
@@ -119,17 +107,18 @@ int Checkpoint() {
     std::cerr << "checkpoint needs --servers\n";
     return 2;
   }
+  const std::vector<absl::StatusOr<CheckpointResponse>> answers =
+      client::CheckpointAll(Channels(), servers, Timeout());
   int failures = 0;
-  for (const std::string& server : servers) {
-    CheckpointResponse response;
-    const grpc::Status status =
-        Stub(server)->Checkpoint(Context().get(), CheckpointRequest(), &response);
-    if (status.ok()) {
-      std::cout << absl::StrFormat("%-21s %s (%d partitions, %d bytes)\n", server,
+  for (size_t s = 0; s < servers.size(); ++s) {
+    if (answers[s].ok()) {
+      const CheckpointResponse& response = *answers[s];
+      std::cout << absl::StrFormat("%-21s %s (%d partitions, %d bytes)\n", servers[s],
                                    response.path(), response.partitions(),
                                    response.bytes());
     } else {
-      std::cout << absl::StrFormat("%-21s FAILED: %s\n", server, status.error_message());
+      std::cout << absl::StrFormat("%-21s FAILED: %s\n", servers[s],
+                                   answers[s].status().message());
       ++failures;
     }
   }
@@ -142,7 +131,7 @@ int Health() {
     std::cerr << "health needs --server\n";
     return 2;
   }
-  auto stub = grpc::health::v1::Health::NewStub(Channel(server));
+  auto stub = grpc::health::v1::Health::NewStub(Channels().Make(server));
   grpc::health::v1::HealthCheckRequest request;
   request.set_service(absl::GetFlag(FLAGS_service));
   grpc::health::v1::HealthCheckResponse response;

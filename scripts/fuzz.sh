@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Usage: scripts/fuzz.sh [SECONDS]
-# Builds the shard_fuzz libFuzzer target (clang, AddressSanitizer,
-# UndefinedBehaviorSanitizer; server/fuzz/) into build-fuzz/, replays the
-# crash reproducers in server/fuzz/regressions/, then fuzzes for SECONDS
-# (default 60) starting from a seed corpus of real requests. Fails on any
+# Builds the shard_fuzz and wire_fuzz libFuzzer targets (clang,
+# AddressSanitizer, UndefinedBehaviorSanitizer; server/fuzz/) into
+# build-fuzz/, replays the crash reproducers in server/fuzz/regressions/,
+# then fuzzes for SECONDS in all (default 60): three quarters shard_fuzz
+# from a seed corpus of real requests, a quarter wire_fuzz (the zero-copy
+# parsers against stock protobuf) from sample messages. Fails on any
 # crash, sanitizer report, leak, hang (25 s per input), single allocation
 # over 512 MB or RSS over 1 GB; the input that did it is kept in
 # build-fuzz/fuzz-artifacts/ (replay: build-fuzz/bin/shard_fuzz FILE).
@@ -14,14 +16,14 @@ seconds=${1:-60}
 fuzz_dir="${FUZZ_BUILD_DIR:-$SHARDTRAIN_ROOT/build-fuzz}"
 ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
 
-log "building shard_fuzz (clang, sanitizers) into $fuzz_dir"
+log "building shard_fuzz and wire_fuzz (clang, sanitizers) into $fuzz_dir"
 CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$fuzz_dir" \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_FLAGS_RELEASE="-O1 -g" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g" \
   -DSHARDTRAIN_FUZZ=ON -DSHARDTRAIN_WITH_CUDA=OFF \
   -DSHARDTRAIN_BUILD_TESTS=OFF -DSHARDTRAIN_BUILD_BENCH=OFF >/dev/null
-# shard_fuzz depends on the seed generator and writes the seeds.
-cmake --build "$fuzz_dir" -j2 --target shard_fuzz
+# Each target depends on its seed generator and writes its seeds.
+cmake --build "$fuzz_dir" -j2 --target shard_fuzz wire_fuzz
 
 fuzzer="$fuzz_dir/bin/shard_fuzz"
 seeds="$fuzz_dir/server/fuzz/seeds"
@@ -44,13 +46,28 @@ if [ -e "${regressions[0]}" ]; then
     || fail "a regression input crashes again"
 fi
 
-log "fuzzing for ${seconds}s"
+wire_seconds=$(( seconds / 4 > 0 ? seconds / 4 : 1 ))
+shard_seconds=$(( seconds - wire_seconds > 0 ? seconds - wire_seconds : 1 ))
 corpus=$(mktemp -d)
-trap 'rm -rf "$corpus"' EXIT
-"$fuzzer" "${limits[@]}" -max_total_time="$seconds" -print_final_stats=1 \
+wire_corpus=$(mktemp -d)
+trap 'rm -rf "$corpus" "$wire_corpus"' EXIT
+
+# Prints the end of a run's statistics.
+summary() {
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_log" >&2 || true
+  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$fuzz_log" >&2 || true
+}
+
+log "fuzzing shard_fuzz for ${shard_seconds}s"
+"$fuzzer" "${limits[@]}" -max_total_time="$shard_seconds" -print_final_stats=1 \
   -dict="$SHARDTRAIN_ROOT/server/fuzz/shard_fuzz.dict" \
   -artifact_prefix="$artifacts/" "$corpus" "$seeds" >"$fuzz_log" 2>&1 \
   || fail "shard_fuzz found a crash"
-grep -E '^#[0-9]+[[:space:]]+DONE' "$fuzz_log" >&2 || true
-grep -E '^stat::(number_of_executed_units|average_exec_per_sec|peak_rss_mb)' "$fuzz_log" >&2 || true
+summary
+
+log "fuzzing wire_fuzz for ${wire_seconds}s"
+"$fuzz_dir/bin/wire_fuzz" "${limits[@]}" -max_total_time="$wire_seconds" -print_final_stats=1 \
+  -artifact_prefix="$artifacts/" "$wire_corpus" "$fuzz_dir/server/fuzz/wire_seeds" \
+  >"$fuzz_log" 2>&1 || fail "wire_fuzz found a crash (replay: $fuzz_dir/bin/wire_fuzz FILE)"
+summary
 log "fuzzing passed"

@@ -3,28 +3,42 @@
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/payload.h"
 #include "common/status_macros.h"
+#include "common/wire/element_load.h"
+#include "common/wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {
 
 // The kernels below are free functions over __restrict pointers with every
 // per-step scalar hoisted out, so the compiler can vectorise the loops; the
-// choice between variants (Nesterov or not, L2 or decoupled decay) is a
-// template parameter rather than a branch inside the loop. GCC vectorises the
-// loops that call std::sqrt only under -fno-math-errno (otherwise it must
-// keep a scalar errno path), so the server library is built with that flag.
+// choice between variants (Nesterov or not, L2 or decoupled decay) and the
+// gradient's wire dtype are template parameters rather than branches inside
+// the loop, so f32, f16 and bf16 gradients each get their own loop that
+// reads the received bytes directly (wire::LoadElement: an unaligned load,
+// plus an inline conversion for 16-bit types). GCC vectorises the loops
+// that call std::sqrt only under -fno-math-errno (otherwise it must keep a
+// scalar errno path), so the server library is built with that flag.
+//
+// The arithmetic is exactly that of PyTorch's reference formulas as written
+// below, in this order; changing it changes results in the last bit.
+
+using wire::LoadElement;
 
 // torch.optim.SGD, momentum 0:
 //   d = g + wd * p
 //   p = p - lr * d
-void SgdKernel(size_t n, float lr, float wd, float* __restrict p,
-               const float* __restrict g) {
-  for (size_t i = 0; i < n; ++i) {
-    const float d = g[i] + wd * p[i];
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES
+void SgdKernel(int64_t n, float lr, float wd, float* __restrict p,
+               const char* __restrict g) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = LoadElement<kDType>(g, i) + wd * p[i];
     p[i] -= lr * d;
   }
 }
@@ -35,11 +49,12 @@ void SgdKernel(size_t n, float lr, float wd, float* __restrict p,
 //                                this is the same value)
 //   d = nesterov ? d + mu * buf : buf
 //   p = p - lr * d
-template <bool kNesterov>
-void MomentumKernel(size_t n, float lr, float mu, float wd, float* __restrict p,
-                    const float* __restrict g, float* __restrict buf) {
-  for (size_t i = 0; i < n; ++i) {
-    const float d = g[i] + wd * p[i];
+template <int kDType, bool kNesterov>
+SHARDTRAIN_VECTOR_CLONES
+void MomentumKernel(int64_t n, float lr, float mu, float wd, float* __restrict p,
+                    const char* __restrict g, float* __restrict buf) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = LoadElement<kDType>(g, i) + wd * p[i];
     const float b = mu * buf[i] + d;
     buf[i] = b;
     p[i] -= lr * (kNesterov ? d + mu * b : b);
@@ -61,17 +76,18 @@ struct AdamScalars {
   float decay_factor;  // 1 - lr * wd for AdamW, unused for Adam
 };
 
-template <bool kDecoupled>
-void AdamKernel(size_t n, const AdamScalars& s, float* __restrict p,
-                const float* __restrict g, float* __restrict m,
+template <int kDType, bool kDecoupled>
+SHARDTRAIN_VECTOR_CLONES
+void AdamKernel(int64_t n, const AdamScalars& s, float* __restrict p,
+                const char* __restrict g, float* __restrict m,
                 float* __restrict v) {
   // Locals so the compiler knows the scalars do not alias the arrays.
   const float b1 = s.b1, c1 = s.one_minus_b1, b2 = s.b2, c2 = s.one_minus_b2;
   const float step_size = s.step_size, bc2_sqrt = s.bc2_sqrt, eps = s.eps;
   const float l2 = s.l2, decay_factor = s.decay_factor;
-  for (size_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     float param = p[i];
-    float d = g[i];
+    float d = LoadElement<kDType>(g, i);
     if constexpr (kDecoupled) {
       param *= decay_factor;
     } else {
@@ -89,22 +105,33 @@ void AdamKernel(size_t n, const AdamScalars& s, float* __restrict p,
 //   d = g + wd * p
 //   acc = acc + d^2             (acc starts at adagrad_initial_accumulator)
 //   p = p - lr * d / (sqrt(acc) + eps)
-void AdagradKernel(size_t n, float lr, float wd, float eps, float* __restrict p,
-                   const float* __restrict g, float* __restrict acc) {
-  for (size_t i = 0; i < n; ++i) {
-    const float d = g[i] + wd * p[i];
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES
+void AdagradKernel(int64_t n, float lr, float wd, float eps, float* __restrict p,
+                   const char* __restrict g, float* __restrict acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = LoadElement<kDType>(g, i) + wd * p[i];
     const float a = acc[i] + d * d;
     acc[i] = a;
     p[i] -= lr * d / (std::sqrt(a) + eps);
   }
 }
 
-void AssertShapes(const Optimizer& optimizer, absl::Span<float> params,
-                  absl::Span<const float> grad,
-                  absl::Span<float* const> slots) {
-  assert(grad.size() == params.size());
-  assert(slots.size() == static_cast<size_t>(optimizer.num_slots()));
-  (void)optimizer, (void)params, (void)grad, (void)slots;
+// Calls `kernel(std::integral_constant<int, dtype>())` for a wire dtype.
+template <typename Kernel>
+void ForDType(int dtype, Kernel&& kernel) {
+  switch (dtype) {
+    case DTYPE_F16:
+      kernel(std::integral_constant<int, DTYPE_F16>());
+      return;
+    case DTYPE_BF16:
+      kernel(std::integral_constant<int, DTYPE_BF16>());
+      return;
+    default:
+      assert(dtype == DTYPE_F32);
+      kernel(std::integral_constant<int, DTYPE_F32>());
+      return;
+  }
 }
 
 class SgdOptimizer final : public Optimizer {
@@ -112,12 +139,13 @@ class SgdOptimizer final : public Optimizer {
   explicit SgdOptimizer(const OptimizerOptions& options)
       : Optimizer(options) {}
   int num_slots() const override { return 0; }
-  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
-             absl::Span<const float> grad,
-             absl::Span<float* const> slots) const override {
-    AssertShapes(*this, params, grad, slots);
-    SgdKernel(params.size(), LearningRate(step) * lr_scale,
-              options().weight_decay, params.data(), grad.data());
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    assert(slots.empty());
+    const float lr = step.lr, wd = options().weight_decay;
+    ForDType(dtype, [&](auto type) {
+      SgdKernel<decltype(type)::value>(n, lr, wd, params, grad);
+    });
   }
 };
 
@@ -127,13 +155,14 @@ class MomentumOptimizer final : public Optimizer {
   explicit MomentumOptimizer(const OptimizerOptions& options)
       : Optimizer(options) {}
   int num_slots() const override { return 1; }
-  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
-             absl::Span<const float> grad,
-             absl::Span<float* const> slots) const override {
-    AssertShapes(*this, params, grad, slots);
-    MomentumKernel<kNesterov>(params.size(), LearningRate(step) * lr_scale,
-                              options().momentum, options().weight_decay,
-                              params.data(), grad.data(), slots[0]);
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    assert(slots.size() == 1);
+    const float lr = step.lr, mu = options().momentum, wd = options().weight_decay;
+    ForDType(dtype, [&](auto type) {
+      MomentumKernel<decltype(type)::value, kNesterov>(n, lr, mu, wd, params, grad,
+                                                       slots[0]);
+    });
   }
 };
 
@@ -143,10 +172,7 @@ class AdamOptimizer final : public Optimizer {
   explicit AdamOptimizer(const OptimizerOptions& options)
       : Optimizer(options) {}
   int num_slots() const override { return 2; }
-  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
-             absl::Span<const float> grad,
-             absl::Span<float* const> slots) const override {
-    AssertShapes(*this, params, grad, slots);
+  Step PrepareStep(int64_t step, float lr_scale) const override {
     const OptimizerOptions& o = options();
     // Bias corrections in double, as PyTorch computes them in Python floats;
     // in float, 1 - beta2^t loses most of its digits for small t.
@@ -154,18 +180,31 @@ class AdamOptimizer final : public Optimizer {
     const double lr = static_cast<double>(LearningRate(step)) * lr_scale;
     const double bc1 = 1.0 - std::pow(static_cast<double>(o.beta1), t);
     const double bc2 = 1.0 - std::pow(static_cast<double>(o.beta2), t);
+    Step s;
+    s.lr = static_cast<float>(lr);
+    s.step_size = static_cast<float>(lr / bc1);
+    s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+    return s;
+  }
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    assert(slots.size() == 2);
+    const OptimizerOptions& o = options();
     AdamScalars s;
     s.b1 = o.beta1;
     s.one_minus_b1 = static_cast<float>(1.0 - o.beta1);
     s.b2 = o.beta2;
     s.one_minus_b2 = static_cast<float>(1.0 - o.beta2);
-    s.step_size = static_cast<float>(lr / bc1);
-    s.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    s.step_size = step.step_size;
+    s.bc2_sqrt = step.bc2_sqrt;
     s.eps = o.epsilon;
     s.l2 = o.weight_decay;
-    s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
-    AdamKernel<kDecoupled>(params.size(), s, params.data(), grad.data(),
-                           slots[0], slots[1]);
+    s.decay_factor = step.decay_factor;
+    ForDType(dtype, [&](auto type) {
+      AdamKernel<decltype(type)::value, kDecoupled>(n, s, params, grad, slots[0],
+                                                    slots[1]);
+    });
   }
 };
 
@@ -177,13 +216,13 @@ class AdagradOptimizer final : public Optimizer {
   float InitialSlotValue(int slot) const override {
     return options().adagrad_initial_accumulator;
   }
-  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
-             absl::Span<const float> grad,
-             absl::Span<float* const> slots) const override {
-    AssertShapes(*this, params, grad, slots);
-    AdagradKernel(params.size(), LearningRate(step) * lr_scale,
-                  options().weight_decay, options().epsilon, params.data(),
-                  grad.data(), slots[0]);
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    assert(slots.size() == 1);
+    const float lr = step.lr, wd = options().weight_decay, eps = options().epsilon;
+    ForDType(dtype, [&](auto type) {
+      AdagradKernel<decltype(type)::value>(n, lr, wd, eps, params, grad, slots[0]);
+    });
   }
 };
 
@@ -259,6 +298,40 @@ Optimizer::Optimizer(const OptimizerOptions& options) : options_(options) {}
 Optimizer::~Optimizer() = default;
 
 float Optimizer::InitialSlotValue(int slot) const { return 0.0f; }
+
+Optimizer::Step Optimizer::PrepareStep(int64_t step, float lr_scale) const {
+  Step s;
+  s.lr = LearningRate(step) * lr_scale;
+  return s;
+}
+
+void Optimizer::Apply(int64_t step, float lr_scale, absl::Span<float> params,
+                      absl::Span<const float> grad,
+                      absl::Span<float* const> slots) const {
+  assert(grad.size() == params.size());
+  assert(slots.size() == static_cast<size_t>(num_slots()));
+  ApplyRun(PrepareStep(step, lr_scale), DTYPE_F32,
+           reinterpret_cast<const char*>(grad.data()),
+           static_cast<int64_t>(params.size()), params.data(), slots);
+}
+
+void Optimizer::ApplyPayload(int64_t step, float lr_scale,
+                             const wire::PayloadView& dense,
+                             absl::Span<float> params,
+                             absl::Span<float* const> slots) const {
+  assert(slots.size() == static_cast<size_t>(num_slots()));
+  assert(slots.size() <= static_cast<size_t>(kMaxSlots));
+  const Step prepared = PrepareStep(step, lr_scale);
+  const int dtype = dense.dtype;
+  const size_t num_slots = slots.size();
+  wire::ForEachRun(dense.data, common::DTypeSize(dtype),
+                   [&](int64_t first, const char* bytes, int64_t count) {
+                     float* run_slots[kMaxSlots];
+                     for (size_t s = 0; s < num_slots; ++s) run_slots[s] = slots[s] + first;
+                     ApplyRun(prepared, dtype, bytes, count, params.data() + first,
+                              absl::MakeConstSpan(run_slots, num_slots));
+                   });
+}
 
 float Optimizer::LearningRate(int64_t step) const {
   return ScheduledLearningRate(options_.schedule, options_.learning_rate,

@@ -17,6 +17,8 @@
 //     slots[s].assign(params.size(), optimizer->InitialSlotValue(s));
 //   std::vector<float*> slot_ptrs = ...;  // slots[s].data()
 //   optimizer->Apply(step++, /*lr_scale=*/1.0f, params, grad, slot_ptrs);
+//   // or, with the gradient as received (f32, f16 or bf16, in pieces):
+//   optimizer->ApplyPayload(step++, 1.0f, part.grad, params, slot_ptrs);
 #ifndef SHARDTRAIN_SERVER_OPTIMIZER_H_
 #define SHARDTRAIN_SERVER_OPTIMIZER_H_
 
@@ -26,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/wire/message_views.h"
 #include "server/lr_schedule.h"
 
 namespace shardtrain::server {
@@ -56,8 +59,8 @@ struct OptimizerOptions {
   LrScheduleOptions schedule;
 };
 
-// Immutable after Create. Apply is thread-safe when concurrent calls touch
-// disjoint parameter and slot ranges.
+// Immutable after Create. Apply, ApplyRun and ApplyPayload are thread-safe
+// when concurrent calls touch disjoint parameter and slot ranges.
 class Optimizer {
  public:
   // INVALID_ARGUMENT for an unknown name or any out-of-range field (see
@@ -80,23 +83,54 @@ class Optimizer {
   // REQUIRES: 0 <= slot < num_slots().
   virtual float InitialSlotValue(int slot) const;
 
-  // Applies one update in place to `params` and the slots.
-  //
-  // `step` is the number of updates already applied to this partition (0 for
+  // The most slots any rule has.
+  static constexpr int kMaxSlots = 2;
+
+  // The constants of one update of a partition (its rate under the schedule
+  // and lr_scale, Adam's bias corrections): computed once by PrepareStep and
+  // used for every run of the partition's elements.
+  struct Step {
+    float lr = 0.0f;            // LearningRate(step) * lr_scale
+    float step_size = 0.0f;     // Adam: lr / (1 - beta1^t)
+    float bc2_sqrt = 0.0f;      // Adam: sqrt(1 - beta2^t)
+    float decay_factor = 0.0f;  // AdamW: 1 - lr * weight_decay
+  };
+
+  // `step` is the number of updates already applied to the partition (0 for
   // the first); it drives the schedule and Adam's bias correction. The rate
   // used is LearningRate(step) * lr_scale (the server scales it down for
   // stale gradients); for AdamW it also scales the decoupled decay, exactly
-  // as PyTorch's lr does. slots[s] points at params.size() floats of slot s
-  // aligned with `params`. The update is element-wise, so a caller may split
-  // a partition into sub-spans (offsetting each slot pointer alike) and apply
-  // them on different threads with the same `step`.
+  // as PyTorch's lr does. REQUIRES: lr_scale finite and >= 0.
+  virtual Step PrepareStep(int64_t step, float lr_scale) const;
+
+  // Applies elements [0, n) of an update in place to params[0, n) and
+  // slots[s][0, n), reading the gradient as n little-endian elements of
+  // `dtype` at `grad`, at any alignment (the bytes of a received payload).
+  // One vectorised pass over params, slots and gradient. The update is
+  // element-wise, so a partition may be applied in any number of runs (each
+  // slot pointer offset like `params`), on different threads, with one Step.
+  //
+  // REQUIRES: DTypeSize(dtype) > 0; slots.size() == num_slots(); no range
+  //           overlaps another.
+  virtual void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                        float* params, absl::Span<float* const> slots) const = 0;
+
+  // Applies one update to `params` and the slots with the gradient in the
+  // received pieces of `dense` (any dtype), run by run (ApplyRun).
+  // REQUIRES: wire::CheckDense(dense, params.size()).ok(); the slots as for
+  //           Apply.
+  void ApplyPayload(int64_t step, float lr_scale, const wire::PayloadView& dense,
+                    absl::Span<float> params, absl::Span<float* const> slots) const;
+
+  // Applies one update in place to `params` and the slots with a float
+  // gradient. slots[s] points at params.size() floats of slot s aligned with
+  // `params`.
   //
   // REQUIRES: grad.size() == params.size(); slots.size() == num_slots();
   //           each slot pointer addresses params.size() floats; none of the
   //           ranges overlap; lr_scale finite and >= 0.
-  virtual void Apply(int64_t step, float lr_scale, absl::Span<float> params,
-                     absl::Span<const float> grad,
-                     absl::Span<float* const> slots) const = 0;
+  void Apply(int64_t step, float lr_scale, absl::Span<float> params,
+             absl::Span<const float> grad, absl::Span<float* const> slots) const;
 
   // options().learning_rate under options().schedule, without lr_scale.
   float LearningRate(int64_t step) const;

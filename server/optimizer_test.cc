@@ -2,9 +2,13 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
+#include <string>
 #include <memory>
 #include <vector>
 
+#include "common/payload.h"
+#include "common/wire/payload_pieces.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -263,6 +267,63 @@ TEST(OptimizerTest, SplitSpansMatchWhole) {
       EXPECT_FLOAT_EQ(split.params[i], whole.params[i]) << name << " " << i;
       for (size_t s = 0; s < whole.slots.size(); ++s) {
         EXPECT_FLOAT_EQ(split.slots[s][i], whole.slots[s][i]) << name;
+      }
+    }
+  }
+}
+
+uint32_t Bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return bits;
+}
+
+// The gradient read straight from received bytes (any dtype, in pieces cut
+// at odd places, each run its own loop) updates parameters and slots bit for
+// bit as decoding it into floats and calling Apply does.
+TEST(OptimizerTest, PayloadInPiecesMatchesDecodedFloats) {
+  const size_t n = 301;  // vector loops with a tail, runs of odd length
+  std::vector<double> initial(n), grad_d(n);
+  for (size_t i = 0; i < n; ++i) {
+    initial[i] = std::sin(0.37 * static_cast<double>(i)) * 2.0;
+    grad_d[i] = std::cos(1.3 * static_cast<double>(i)) * (i % 7 == 0 ? 1e-3 : 0.8);
+  }
+  const std::vector<float> grad = ToFloat(grad_d);
+  for (const char* name : kAllNames) {
+    for (DType dtype : {DTYPE_F32, DTYPE_F16, DTYPE_BF16}) {
+      std::string bytes;
+      common::EncodeDense(grad, dtype, &bytes);
+      std::vector<float> decoded(n);
+      ASSERT_TRUE(common::DecodeDense(dtype, bytes, absl::MakeSpan(decoded)).ok());
+      // The bytes at an odd address, in pieces that split elements.
+      const std::string buffer = "x" + bytes;
+      const absl::string_view all = absl::string_view(buffer).substr(1);
+      wire::PayloadView payload;
+      payload.dtype = dtype;
+      payload.encoding = ENCODING_DENSE;
+      for (size_t begin = 0; begin < all.size();) {
+        const size_t length = std::min<size_t>(all.size() - begin, 3 + begin % 97);
+        payload.data.Append(all.substr(begin, length));
+        begin += length;
+      }
+      ASSERT_TRUE(wire::CheckDense(payload, n).ok());
+
+      auto optimizer = Optimizer::Create(WithDecay(name)).value();
+      Partition floats = MakePartition(*optimizer, initial);
+      Partition wire = MakePartition(*optimizer, initial);
+      for (int64_t step = 0; step < 3; ++step) {
+        optimizer->Apply(step, 0.5f, absl::MakeSpan(floats.params), decoded,
+                         floats.SlotPointers(0));
+        optimizer->ApplyPayload(step, 0.5f, payload, absl::MakeSpan(wire.params),
+                                wire.SlotPointers(0));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(Bits(wire.params[i]), Bits(floats.params[i]))
+            << name << " " << common::DTypeName(dtype) << " element " << i;
+        for (size_t s = 0; s < floats.slots.size(); ++s) {
+          ASSERT_EQ(Bits(wire.slots[s][i]), Bits(floats.slots[s][i]))
+              << name << " " << common::DTypeName(dtype) << " slot " << s;
+        }
       }
     }
   }

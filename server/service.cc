@@ -1,13 +1,71 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <glog/logging.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/wire/message_encoder.h"
+#include "common/wire/message_views.h"
 
 namespace shardtrain::server {
+
+namespace {
+
+// What a raw method answers for a body it cannot parse: exactly what the
+// bad-body interceptor answers for the others. The parser's detail (which
+// field, which byte) goes to the log.
+absl::Status BadBody(const absl::Status& parsed, const char* type) {
+  if (parsed.ok()) return parsed;
+  VLOG(1) << parsed;
+  return absl::InvalidArgumentError(absl::StrCat("request body is not a valid ", type));
+}
+
+// Parses a small stock message (a PullRequest) from a raw request.
+absl::Status ParseStock(const grpc::ByteBuffer& buffer,
+                        google::protobuf::Message* message) {
+  message->Clear();
+  if (!buffer.Valid()) return absl::OkStatus();  // an empty body
+  grpc::ByteBuffer copy(buffer);  // references the same slices
+  grpc::ProtoBufferReader reader(&copy);
+  if (!message->ParseFromZeroCopyStream(&reader)) {
+    return BadBody(absl::InvalidArgumentError("protobuf parse failed"),
+                   message->GetTypeName().c_str());
+  }
+  return absl::OkStatus();
+}
+
+// A parse result of a push: a body that does not parse is BadBody; a push
+// naming more parts than allowed (found before any is allocated) is refused
+// as the shard refuses it, counted under the same limit.
+absl::Status PushParsed(const absl::Status& parsed, const char* type,
+                        ShardMetrics* metrics) {
+  if (parsed.code() == absl::StatusCode::kResourceExhausted) {
+    metrics->requests_refused("max_parts_per_request").Increment();
+    return absl::ResourceExhaustedError(
+        absl::StrCat(parsed.message(), " (--max_parts_per_request)"));
+  }
+  return BadBody(parsed, type);
+}
+
+// Views of the requests being handled on this thread, reused so that their
+// part lists keep their capacity from call to call. Only used during a
+// handler's synchronous part.
+wire::PushView& ThreadPushView() {
+  thread_local wire::PushView view;
+  return view;
+}
+
+wire::PushPullView& ThreadPushPullView() {
+  thread_local wire::PushPullView view;
+  return view;
+}
+
+}  // namespace
 
 // A pull that may have to wait. Owned by gRPC from the handler's return
 // until OnDone; the waiters_ list only borrows it, and whoever removes it
@@ -16,15 +74,16 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
  public:
   WaitingReactor(ParameterServerService* service, const char* method,
                  absl::Time start, absl::Time deadline, size_t request_bytes,
-                 const PullRequest* request, PullResponse* pull_response,
-                 const google::protobuf::Message* response)
+                 PullRequest request, const PushResponse* push,
+                 grpc::ByteBuffer* response)
       : service_(service),
         method_(method),
         start_(start),
         deadline_(deadline),
         request_bytes_(request_bytes),
-        request_(request),
-        pull_response_(pull_response),
+        request_(std::move(request)),
+        push_pull_(push != nullptr),
+        push_(push != nullptr ? *push : PushResponse()),
         response_(response) {}
 
   void OnCancel() override { service_->OnWaiterCancelled(this); }
@@ -35,9 +94,12 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   const absl::Time start_;
   const absl::Time deadline_;
   const size_t request_bytes_;
-  const PullRequest* const request_;
-  PullResponse* const pull_response_;
-  const google::protobuf::Message* const response_;
+  const PullRequest request_;
+  // A PushPull: the response of its push half, sent with the pull.
+  const bool push_pull_;
+  const PushResponse push_;
+  // gRPC's response message, alive until OnDone.
+  grpc::ByteBuffer* const response_;
 };
 
 ParameterServerService::ParameterServerService(Shard* shard,
@@ -50,9 +112,6 @@ ParameterServerService::ParameterServerService(Shard* shard,
       shard_metrics_(shard_metrics),
       checkpointer_(checkpointer),
       max_pull_wait_(max_pull_wait) {
-  SetMessageAllocatorFor_Push(&push_pool_);
-  SetMessageAllocatorFor_Pull(&pull_pool_);
-  SetMessageAllocatorFor_PushPull(&push_pull_pool_);
   SetMessageAllocatorFor_Register(&register_arena_);
 }
 
@@ -80,6 +139,18 @@ void ParameterServerService::Finish(grpc::ServerUnaryReactor* reactor,
   reactor->Finish(grpc_status);
 }
 
+void ParameterServerService::FinishRaw(grpc::ServerUnaryReactor* reactor,
+                                       const char* method,
+                                       const absl::Status& status,
+                                       absl::Time start, size_t request_bytes,
+                                       const grpc::ByteBuffer& response) {
+  const grpc::Status grpc_status = common::ToGrpcStatus(status);
+  Record(method, grpc_status, start, request_bytes,
+         status.ok() ? response.Length() : 0);
+  if (!status.ok()) VLOG(1) << method << " rejected: " << status;
+  reactor->Finish(grpc_status);
+}
+
 grpc::ServerUnaryReactor* ParameterServerService::Register(
     grpc::CallbackServerContext* context, const RegisterRequest* request,
     RegisterResponse* response) {
@@ -91,12 +162,26 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(
-    grpc::CallbackServerContext* context, const PushRequest* request,
-    PushResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, "Push", shard_->Push(*request, response), start, *request,
-         *response);
+  wire::ReceivedMessage message;
+  wire::PushView& push = ThreadPushView();
+  PushResponse push_response;
+  absl::Status status = message.Take(*request);
+  if (status.ok()) {
+    status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
+                        "shardtrain.PushRequest", shard_metrics_);
+  }
+  if (status.ok()) status = shard_->Push(push, &push_response);
+  if (status.ok()) {
+    bool own_buffer = false;
+    const grpc::Status serialized = grpc::SerializationTraits<PushResponse>::Serialize(
+        push_response, response, &own_buffer);
+    if (!serialized.ok()) status = common::FromGrpcStatus(serialized);
+  }
+  FinishRaw(reactor, "Push", status, start, request->Length(), *response);
   return reactor;
 }
 
@@ -147,73 +232,96 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
-    grpc::CallbackServerContext* context, const PullRequest* request,
-    PullResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
-  return StartPull(context, "Pull", start, request->ByteSizeLong(), *request,
-                   response, response);
+  PullRequest pull;
+  const absl::Status status = ParseStock(*request, &pull);
+  if (!status.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    FinishRaw(reactor, "Pull", status, start, request->Length(), *response);
+    return reactor;
+  }
+  return StartPull(context, "Pull", start, request->Length(), std::move(pull),
+                   /*push=*/nullptr, response);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(
-    grpc::CallbackServerContext* context, const PushPullRequest* request,
-    PushPullResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
+  wire::ReceivedMessage message;
+  wire::PushPullView& view = ThreadPushPullView();
+  PushResponse push_response;
+  absl::Status status = message.Take(*request);
+  if (status.ok()) {
+    status = PushParsed(wire::ParsePushPull(message, &view, MaxParts()),
+                        "shardtrain.PushPullRequest", shard_metrics_);
+  }
   // The pull is checked before the push is applied so that a bad pull
   // rejects the whole request without changing the shard.
-  absl::Status status;
-  if (request->pull().worker() != request->push().worker()) {
-    status = absl::InvalidArgumentError(absl::StrFormat(
-        "push is from worker %d but pull from worker %d",
-        request->push().worker(), request->pull().worker()));
+  if (status.ok() && view.pull.worker() != view.push.worker) {
+    status = absl::InvalidArgumentError(
+        absl::StrFormat("push is from worker %d but pull from worker %d",
+                        view.push.worker, view.pull.worker()));
   }
-  if (status.ok()) status = shard_->ValidatePull(request->pull());
-  if (status.ok()) status = shard_->Push(request->push(), response->mutable_push());
+  if (status.ok()) status = shard_->ValidatePull(view.pull);
+  if (status.ok()) status = shard_->Push(view.push, &push_response);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    Finish(reactor, "PushPull", status, start, *request, *response);
+    FinishRaw(reactor, "PushPull", status, start, request->Length(), *response);
     return reactor;
   }
-  return StartPull(context, "PushPull", start, request->ByteSizeLong(),
-                   request->pull(), response->mutable_pull(), response);
+  return StartPull(context, "PushPull", start, request->Length(),
+                   std::move(view.pull), &push_response, response);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::StartPull(
     grpc::CallbackServerContext* context, const char* method, absl::Time start,
-    size_t request_bytes, const PullRequest& request,
-    PullResponse* pull_response, const google::protobuf::Message* response) {
+    size_t request_bytes, PullRequest request, const PushResponse* push,
+    grpc::ByteBuffer* response) {
   const absl::Time deadline =
       std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
   auto* reactor = new WaitingReactor(this, method, start, deadline, request_bytes,
-                                     &request, pull_response, response);
-  const absl::Status valid = shard_->ValidatePull(request);
+                                     std::move(request), push, response);
+  const PullRequest& pull = reactor->request_;
+  const absl::Status valid = shard_->ValidatePull(pull);
   if (!valid.ok()) {
     FinishWaiter(reactor, common::ToGrpcStatus(valid));
     return reactor;
   }
-  shard_->NotePull(request);  // may complete steps and wake waiters: before mu_
+  shard_->NotePull(pull);  // may complete steps and wake waiters: before mu_
   {
     absl::MutexLock lock(&mu_);
     // Checked under mu_ so a wake-up between the check and the insertion
     // cannot be missed: WakeWaiters takes mu_ too.
-    if (!shard_->PullReady(request)) {
+    if (!shard_->PullReady(pull)) {
       waiters_.push_back(reactor);
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
       return reactor;
     }
   }
-  shard_->FillPull(request, pull_response);
-  FinishWaiter(reactor, grpc::Status::OK);
+  AnswerWaiter(reactor);
   return reactor;
+}
+
+void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
+  wire::PullResponseBuilder builder;
+  shard_->FillPull(waiter->request_, &builder);
+  const double wait_seconds = absl::ToDoubleSeconds(absl::Now() - waiter->start_);
+  if (waiter->push_pull_) {
+    builder.FinishPushPull(waiter->push_, wait_seconds, shard_->incarnation(),
+                           waiter->response_);
+  } else {
+    builder.Finish(wait_seconds, shard_->incarnation(), waiter->response_);
+  }
+  FinishWaiter(waiter, grpc::Status::OK);
 }
 
 void ParameterServerService::FinishWaiter(WaitingReactor* waiter,
                                           const grpc::Status& status) {
-  if (status.ok()) {
-    waiter->pull_response_->set_wait_seconds(
-        absl::ToDoubleSeconds(absl::Now() - waiter->start_));
-  }
   Record(waiter->method_, status, waiter->start_, waiter->request_bytes_,
-         status.ok() ? waiter->response_->ByteSizeLong() : 0);
+         status.ok() ? waiter->response_->Length() : 0);
   waiter->Finish(status);
 }
 
@@ -222,7 +330,7 @@ void ParameterServerService::WakeWaiters() {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (shard_->PullReady(*(*it)->request_)) {
+      if (shard_->PullReady((*it)->request_)) {
         ready.push_back(*it);
         it = waiters_.erase(it);
       } else {
@@ -233,10 +341,7 @@ void ParameterServerService::WakeWaiters() {
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
     }
   }
-  for (WaitingReactor* waiter : ready) {
-    shard_->FillPull(*waiter->request_, waiter->pull_response_);
-    FinishWaiter(waiter, grpc::Status::OK);
-  }
+  for (WaitingReactor* waiter : ready) AnswerWaiter(waiter);
 }
 
 void ParameterServerService::ExpireWaiters(absl::Time now) {
@@ -262,9 +367,9 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
                                   "pull from worker %d (clock %d, min_version "
                                   "%d) waited %s without the step completing "
                                   "or the staleness bound allowing it",
-                                  waiter->request_->worker(),
-                                  waiter->request_->clock(),
-                                  waiter->request_->min_version(),
+                                  waiter->request_.worker(),
+                                  waiter->request_.clock(),
+                                  waiter->request_.min_version(),
                                   absl::FormatDuration(now - waiter->start_))));
   }
 }

@@ -1,7 +1,15 @@
 // ParameterServerService: the gRPC face of a Shard (callback API).
 //
 // Every handler validates, calls the Shard and finishes on the calling
-// thread. A Pull (or the pull half of a PushPull) that cannot be answered
+// thread. Push, Pull and PushPull are raw methods: their request arrives as
+// gRPC's received slices and is parsed in place (common/wire/
+// message_views.h), so a gradient is applied straight from the bytes
+// received; their response is encoded with wire::PullResponseBuilder, which
+// writes each partition's parameters once, into the memory that is sent.
+// On the wire both are the protobuf messages of proto/shardtrain.proto, so
+// stock protobuf clients are served unchanged; a body that does not parse
+// is INVALID_ARGUMENT "request body is not a valid shardtrain.PushRequest:
+// ..." (the other methods get the same from server/bad_body_interceptor.h). A Pull (or the pull half of a PushPull) that cannot be answered
 // yet is parked as a Waiter, holding no thread; the shard's progress
 // callback re-checks parked pulls and answers those now ready. A parked pull
 // ends with DEADLINE_EXCEEDED at the client's deadline or the server's
@@ -18,13 +26,22 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
-#include "server/internal/message_pool.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 
 namespace shardtrain::server {
 
-class ParameterServerService final : public ParameterServer::CallbackService {
+// Callback methods, raw (grpc::ByteBuffer) for the three that carry tensors.
+using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
+    ParameterServer::WithRawCallbackMethod_Push<
+        ParameterServer::WithRawCallbackMethod_Pull<
+            ParameterServer::WithRawCallbackMethod_PushPull<
+                ParameterServer::WithCallbackMethod_Heartbeat<
+                    ParameterServer::WithCallbackMethod_Status<
+                        ParameterServer::WithCallbackMethod_Checkpoint<
+                            ParameterServer::Service>>>>>>>;
+
+class ParameterServerService final : public ParameterServerBase {
  public:
   // `shard`, `rpc_metrics`, `shard_metrics` and `checkpointer` are not owned
   // and must outlive the service; `checkpointer` is null when checkpoints
@@ -37,15 +54,18 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const RegisterRequest* request,
                                      RegisterResponse* response) override;
+  // `request` holds a PushRequest; `response` gets a PushResponse.
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* context,
-                                 const PushRequest* request,
-                                 PushResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  // PullRequest -> PullResponse.
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
-                                 const PullRequest* request,
-                                 PullResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  // PushPullRequest -> PushPullResponse.
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
-                                     const PushPullRequest* request,
-                                     PushPullResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const HeartbeatRequest* request,
                                       HeartbeatResponse* response) override;
@@ -67,21 +87,34 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   class WaitingReactor;
   friend class WaitingReactor;
 
+  // Answers `request` now if it is ready, else parks it as a waiter. For a
+  // PushPull, `push` is the push half's response; null for a Pull.
+  // `response` is gRPC's, written when the pull is answered.
   grpc::ServerUnaryReactor* StartPull(grpc::CallbackServerContext* context,
                                       const char* method, absl::Time start,
-                                      size_t request_bytes,
-                                      const PullRequest& request,
-                                      PullResponse* pull_response,
-                                      const google::protobuf::Message* response);
+                                      size_t request_bytes, PullRequest request,
+                                      const PushResponse* push,
+                                      grpc::ByteBuffer* response);
+  // Encodes the answer to `waiter`'s pull into its response and finishes it.
+  void AnswerWaiter(WaitingReactor* waiter);
   void FinishWaiter(WaitingReactor* waiter, const grpc::Status& status);
   void OnWaiterCancelled(WaitingReactor* waiter);
   void Record(const char* method, const grpc::Status& status, absl::Time start,
               size_t request_bytes, size_t response_bytes);
+  // The most parts a push may name (checked while parsing, before the
+  // parts' views are allocated).
+  size_t MaxParts() const {
+    return static_cast<size_t>(shard_->options().limits.max_parts_per_request);
+  }
   // Finishes `reactor` with `status`, recording the RPC.
   void Finish(grpc::ServerUnaryReactor* reactor, const char* method,
               const absl::Status& status, absl::Time start,
               const google::protobuf::Message& request,
               const google::protobuf::Message& response);
+  // The same for a raw method; `response` is what is sent (if OK).
+  void FinishRaw(grpc::ServerUnaryReactor* reactor, const char* method,
+                 const absl::Status& status, absl::Time start,
+                 size_t request_bytes, const grpc::ByteBuffer& response);
 
   Shard* const shard_;
   common::RpcMetrics* const rpc_metrics_;
@@ -89,9 +122,6 @@ class ParameterServerService final : public ParameterServer::CallbackService {
   Checkpointer* const checkpointer_;
   const absl::Duration max_pull_wait_;
 
-  internal::MessagePool<PushRequest, PushResponse> push_pool_{16};
-  internal::MessagePool<PullRequest, PullResponse> pull_pool_{16};
-  internal::MessagePool<PushPullRequest, PushPullResponse> push_pull_pool_{16};
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;
 

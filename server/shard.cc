@@ -6,24 +6,17 @@
 #include <random>
 
 #include <glog/logging.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
-#include "common/float_env.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "server/internal/partition_locks.h"
+#include "common/wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {
-
-// Scratch for decoded gradients, reused across requests on each gRPC thread
-// so the hot path allocates nothing once warm.
-std::vector<std::vector<float>>& GradScratch() {
-  thread_local std::vector<std::vector<float>> scratch;
-  return scratch;
-}
 
 void HashBytes(uint64_t* hash, const void* data, size_t bytes) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
@@ -278,83 +271,6 @@ absl::Status Shard::Register(const RegisterRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
-    const PushRequest& request) const {
-  if (request.parts().empty()) {
-    return absl::InvalidArgumentError("push carries no gradients");
-  }
-  if (request.parts_size() > options_.limits.max_parts_per_request) {
-    return Refuse("max_parts_per_request",
-                  absl::ResourceExhaustedError(absl::StrFormat(
-                      "push has %d parts; the limit is %d per request "
-                      "(--max_parts_per_request)",
-                      request.parts_size(), options_.limits.max_parts_per_request)));
-  }
-  // Every key is looked up and checked for repeats before anything is
-  // decoded, so a request naming one partition many times costs nothing.
-  std::vector<DecodedPart> decoded;
-  decoded.reserve(request.parts_size());
-  for (int i = 0; i < request.parts_size(); ++i) {
-    const GradientPart& part = request.parts(i);
-    ASSIGN_OR_RETURN(Partition * partition, store_.Find(part.key()));
-    // Versions count updates, like clocks count steps: bounded, so that no
-    // version (a sync fast-forward included) can overflow.
-    if (part.version() < 0 || part.version() > kMaxClock) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s/%d: version %d is not in [0, %d]", partition->tensor,
-          partition->index, part.version(), kMaxClock));
-    }
-    decoded.push_back(DecodedPart{partition, i, part.version(), {}, false});
-  }
-  std::sort(decoded.begin(), decoded.end(),
-            [](const DecodedPart& a, const DecodedPart& b) {
-              return a.partition->id < b.partition->id;
-            });
-  for (size_t i = 1; i < decoded.size(); ++i) {
-    if (decoded[i].partition == decoded[i - 1].partition) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s/%d appears twice in one push", decoded[i].partition->tensor,
-          decoded[i].partition->index));
-    }
-  }
-  std::vector<std::vector<float>>& scratch = GradScratch();
-  if (scratch.size() < decoded.size()) scratch.resize(decoded.size());
-  for (size_t i = 0; i < decoded.size(); ++i) {
-    DecodedPart& d = decoded[i];
-    const Partition& partition = *d.partition;
-    // Dense f32 is used where it lies in the request (which outlives the
-    // push); other encodings are decoded into scratch.
-    const Payload& payload = request.parts(d.index).grad();
-    const std::string& bytes = payload.data();
-    absl::Status status;
-    if (payload.encoding() == ENCODING_DENSE && payload.dtype() == DTYPE_F32 &&
-        payload.indices().empty() &&
-        bytes.size() == static_cast<size_t>(partition.range.size) * sizeof(float) &&
-        reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
-      d.grad = absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
-                                   static_cast<size_t>(partition.range.size));
-    } else if (payload.encoding() == ENCODING_SPARSE &&
-               payload.indices().size() / sizeof(uint32_t) >
-                   static_cast<size_t>(partition.range.size)) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "sparse payload names %d elements of a %d-element partition",
-          payload.indices().size() / sizeof(uint32_t), partition.range.size));
-    } else {
-      std::vector<float>& buffer = scratch[i];
-      buffer.resize(partition.range.size);
-      status = common::DecodePayload(payload, absl::MakeSpan(buffer));
-      d.grad = buffer;
-    }
-    if (status.ok()) status = common::CheckFinite(d.grad);
-    if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrFormat("%s/%d: %s", partition.tensor,
-                                          partition.index, status.message()));
-    }
-  }
-  return decoded;
-}
-
 int Shard::RequiredGradients(const Partition& part) const {
   const int replicas = options_.replicas_to_aggregate > 0
                            ? options_.replicas_to_aggregate
@@ -370,12 +286,17 @@ void Shard::NoteVersion(int64_t version) {
   }
 }
 
-void Shard::ApplyUpdate(Partition& part, const float* grad, float lr_scale) {
+void Shard::ApplyUpdate(Partition& part, const wire::PayloadView* dense,
+                        const float* grad, float lr_scale) {
   const int64_t step = part.version.load(std::memory_order_relaxed);
-  absl::InlinedVector<float*, 4> slots;
+  absl::InlinedVector<float*, Optimizer::kMaxSlots> slots;
   for (std::vector<float>& slot : part.slots) slots.push_back(slot.data());
-  optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
-                    absl::MakeConstSpan(grad, part.params.size()), slots);
+  if (dense != nullptr) {
+    optimizer_->ApplyPayload(step, lr_scale, *dense, absl::MakeSpan(part.params), slots);
+  } else {
+    optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
+                      absl::MakeConstSpan(grad, part.params.size()), slots);
+  }
   part.version.store(step + 1, std::memory_order_release);
   NoteVersion(step + 1);
   if (part.version_gauge != nullptr) {
@@ -393,7 +314,7 @@ bool Shard::MaybeFinishStep(Partition& part, bool close) {
   const float inverse = 1.0f / static_cast<float>(part.contributions);
   float* __restrict accum = part.accum.data();
   for (size_t i = 0; i < part.accum.size(); ++i) accum[i] *= inverse;
-  ApplyUpdate(part, accum, 1.0f);
+  ApplyUpdate(part, /*dense=*/nullptr, accum, 1.0f);
   // Coordinated step checkpoints: copy the partition at every N-th step.
   if (step_snapshot_.Due(part.version.load(std::memory_order_relaxed))) {
     step_snapshot_.Capture(part);
@@ -403,203 +324,6 @@ bool Shard::MaybeFinishStep(Partition& part, bool close) {
   part.contributions = 0;
   part.resuming = false;
   return true;
-}
-
-absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
-  response->set_incarnation(incarnation_);
-  response->set_duplicate(false);
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
-  if (request.clock() < 0 || request.clock() > kMaxClock) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "clock %d is not in [0, %d]", request.clock(), kMaxClock));
-  }
-  const uint64_t sequence = request.sequence();
-  if (sequence == 0) {
-    RETURN_IF_ERROR(ApplyPush(request, response));
-    NotifyProgress();
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(DedupedPush(request, response));
-  if (!response->duplicate()) NotifyProgress();
-  return absl::OkStatus();
-}
-
-absl::Status Shard::DedupedPush(const PushRequest& request, PushResponse* response) {
-  const uint64_t sequence = request.sequence();
-  // The worker's log stays locked from the duplicate check until the push
-  // is recorded, so a retry arriving meanwhile waits and is then answered
-  // as a duplicate. Taken before any partition lock.
-  PushLog& log = *push_logs_[request.worker()];
-  absl::MutexLock lock(&log.mu);
-  // A new worker incarnation starts a new log, but only once its push is
-  // applied: a refused push changes nothing.
-  const bool fresh_log =
-      log.incarnation != request.worker_incarnation() || log.applied.empty();
-  if (!fresh_log && sequence <= log.highest) {
-    if (log.highest - sequence >= static_cast<uint64_t>(kPushWindow)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "push sequence %d is older than the last %d applied; cannot tell if "
-          "it was applied",
-          sequence, kPushWindow));
-    }
-    const int64_t staleness = log.applied[sequence % kPushWindow];
-    if (staleness >= 0) {
-      response->set_duplicate(true);
-      response->set_max_staleness(staleness);
-      metrics_->duplicate_pushes().Increment();
-      duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
-      VLOG(1) << "push " << sequence << " of worker " << request.worker()
-              << " is a duplicate; not applied again";
-      return absl::OkStatus();
-    }
-  }
-  RETURN_IF_ERROR(ApplyPush(request, response));
-  if (fresh_log) {
-    log.incarnation = request.worker_incarnation();
-    log.highest = 0;
-    log.applied.assign(kPushWindow, -1);
-  }
-  if (sequence > log.highest) {
-    const uint64_t cleared =
-        std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
-    // Counting down from `sequence` cannot wrap around at 2^64 - 1.
-    for (uint64_t i = 0; i < cleared; ++i) {
-      log.applied[(sequence - i) % kPushWindow] = -1;
-    }
-    log.highest = sequence;
-  }
-  log.applied[sequence % kPushWindow] = response->max_staleness();
-  return absl::OkStatus();
-}
-
-absl::Status Shard::ApplyPush(const PushRequest& request, PushResponse* response) {
-  common::EnableFlushToZero();  // gRPC threads run the optimizer
-  ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
-  const bool sync = options_.mode == ConsistencyMode::kSync;
-  const uint32_t worker = request.worker();
-
-  // All partitions of the request are locked, in id order, for the checks
-  // and the update together: either every part is applied or none is.
-  absl::Status verdict;
-  int64_t max_staleness = 0;
-  int64_t lost = 0;
-  int fast_forwarded = 0;
-  {
-    std::vector<Partition*> to_lock;
-    to_lock.reserve(parts.size());
-    for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
-    const internal::PartitionLocks locks(std::move(to_lock));
-    for (DecodedPart& part : parts) {
-      const Partition& p = *part.partition;
-      p.mu.AssertHeld();  // by `locks`
-      const int64_t version = p.version.load(std::memory_order_relaxed);
-      if (part.version > version) {
-        // A resuming partition catches up (see shard.h): from any step when
-        // no gradient is pending; with gradients pending (a step it redoes),
-        // only from the next step, which workers one step ahead push.
-        if (sync && p.resuming &&
-            (p.contributions == 0 || part.version == version + 1)) {
-          part.ahead = true;
-          continue;
-        }
-        verdict = absl::OutOfRangeError(absl::StrFormat(
-            "%s/%d: gradient computed from version %d, but the partition is at "
-            "version %d",
-            p.tensor, p.index, part.version, version));
-        break;
-      }
-      if (sync && part.version < version) {
-        verdict = absl::FailedPreconditionError(absl::StrFormat(
-            "%s/%d: step %d is finished (partition at version %d); late "
-            "gradient dropped",
-            p.tensor, p.index, part.version, version));
-        break;
-      }
-      if (sync && p.contributed[worker]) {
-        verdict = absl::AlreadyExistsError(absl::StrFormat(
-            "%s/%d: worker %d already pushed a gradient for step %d", p.tensor,
-            p.index, worker, part.version));
-        break;
-      }
-    }
-    if (verdict.ok()) {
-      for (DecodedPart& part : parts) {
-        Partition& p = *part.partition;
-        p.mu.AssertHeld();  // by `locks`
-        const absl::Span<const float> grad = part.grad;
-        if (sync) {
-          if (part.ahead) {
-            // A restarted shard redoing a step (a worker sent again the
-            // gradient it had pushed to the previous incarnation) is overtaken
-            // by a worker that had that step's result before the restart:
-            // the step is closed with the gradients it has.
-            if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
-            const int64_t now = p.version.load(std::memory_order_relaxed);
-            if (part.version > now) {
-              p.version.store(part.version, std::memory_order_release);
-              NoteVersion(part.version);
-              if (p.version_gauge != nullptr) {
-                p.version_gauge->Set(static_cast<double>(part.version));
-              }
-              lost += part.version - now;
-              ++fast_forwarded;
-            }
-          }
-          if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
-          float* __restrict accum = p.accum.data();
-          const float* __restrict g = grad.data();
-          for (size_t i = 0; i < grad.size(); ++i) accum[i] += g[i];
-          p.contributed[worker] = true;
-          ++p.contributions;
-          MaybeFinishStep(p);
-        } else {
-          const int64_t staleness =
-              p.version.load(std::memory_order_relaxed) - part.version;
-          max_staleness = std::max(max_staleness, staleness);
-          metrics_->staleness().Observe(static_cast<double>(staleness));
-          const float lr_scale =
-              options_.staleness_aware_lr && staleness > 1
-                  ? 1.0f / static_cast<float>(staleness)
-                  : 1.0f;
-          ApplyUpdate(p, grad.data(), lr_scale);
-        }
-      }
-    }
-  }  // unlocks the partitions
-  // Large scratch is not kept past a request that needed it.
-  std::vector<std::vector<float>>& scratch = GradScratch();
-  size_t scratch_elements = 0;
-  for (const std::vector<float>& buffer : scratch) scratch_elements += buffer.capacity();
-  if (scratch_elements > (size_t{1} << 24)) scratch = {};
-
-  if (!verdict.ok()) {
-    if (verdict.code() == absl::StatusCode::kFailedPrecondition) {
-      metrics_->dropped("late").Increment(static_cast<double>(parts.size()));
-      dropped_gradients_.fetch_add(static_cast<int64_t>(parts.size()));
-    }
-    return verdict;
-  }
-  if (lost > 0) {
-    metrics_->lost_updates().Increment(static_cast<double>(lost));
-    LOG(WARNING) << "shard " << options_.shard_index << ": a push of worker "
-                 << worker << " for step " << parts.front().version
-                 << " fast-forwarded " << fast_forwarded
-                 << " partition(s) restored at an earlier step; " << lost
-                 << " update(s) lost";
-  }
-  metrics_->gradients_received().Increment(static_cast<double>(parts.size()));
-  int64_t seen = max_staleness_seen_.load();
-  while (max_staleness > seen &&
-         !max_staleness_seen_.compare_exchange_weak(seen, max_staleness)) {
-  }
-  response->set_max_staleness(max_staleness);
-  const Membership::UpdateResult update =
-      membership_.Update(static_cast<int>(worker), request.worker_incarnation(),
-                         request.clock(), false, absl::Now(), RejoinStep());
-  CountJoin(update.join);
-  UpdateMembershipMetrics();
-  return absl::OkStatus();
 }
 
 absl::Status Shard::ValidatePull(const PullRequest& request) const {
@@ -684,29 +408,31 @@ bool Shard::PullReady(const PullRequest& request) const {
   return true;
 }
 
-void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
-  response->set_incarnation(incarnation_);
+void Shard::FillPull(const PullRequest& request,
+                     wire::PullResponseBuilder* builder) const {
   const DType dtype =
       request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype();
-  // Reuse the response's existing part messages and their byte buffers.
-  while (response->parts_size() > request.parts_size()) {
-    response->mutable_parts()->RemoveLast();
-  }
-  for (int i = 0; i < request.parts_size(); ++i) {
-    const PartitionKey& key = request.parts(i);
-    ParameterPart* out =
-        i < response->parts_size() ? response->mutable_parts(i) : response->add_parts();
-    *out->mutable_key() = key;
+  const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
+  for (const PartitionKey& key : request.parts()) {
     absl::StatusOr<Partition*> found = store_.Find(key);
     if (!found.ok()) continue;  // unreachable after ValidatePull
     const Partition& part = **found;
-    Payload* value = out->mutable_value();
-    value->set_dtype(dtype);
-    value->set_encoding(ENCODING_DENSE);
     absl::ReaderMutexLock lock(&part.mu);
-    out->set_version(part.version.load(std::memory_order_relaxed));
-    common::EncodeDense(part.params, dtype, value->mutable_data());
+    char* out = builder->AddPart(key.tensor(), key.partition(),
+                                 part.version.load(std::memory_order_relaxed), dtype,
+                                 part.params.size() * width);
+    wire::EncodeElements(part.params, dtype, out);
   }
+}
+
+void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
+  wire::PullResponseBuilder builder;
+  FillPull(request, &builder);
+  grpc::ByteBuffer buffer;
+  builder.Finish(/*wait_seconds=*/0, incarnation_, &buffer);
+  grpc::ProtoBufferReader reader(&buffer);
+  // The encoder writes valid protobuf; a failure here is a broken invariant.
+  CHECK(response->ParseFromZeroCopyStream(&reader)) << "pull response does not parse";
 }
 
 absl::Status Shard::Heartbeat(const HeartbeatRequest& request,

@@ -11,7 +11,7 @@
 //    a push from a later step fast-forwards it (the skipped steps are
 //    counted as lost updates), so a shard restored from an older checkpoint
 //    rejoins the job's step; a step it was redoing (from gradients sent
-//    again, worker/sync_replay.h) is first closed with the gradients it has.
+//    again, client/sync_replay.h) is first closed with the gradients it has.
 //  - async mode: each gradient is applied on arrival and its staleness
 //    recorded; with a staleness bound, pulls of a worker too far ahead of
 //    the slowest one wait (SSP).
@@ -38,6 +38,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/wire/message_encoder.h"
+#include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
@@ -56,6 +58,11 @@ class Shard {
 
   absl::Status Register(const RegisterRequest& request,
                         RegisterResponse* response);
+  // Applies the gradients of a push as received: dense payloads of any
+  // dtype are checked (sizes, NaN/Inf) and then applied straight from the
+  // received bytes, without a copy; `request` is only read during the call.
+  absl::Status Push(const wire::PushView& request, PushResponse* response);
+  // The same for a stock message (tests, in-process callers).
   absl::Status Push(const PushRequest& request, PushResponse* response);
 
   // Checks a pull without answering it: the keys exist here, the worker is
@@ -69,7 +76,13 @@ class Shard {
   // True when `request` may be answered now.
   // REQUIRES: ValidatePull(request).ok().
   bool PullReady(const PullRequest& request) const;
-  // Copies the current parameters of the requested partitions.
+  // Writes the current parameters of the requested partitions, converted to
+  // the requested dtype, into `builder`: each partition once, under its
+  // lock, straight into the memory that is sent.
+  // REQUIRES: ValidatePull(request).ok().
+  void FillPull(const PullRequest& request, wire::PullResponseBuilder* builder) const;
+  // The same as a stock message (tests, in-process callers): encoded as
+  // above and parsed back, wait_seconds 0.
   // REQUIRES: ValidatePull(request).ok().
   void FillPull(const PullRequest& request, PullResponse* response) const;
 
@@ -120,10 +133,12 @@ class Shard {
  private:
   struct DecodedPart {
     Partition* partition = nullptr;
-    int index = 0;  // in the request
+    const wire::PayloadView* payload = nullptr;  // in the request
     int64_t version = 0;
-    // The request's own bytes (dense f32) or thread-local scratch.
-    absl::Span<const float> grad;
+    // A dense payload (checked) is applied straight from its received
+    // bytes; a sparse one from `decoded`, thread-local scratch.
+    bool dense = false;
+    absl::Span<const float> decoded;
     // sync: the push is for a later step than a resuming partition's.
     bool ahead = false;
   };
@@ -149,12 +164,12 @@ class Shard {
   absl::Status CheckRegisterLimits(const RegisterRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::StatusOr<std::vector<DecodedPart>> DecodePush(
-      const PushRequest& request) const;
+      const wire::PushView& request) const;
   // Applies a push with a sequence at most once (see PushLog).
-  absl::Status DedupedPush(const PushRequest& request, PushResponse* response);
-  // Decodes, checks and applies a push (no duplicate check); the caller
-  // notifies progress.
-  absl::Status ApplyPush(const PushRequest& request, PushResponse* response);
+  absl::Status DedupedPush(const wire::PushView& request, PushResponse* response);
+  // Checks and applies a push (no duplicate check); the caller notifies
+  // progress.
+  absl::Status ApplyPush(const wire::PushView& request, PushResponse* response);
   // Sync: gradients that complete `part`'s current step: one per worker
   // that still counts for it or has already contributed to it (at most
   // replicas_to_aggregate, at least 1).
@@ -166,8 +181,10 @@ class Shard {
   // contributes: the steps already under way here (up to the highest
   // partition version) go on without it.
   int64_t RejoinStep() const { return max_version_.load() + 1; }
-  // Applies `grad` to `part` as update number part->version.
-  void ApplyUpdate(Partition& part, const float* grad, float lr_scale)
+  // Applies a gradient to `part` as update number part->version: `dense`
+  // read where it lies if not null, else part.params.size() floats at `grad`.
+  void ApplyUpdate(Partition& part, const wire::PayloadView* dense,
+                   const float* grad, float lr_scale)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
   // Sync: applies the step's mean if enough gradients are in.
   // `close`: apply the mean of the gradients present even if fewer than

@@ -78,7 +78,7 @@ absl::Status TensorStore::CheckRegistrable(const TensorSpec& spec) const {
         spec.name().substr(0, 256), spec.shape_size(), kMaxTensorDims));
   }
   RETURN_IF_ERROR(common::ValidateTensorSpec(spec));
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   auto it = tensors_.find(spec.name());
   if (it != tensors_.end() &&
       !google::protobuf::util::MessageDifferencer::Equals(it->second.spec, spec)) {
@@ -90,24 +90,29 @@ absl::Status TensorStore::CheckRegistrable(const TensorSpec& spec) const {
 }
 
 absl::StatusOr<Partition*> TensorStore::Find(const PartitionKey& key) const {
-  absl::MutexLock lock(&mu_);
-  auto it = tensors_.find(key.tensor());
+  return Find(key.tensor(), key.partition());
+}
+
+absl::StatusOr<Partition*> TensorStore::Find(absl::string_view name,
+                                             uint32_t partition) const {
+  // Shared: lookups of concurrent requests do not wait on each other.
+  absl::ReaderMutexLock lock(&mu_);
+  auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(
-        absl::StrFormat("unknown tensor '%s'; register it first", key.tensor()));
+        absl::StrFormat("unknown tensor '%s'; register it first", name));
   }
   const Tensor& tensor = it->second;
-  if (key.partition() >= tensor.num_partitions) {
+  if (partition >= tensor.num_partitions) {
     return absl::NotFoundError(absl::StrFormat(
-        "tensor %s has %d partitions; partition %d does not exist",
-        key.tensor(), tensor.num_partitions, key.partition()));
+        "tensor %s has %d partitions; partition %d does not exist", name,
+        tensor.num_partitions, partition));
   }
-  Partition* part = tensor.local[key.partition()];
+  Partition* part = tensor.local[partition];
   if (part == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "partition %d of %s lives on shard %d, not on shard %d", key.partition(),
-        key.tensor(),
-        common::ShardFor(key.tensor(), key.partition(), partitioning_.num_shards),
+        "partition %d of %s lives on shard %d, not on shard %d", partition, name,
+        common::ShardFor(name, partition, partitioning_.num_shards),
         shard_index_));
   }
   return part;
@@ -132,27 +137,27 @@ int64_t TensorStore::LocalElements(const TensorSpec& spec) const {
 }
 
 bool TensorStore::Contains(const std::string& name) const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return tensors_.find(name) != tensors_.end();
 }
 
 int64_t TensorStore::num_tensors() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return static_cast<int64_t>(tensors_.size());
 }
 
 int64_t TensorStore::num_partitions() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return static_cast<int64_t>(partitions_.size());
 }
 
 int64_t TensorStore::stored_elements() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   return stored_elements_;
 }
 
 std::vector<Partition*> TensorStore::All() const {
-  absl::MutexLock lock(&mu_);
+  absl::ReaderMutexLock lock(&mu_);
   std::vector<Partition*> all;
   all.reserve(partitions_.size());
   for (const auto& part : partitions_) all.push_back(part.get());

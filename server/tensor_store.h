@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/partition.h"
 #include "proto/shardtrain.pb.h"
@@ -89,6 +90,7 @@ class TensorStore {
   // The partition named by `key`: NOT_FOUND for an unknown tensor or
   // partition index, INVALID_ARGUMENT for one placed on another shard.
   absl::StatusOr<Partition*> Find(const PartitionKey& key) const;
+  absl::StatusOr<Partition*> Find(absl::string_view tensor, uint32_t partition) const;
 
   // Every partition, ordered by id.
   std::vector<Partition*> All() const;

@@ -7,13 +7,15 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/impl/codegen/proto_utils.h>
+#include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/client_interceptor.h>
 #include <grpcpp/support/interceptor.h>
 
 #include "absl/synchronization/mutex.h"
+#include "client/ps_client.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain {
 namespace {
@@ -40,11 +42,18 @@ class DropFirstPushResponse : public grpc::experimental::Interceptor {
     using grpc::experimental::InterceptionHookPoints;
     if (is_push_ &&
         methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
-      const auto* request = static_cast<const PushRequest*>(methods->GetSendMessage());
-      if (request != nullptr) {
+      // The client sends raw bytes (grpc::GenericStub): parse a copy of them
+      // (it shares the slices) as the shard would.
+      grpc::ByteBuffer* sent = methods->GetSerializedSendMessage();
+      PushRequest request;
+      if (sent != nullptr) {
+        grpc::ByteBuffer copy = *sent;
+        EXPECT_TRUE((grpc::GenericDeserialize<grpc::ProtoBufferReader, PushRequest>(
+                         &copy, &request))
+                        .ok());
         absl::MutexLock lock(&log_->mu);
-        log_->sequences.push_back(request->sequence());
-        log_->incarnations.push_back(request->worker_incarnation());
+        log_->sequences.push_back(request.sequence());
+        log_->incarnations.push_back(request.worker_incarnation());
       }
     }
     if (is_push_ &&
@@ -90,17 +99,19 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
   ASSERT_TRUE(shard.ok()) << shard.status();
 
   PushLog log;
-  worker::PsClientOptions client_options;
+  client::PsClientOptions client_options;
   client_options.servers = {"127.0.0.1:" + std::to_string((*shard)->port())};
   client_options.max_partition_elements = 100;
   client_options.reconnect_timeout = absl::Seconds(10);
+  // One Push RPC per push, so the log below counts attempts of that one.
+  client_options.channels_per_shard = 1;
   client_options.interceptors = [&log](int) {
     std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>
         factories;
     factories.push_back(std::make_unique<DropFirstPushResponseFactory>(&log));
     return factories;
   };
-  auto client = worker::PsClient::Create(client_options, nullptr).value();
+  auto client = client::PsClient::Create(client_options, nullptr).value();
   TensorSpec spec;
   spec.set_name("w");
   spec.add_shape(kElements);
@@ -109,7 +120,7 @@ TEST(IdempotentPush, ARetriedPushIsAppliedOnce) {
 
   std::vector<float> grad(kElements, 0.5f);
   std::vector<absl::Span<const float>> grads = {grad};
-  worker::PushStats stats;
+  client::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads, &stats).ok());
 
   {

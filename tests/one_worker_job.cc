@@ -29,12 +29,12 @@ absl::StatusOr<OneWorkerResult> RunOneWorkerJob(const OneWorkerJob& job) {
   shard_options.optimizer.learning_rate = 0.05f;
   ASSIGN_OR_RETURN(testutil::InProcessShards cluster,
                    testutil::StartInProcessShards(shard_options, job.shards));
-  worker::PsClientOptions client_options = job.client;
+  client::PsClientOptions client_options = job.client;
   client_options.servers = cluster.addresses;
   client_options.max_partition_elements = job.partition_elements;
   client_options.pull_timeout = absl::Seconds(30);
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::PsClient> client,
-                   worker::PsClient::Create(client_options, job.rpc_metrics));
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> client,
+                   client::PsClient::Create(client_options, job.rpc_metrics));
 
   std::unique_ptr<worker::Backend> backend = worker::MakeCpuBackend();
   const worker::ModelSpec spec = worker::ModelSpec::Parse("mlp:30-20-12-4").value();

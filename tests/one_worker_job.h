@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/ps_client.h"
 #include "common/metrics.h"
 #include "worker/model/model.h"
-#include "worker/ps_client.h"
 #include "worker/trainer.h"
 
 namespace shardtrain::testutil {
@@ -24,7 +24,7 @@ struct OneWorkerJob {
   int batch = 8;
   bool overlap = false;
   // Fills in what the job does not (servers, partitioning, timeouts are set).
-  worker::PsClientOptions client;
+  client::PsClientOptions client;
   // Wraps the job's Mlp (mlp:30-20-12-4 on a CPU backend); null: as is.
   std::function<std::unique_ptr<worker::Model>(std::unique_ptr<worker::Model>)> wrap_model;
   // If set, the client records its RPCs here.

@@ -4,11 +4,11 @@
 #include <memory>
 #include <vector>
 
+#include "client/ps_client.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/in_process_shards.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain {
 namespace {
@@ -29,11 +29,11 @@ TEST(PsClientRegister, AMismatchLeavesTheClientUnregistered) {
   ASSERT_OK_AND_ASSIGN(testutil::InProcessShards cluster,
                        testutil::StartInProcessShards(options, 2));
 
-  worker::PsClientOptions wrong;
+  client::PsClientOptions wrong;
   wrong.servers = cluster.addresses;
   wrong.max_partition_elements = 300;  // the shards cut at 100
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> client,
-                       worker::PsClient::Create(wrong, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::PsClient> client,
+                       client::PsClient::Create(wrong, nullptr));
   const absl::Status refused = client->Register({Spec()});
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(refused.message(), HasSubstr("--max_partition_elements"));
@@ -41,13 +41,13 @@ TEST(PsClientRegister, AMismatchLeavesTheClientUnregistered) {
   // Nothing was adopted: a push is refused as for an unregistered client.
   const std::vector<float> grad(1000, 1.0f);
   const std::vector<absl::Span<const float>> grads = {grad};
-  worker::PushStats stats;
+  client::PushStats stats;
   EXPECT_EQ(client->Push(1, grads, &stats).code(), absl::StatusCode::kInvalidArgument);
 
-  worker::PsClientOptions right = wrong;
+  client::PsClientOptions right = wrong;
   right.max_partition_elements = 100;
-  ASSERT_OK_AND_ASSIGN(std::unique_ptr<worker::PsClient> fixed,
-                       worker::PsClient::Create(right, nullptr));
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::PsClient> fixed,
+                       client::PsClient::Create(right, nullptr));
   ASSERT_OK(fixed->Register({Spec()}));
   EXPECT_OK(fixed->Push(1, grads, &stats));
 }

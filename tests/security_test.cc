@@ -16,13 +16,13 @@
 #include <grpcpp/create_channel.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/ps_client.h"
 #include "common/credentials.h"
 #include "gtest/gtest.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/ps_server.h"
 #include "tests/cluster_util.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain {
 namespace {
@@ -104,11 +104,11 @@ class Security : public ::testing::Test {
   }
 
   // A worker's client with `security` and a small tensor to register.
-  std::unique_ptr<worker::PsClient> Client(const common::ClientSecurity& security) {
-    worker::PsClientOptions options;
+  std::unique_ptr<client::PsClient> Client(const common::ClientSecurity& security) {
+    client::PsClientOptions options;
     options.servers = {Address()};
     options.security = security;
-    auto client = worker::PsClient::Create(options, nullptr);
+    auto client = client::PsClient::Create(options, nullptr);
     EXPECT_TRUE(client.ok()) << client.status();
     return client.ok() ? std::move(client).value() : nullptr;
   }
@@ -133,12 +133,12 @@ class Security : public ::testing::Test {
 std::string* Security::dir_ = nullptr;
 
 TEST_F(Security, AWorkerWithTheRightCredentialsTrains) {
-  std::unique_ptr<worker::PsClient> client = Client(GoodClient());
+  std::unique_ptr<client::PsClient> client = Client(GoodClient());
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Register({SmallTensor()}).ok());
   std::vector<float> grad(kElements, 1.0f), params(kElements, 7.0f);
-  worker::PushStats push;
-  worker::PullStats pull;
+  client::PushStats push;
+  client::PullStats pull;
   ASSERT_TRUE(client->Push(1, {absl::MakeConstSpan(grad)}, &push).ok());
   ASSERT_TRUE(client->Pull(1, 1, {absl::MakeSpan(params)}, &pull).ok());
   EXPECT_EQ(pull.min_version, 1);
@@ -186,7 +186,7 @@ TEST_F(Security, MissingOrWrongTokensAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(CallStatus(wrong_token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
 
   // A registration with the wrong token must not register anything.
-  std::unique_ptr<worker::PsClient> client = Client(wrong_token);
+  std::unique_ptr<client::PsClient> client = Client(wrong_token);
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(client->Register({SmallTensor()}).code(), absl::StatusCode::kUnauthenticated);
   StatusResponse status;

@@ -12,10 +12,10 @@
 
 #include <prometheus/registry.h>
 
+#include "client/client_metrics.h"
+#include "client/ps_client.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
-#include "worker/ps_client.h"
-#include "worker/worker_metrics.h"
 
 namespace shardtrain {
 namespace {
@@ -46,9 +46,9 @@ class ShardRestart : public ::testing::Test {
     return shard.ok() ? std::move(*shard) : nullptr;
   }
 
-  std::unique_ptr<worker::PsClient> Connect(int port, absl::Duration reconnect,
-                                            worker::PsClientMetrics* metrics) {
-    worker::PsClientOptions options;
+  std::unique_ptr<client::PsClient> Connect(int port, absl::Duration reconnect,
+                                            client::PsClientMetrics* metrics) {
+    client::PsClientOptions options;
     options.servers = {"127.0.0.1:" + std::to_string(port)};
     options.max_partition_elements = 100;
     options.rpc_timeout = absl::Seconds(2);
@@ -56,7 +56,7 @@ class ShardRestart : public ::testing::Test {
     options.reconnect_timeout = reconnect;
     options.keepalive_time = absl::Seconds(1);
     options.keepalive_timeout = absl::Seconds(1);
-    auto client = worker::PsClient::Create(options, nullptr, metrics);
+    auto client = client::PsClient::Create(options, nullptr, metrics);
     EXPECT_TRUE(client.ok()) << client.status();
     TensorSpec spec;
     spec.set_name("w");
@@ -86,9 +86,9 @@ TEST_F(ShardRestart, PushFailsAfterTheReconnectTimeoutNamingTheShard) {
   ASSERT_NE(shard, nullptr);
   const int port = shard->port();
   prometheus::Registry registry;
-  worker::PsClientMetrics metrics(registry);
+  client::PsClientMetrics metrics(registry);
   auto client = Connect(port, absl::Seconds(1), &metrics);
-  worker::PushStats stats;
+  client::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads_, &stats).ok());
   EXPECT_TRUE(shard->Shutdown().ok());
 
@@ -110,9 +110,9 @@ TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   ASSERT_NE(shard, nullptr);
   const int port = shard->port();
   prometheus::Registry registry;
-  worker::PsClientMetrics metrics(registry);
+  client::PsClientMetrics metrics(registry);
   auto client = Connect(port, absl::Seconds(20), &metrics);
-  worker::PushStats stats;
+  client::PushStats stats;
   ASSERT_TRUE(client->Push(1, grads_, &stats).ok());
   ASSERT_EQ(Version(*shard), 1);
   EXPECT_TRUE(shard->Shutdown().ok());  // writes a checkpoint at version 1
@@ -136,7 +136,7 @@ TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   // The client keeps working against the new shard.
   std::vector<float> params(kElements);
   std::vector<absl::Span<float>> spans = {absl::MakeSpan(params)};
-  worker::PullStats pull;
+  client::PullStats pull;
   ASSERT_TRUE(client->Pull(2, 2, spans, &pull).ok());
   EXPECT_EQ(pull.min_version, 2);
   EXPECT_TRUE(back->Shutdown().ok());

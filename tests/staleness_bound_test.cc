@@ -8,11 +8,11 @@
 #include <thread>
 #include <vector>
 
+#include "client/ps_client.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 #include "tests/in_process_shards.h"
-#include "worker/ps_client.h"
 
 namespace shardtrain {
 namespace {
@@ -46,22 +46,22 @@ absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
   std::atomic<bool> done{false};
   std::atomic<double> fast_wait{0};
   auto train = [&](int w, absl::Duration step_time) {
-    worker::PsClientOptions options;
+    client::PsClientOptions options;
     options.servers = addresses;
     options.worker_index = w;
     options.max_partition_elements = 500;
-    auto client = worker::PsClient::Create(options, nullptr).value();
+    auto client = client::PsClient::Create(options, nullptr).value();
     ASSERT_TRUE(client->Register({spec}).ok());
     std::vector<float> params(kElements), grads(kElements, 1e-3f);
     std::vector<absl::Span<float>> param_spans = {absl::MakeSpan(params)};
     std::vector<absl::Span<const float>> grad_spans = {grads};
     double waited = 0;
     for (int64_t clock = 0; clock < kSteps; ++clock) {
-      worker::PullStats pull;
+      client::PullStats pull;
       ASSERT_TRUE(client->Pull(clock, 0, param_spans, &pull).ok());
       waited += pull.server_wait_seconds;
       absl::SleepFor(step_time);
-      worker::PushStats push;
+      client::PushStats push;
       ASSERT_TRUE(client->Push(clock + 1, grad_spans, &push).ok());
       int64_t seen = max_staleness.load();
       while (push.max_staleness > seen &&

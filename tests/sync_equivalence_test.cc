@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "client/ps_client.h"
 #include "common/initializer.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
@@ -18,7 +19,6 @@
 #include "worker/model/model_test_util.h"
 #include "worker/model/pipeline/pipeline_model.h"
 #include "worker/model/tensor_specs.h"
-#include "worker/ps_client.h"
 #include "worker/trainer.h"
 
 namespace shardtrain {
@@ -101,15 +101,15 @@ absl::StatusOr<std::vector<std::vector<float>>> TrainDistributed(
                    testutil::StartInProcessShards(options, kShards));
   const std::vector<std::string>& addresses = cluster.addresses;
   std::vector<std::unique_ptr<worker::Backend>> backends;
-  std::vector<std::unique_ptr<worker::PsClient>> clients;
+  std::vector<std::unique_ptr<client::PsClient>> clients;
   std::vector<std::unique_ptr<worker::Trainer>> trainers;
   for (int w = 0; w < workers; ++w) {
-    worker::PsClientOptions client_options;
+    client::PsClientOptions client_options;
     client_options.servers = addresses;
     client_options.worker_index = w;
     client_options.max_partition_elements = kPartition;
     client_options.pull_timeout = absl::Seconds(30);
-    clients.push_back(worker::PsClient::Create(client_options, nullptr).value());
+    clients.push_back(client::PsClient::Create(client_options, nullptr).value());
     backends.push_back(worker::MakeCpuBackend());
     worker::TrainerOptions options;
     options.worker_index = w;

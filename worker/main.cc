@@ -16,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "client/client_metrics.h"
+#include "client/ps_client.h"
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
 #include "common/deadlock_detection.h"
@@ -27,7 +29,6 @@
 #include "worker/device/device_options.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/pipeline/schedule.h"
-#include "worker/ps_client.h"
 #include "worker/results.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
@@ -86,6 +87,9 @@ ABSL_FLAG(double, wait_for_workers_s, 600,
           "Chief: how long to wait for the other workers after the last epoch "
           "before failing");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(int, channels_per_shard, 4,
+          "TCP connections to each shard; a push's or pull's partitions on one "
+          "shard are split over them");
 ABSL_FLAG(double, linger_s, 0,
           "Keep serving metrics this long after training, so a last scrape "
           "sees the final values");
@@ -155,8 +159,8 @@ absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
   return exposer;
 }
 
-absl::StatusOr<worker::PsClientOptions> ClientOptionsFromFlags() {
-  worker::PsClientOptions client_options;
+absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
+  client::PsClientOptions client_options;
   client_options.servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
   client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
@@ -176,6 +180,7 @@ absl::StatusOr<worker::PsClientOptions> ClientOptionsFromFlags() {
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
+  client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
   return client_options;
 }
 
@@ -281,10 +286,10 @@ absl::Status RunWorker() {
   ASSIGN_OR_RETURN(auto exposer, StartMetrics());
   common::RpcMetrics rpc_metrics(exposer->registry(), "client");
   worker::WorkerMetrics worker_metrics(exposer->registry());
-  worker::PsClientMetrics client_metrics(exposer->registry());
-  ASSIGN_OR_RETURN(const worker::PsClientOptions client_options,
+  client::PsClientMetrics client_metrics(exposer->registry());
+  ASSIGN_OR_RETURN(const client::PsClientOptions client_options,
                    ClientOptionsFromFlags());
-  ASSIGN_OR_RETURN(auto client, worker::PsClient::Create(client_options, &rpc_metrics,
+  ASSIGN_OR_RETURN(auto client, client::PsClient::Create(client_options, &rpc_metrics,
                                                          &client_metrics));
   // The shards own the consistency mode; ask rather than trust a flag.
   ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());

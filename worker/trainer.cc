@@ -18,7 +18,7 @@ namespace shardtrain::worker {
 // Sends a heartbeat with the trainer's clock every interval until stopped.
 class HeartbeatThread {
  public:
-  HeartbeatThread(PsClient* client, const std::atomic<int64_t>* clock,
+  HeartbeatThread(client::PsClient* client, const std::atomic<int64_t>* clock,
                   absl::Duration interval)
       : thread_([this, client, clock, interval] {
           while (!stop_.WaitForNotificationWithTimeout(interval)) {
@@ -38,7 +38,7 @@ class HeartbeatThread {
   std::thread thread_;
 };
 
-Trainer::Trainer(const TrainerOptions& options, PsClient* client,
+Trainer::Trainer(const TrainerOptions& options, client::PsClient* client,
                  WorkerMetrics* metrics, std::unique_ptr<Model> model)
     : options_(options),
       client_(client),
@@ -54,7 +54,7 @@ Trainer::~Trainer() {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerOptions& options, const ModelFactory& make_model,
-    PsClient* client, WorkerMetrics* metrics) {
+    client::PsClient* client, WorkerMetrics* metrics) {
   if (options.num_workers < 1 ||
       options.worker_index >= static_cast<uint32_t>(options.num_workers)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -107,7 +107,7 @@ bool Trainer::IsLateGradient(const absl::Status& status) const {
 }
 
 absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
-  PullStats stats;
+  client::PullStats stats;
   if (pull_first) {
     RETURN_IF_ERROR(client_->Pull(clock_.load(), 0, param_spans_, &stats));
   }
@@ -152,7 +152,7 @@ absl::StatusOr<bool> Trainer::RejoinIfAhead(int64_t step) {
 
 absl::Status Trainer::PullParameters(int64_t min_version) {
   RETURN_IF_ERROR(Drain());
-  PullStats stats;
+  client::PullStats stats;
   RETURN_IF_ERROR(client_->Pull(clock_.load(), min_version, param_spans_, &stats));
   params_ready_ = !options_.sync || min_version == clock_.load();
   return absl::OkStatus();
@@ -161,8 +161,8 @@ absl::Status Trainer::PullParameters(int64_t min_version) {
 absl::Status Trainer::Drain() {
   if (!exchanges_pending_) return absl::OkStatus();
   exchanges_pending_ = false;
-  PushStats push;
-  PullStats pull;
+  client::PushStats push;
+  client::PullStats pull;
   const absl::Status finished = client_->FinishExchanges(&push, &pull);
   if (IsLateGradient(finished)) return Rejoin(finished);
   if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
@@ -192,8 +192,8 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
                                     int batch) {
   StepTimes times;
   times.start = absl::Now();
-  PushStats push;
-  PullStats pull;
+  client::PushStats push;
+  client::PullStats pull;
   ASSIGN_OR_RETURN(const int64_t step, FetchStepParameters(push, pull));
   times.pulled = absl::Now();
   ASSIGN_OR_RETURN(const float loss, Compute(x, labels, batch, step));
@@ -208,8 +208,8 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   return loss;
 }
 
-absl::StatusOr<int64_t> Trainer::FetchStepParameters(PushStats& push,
-                                                     PullStats& pull) {
+absl::StatusOr<int64_t> Trainer::FetchStepParameters(client::PushStats& push,
+                                                     client::PullStats& pull) {
   bool fetched = false;
   if (exchanges_pending_) {
     ASSIGN_OR_RETURN(fetched, FinishLastExchanges(push, pull));
@@ -229,14 +229,14 @@ absl::StatusOr<int64_t> Trainer::FetchStepParameters(PushStats& push,
   return step;
 }
 
-absl::StatusOr<bool> Trainer::FinishLastExchanges(PushStats& push,
-                                                  PullStats& pull) {
+absl::StatusOr<bool> Trainer::FinishLastExchanges(client::PushStats& push,
+                                                  client::PullStats& pull) {
   exchanges_pending_ = false;
   const absl::Status finished = client_->FinishExchanges(&push, &pull);
   if (IsLateGradient(finished)) {
     RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
-    push = PushStats();
-    pull = PullStats();
+    push = client::PushStats();
+    pull = client::PullStats();
     return false;
   }
   if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
@@ -268,8 +268,9 @@ absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
         if (grad_status.ok()) grad_status = grad.status();
         return;
       }
-      client_->StartExchange(i, step + 1, next_min_version, grad->values,
-                             std::move(grad->ready), param_spans_[i]);
+      client_->StartExchange(
+          i, step + 1, next_min_version, grad->values,
+          [ready = std::move(grad->ready)] { return ready->Wait(); }, param_spans_[i]);
     };
   }
   absl::StatusOr<float> loss = model_->ForwardBackward(x, labels, batch, on_grad_ready);
@@ -277,8 +278,8 @@ absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
     // Some tensors may have started their exchange and others not: wait for
     // those in flight (they use this step's buffers) and pull afresh next time.
     if (options_.overlap) {
-      PushStats ignored_push;
-      PullStats ignored_pull;
+      client::PushStats ignored_push;
+      client::PullStats ignored_pull;
       (void)client_->FinishExchanges(&ignored_push, &ignored_pull);
     }
     return loss.ok() ? grad_status : loss.status();
@@ -287,7 +288,7 @@ absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
   return *loss;
 }
 
-absl::StatusOr<bool> Trainer::PushGradients(int64_t step, PushStats& push) {
+absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push) {
   std::vector<PendingGrad> grads;
   for (size_t i = 0; i < grad_spans_.size(); ++i) {
     ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
@@ -310,8 +311,8 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, PushStats& push) {
   return false;
 }
 
-void Trainer::RecordStep(const StepTimes& times, const PushStats& push,
-                         const PullStats& pull, int batch, float loss) {
+void Trainer::RecordStep(const StepTimes& times, const client::PushStats& push,
+                         const client::PullStats& pull, int batch, float loss) {
   // With overlap the push of this step and the pull of the next run behind
   // compute; what is left shows up as the next step's pull and wait.
   const double pull_total = absl::ToDoubleSeconds(times.pulled - times.start);

@@ -38,9 +38,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/ps_client.h"
 #include "worker/data/dataset.h"
 #include "worker/model/model.h"
-#include "worker/ps_client.h"
 #include "worker/worker_metrics.h"
 
 namespace shardtrain::worker {
@@ -60,7 +60,7 @@ struct TrainerOptions {
   bool chief = false;
   int eval_batch = 1000;
   // Push each layer's gradient as soon as backward produces it and fetch
-  // the next step's parameters behind it (see worker/tensor_exchange.h);
+  // the next step's parameters behind it (see client/tensor_exchange.h);
   // otherwise push everything after backward and pull before the next step.
   bool overlap = true;
   absl::Duration heartbeat_interval = absl::Seconds(1);
@@ -96,7 +96,7 @@ class Trainer {
   // trainer; `metrics` may be null.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerOptions& options, const ModelFactory& make_model,
-      PsClient* client, WorkerMetrics* metrics);
+      client::PsClient* client, WorkerMetrics* metrics);
   ~Trainer();
 
   // Registers the model's tensors with the shards and sets clock() to
@@ -134,17 +134,19 @@ class Trainer {
  private:
   struct StepTimes;
 
-  Trainer(const TrainerOptions& options, PsClient* client,
+  Trainer(const TrainerOptions& options, client::PsClient* client,
           WorkerMetrics* metrics, std::unique_ptr<Model> model);
 
   // The phases of Step, in order.
   // Gets this step's parameters into params_: from the exchanges the last
   // step started, or a pull now. Returns the step they are for (after a
   // rejoin, the shards' step). Adds what it measured to push and pull.
-  absl::StatusOr<int64_t> FetchStepParameters(PushStats& push, PullStats& pull);
+  absl::StatusOr<int64_t> FetchStepParameters(client::PushStats& push,
+                                              client::PullStats& pull);
   // Finishes the last step's exchanges; true if they fetched this step's
   // parameters, false if a pull is still needed (or a rejoin made one).
-  absl::StatusOr<bool> FinishLastExchanges(PushStats& push, PullStats& pull);
+  absl::StatusOr<bool> FinishLastExchanges(client::PushStats& push,
+                                           client::PullStats& pull);
   // Loads params_ into the model and runs forward and backward; with
   // overlap, each gradient's exchange for step + 1 starts as soon as
   // backward has produced it. Returns the mean loss.
@@ -153,10 +155,10 @@ class Trainer {
   // Without overlap: copies every gradient to the host and pushes them for
   // step + 1. Returns true if the push was refused as late and the worker
   // rejoined at the shards' step.
-  absl::StatusOr<bool> PushGradients(int64_t step, PushStats& push);
+  absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push);
   // Adds the step's phase times to the epoch totals and the metrics.
-  void RecordStep(const StepTimes& times, const PushStats& push,
-                  const PullStats& pull, int batch, float loss);
+  void RecordStep(const StepTimes& times, const client::PushStats& push,
+                  const client::PullStats& pull, int batch, float loss);
 
   void StartHeartbeats();
   void StopHeartbeats();
@@ -180,7 +182,7 @@ class Trainer {
   absl::StatusOr<bool> RejoinIfAhead(int64_t step);
 
   const TrainerOptions options_;
-  PsClient* const client_;
+  client::PsClient* const client_;
   WorkerMetrics* const metrics_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> eval_model_;

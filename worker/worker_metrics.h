@@ -50,25 +50,6 @@ class WorkerMetrics {
   prometheus::Counter& rejoins_;
 };
 
-// Fault metrics of a worker's client (worker/ps_client.h). Thread-safe.
-class PsClientMetrics {
- public:
-  // Registers the families in `registry`, which must outlive this.
-  explicit PsClientMetrics(prometheus::Registry& registry);
-
-  // Attempts of `method` retried (shard unreachable, or restarted).
-  prometheus::Counter& retries(const std::string& method);
-  // Times `shard` was found restarted (a new incarnation).
-  prometheus::Counter& shard_restarts(int shard);
-  // Updates this worker knew of that `shard` lost in a restart.
-  prometheus::Counter& lost_updates(int shard);
-
- private:
-  prometheus::Family<prometheus::Counter>& retries_;
-  prometheus::Family<prometheus::Counter>& shard_restarts_;
-  prometheus::Family<prometheus::Counter>& lost_updates_;
-};
-
 }  // namespace shardtrain::worker
 
 #endif  // SHARDTRAIN_WORKER_WORKER_METRICS_H_

@@ -39,13 +39,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/wire/buffer_pool.h"
 #include "proto/shardtrain.pb.h"
 
 namespace shardtrain::wire {
 
 // Counts the slices that reference caller memory and are still held by
-// gRPC. Thread-safe. Must outlive every slice it counts: destroy it only
-// after WaitReleased returned true.
+// gRPC. Payloads lying back to back in memory (the partitions of one
+// tensor) share one referenced slice, so the count is of memory runs, not
+// of parts. Thread-safe. Must outlive every slice it counts: destroy it
+// only after WaitReleased returned true (the destructor checks).
 class SendRefs {
  public:
   SendRefs() = default;
@@ -67,6 +70,9 @@ class SendRefs {
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// Payloads smaller than this are copied into the message's header memory.
+inline constexpr size_t kCopyBelowBytes = 128;
+
 // The scalar fields of a PushRequest.
 struct PushHeader {
   uint32_t worker = 0;
@@ -77,7 +83,9 @@ struct PushHeader {
 };
 
 // One GradientPart with its payload. `data` and `indices` are referenced,
-// not copied.
+// not copied (but for those under kCopyBelowBytes, which a slice would cost
+// more than copying); they must stay unchanged until the SendRefs says
+// they are released.
 struct GradientPartOut {
   absl::string_view tensor;
   uint32_t partition = 0;
@@ -101,17 +109,25 @@ void EncodePushPull(const PushHeader& header,
 // Thread-compatible; one builder per response.
 class PullResponseBuilder {
  public:
+  // Payload memory from BufferPool::Default().
   PullResponseBuilder();
+  // Payload memory from `pool`, which must outlive the sent message.
+  explicit PullResponseBuilder(BufferPool* pool);
+  // Gives back the memory of parts not finished.
   ~PullResponseBuilder();
   PullResponseBuilder(const PullResponseBuilder&) = delete;
   PullResponseBuilder& operator=(const PullResponseBuilder&) = delete;
 
   // Adds a ParameterPart with a dense payload of `bytes` bytes of `dtype`
-  // and returns where to write them; the pointer stays valid until Finish.
+  // and returns where to write them (64-byte aligned when `bytes` is 128 or
+  // more); the pointer stays valid until Finish. An empty payload is still
+  // sent (the part has a value).
   char* AddPart(absl::string_view tensor, uint32_t partition, int64_t version,
                 DType dtype, size_t bytes);
 
-  // The PullResponse into `*out`.
+  // The PullResponse into `*out`. Call Finish or FinishPushPull once; the
+  // payload memory then belongs to the message (back to the pool when gRPC
+  // drops it).
   void Finish(double wait_seconds, uint64_t incarnation, grpc::ByteBuffer* out);
   // A PushPullResponse{push, pull = the parts added} into `*out`.
   void FinishPushPull(const PushResponse& push, double wait_seconds,
@@ -119,6 +135,11 @@ class PullResponseBuilder {
 
  private:
   struct Part;
+  // Finish, inside a PushPullResponse with `push` unless it is null.
+  void FinishMessage(const PushResponse* push, double wait_seconds, uint64_t incarnation,
+                     grpc::ByteBuffer* out);
+
+  BufferPool* const pool_;
   std::vector<std::unique_ptr<Part>> parts_;
 };
 

@@ -41,13 +41,21 @@
 
 namespace shardtrain::wire {
 
-// The slices of one received message, referenced, not copied.
+// The slices of one received message, referenced, not copied. An invalid
+// (never filled) buffer is taken as an empty message.
+//
+// Views point into the slices, and gRPC keeps a short slice's bytes inside
+// the grpc::Slice itself: a ReceivedMessage may be moved while views of it
+// live (the slices stay where they are), but not taken into again.
 class ReceivedMessage {
  public:
   ReceivedMessage() = default;
   // Takes references to `buffer`'s slices and clears it. INVALID_ARGUMENT
   // if gRPC cannot hand them over (a compressed buffer).
   absl::Status Take(grpc::ByteBuffer* buffer);
+  // The same for a buffer the caller may not clear (the request of a raw
+  // callback method); `buffer` keeps its own references.
+  absl::Status Take(const grpc::ByteBuffer& buffer);
   // Tests: a message made of `bytes` cut into pieces at `cuts` (offsets in
   // increasing order), each piece its own slice.
   static ReceivedMessage FromPieces(absl::string_view bytes,
@@ -122,8 +130,15 @@ struct PushPullResponseView {
   PullResponseView pull;
 };
 
-absl::Status ParsePush(const ReceivedMessage& message, PushView* view);
-absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view);
+// `max_parts`: a push with more parts than this is RESOURCE_EXHAUSTED
+// "push has N parts; the limit is M per request", found by a scan of the
+// tags before anything is allocated for the parts (a part's view takes
+// about 160 bytes; an empty part on the wire 2).
+inline constexpr size_t kNoPartLimit = ~size_t{0};
+absl::Status ParsePush(const ReceivedMessage& message, PushView* view,
+                       size_t max_parts = kNoPartLimit);
+absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view,
+                           size_t max_parts = kNoPartLimit);
 absl::Status ParsePullResponse(const ReceivedMessage& message,
                                PullResponseView* view);
 absl::Status ParsePushPullResponse(const ReceivedMessage& message,

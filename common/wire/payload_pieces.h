@@ -7,7 +7,12 @@
 // update, a copy into a model tensor) makes one pass over the bytes as
 // received. Elements are little-endian and may be unaligned: consumers load
 // them with memcpy (common/wire/element_load.h), which compiles to plain
-// (vector) loads.
+// (vector) loads. All functions are thread-safe.
+//
+//   RETURN_IF_ERROR(CheckDense(part.grad, n));
+//   RETURN_IF_ERROR(CheckFinite(part.grad));
+//   ForEachRun(part.grad.data, 4, [&](int64_t first, const char* bytes,
+//                                     int64_t count) { ... });
 #ifndef SHARDTRAIN_COMMON_WIRE_PAYLOAD_PIECES_H_
 #define SHARDTRAIN_COMMON_WIRE_PAYLOAD_PIECES_H_
 
@@ -39,9 +44,19 @@ void ForEachRun(const ReceivedBytes& data, int element_size,
 absl::Status CheckFinite(const PayloadView& dense);
 
 // Decodes `payload` (dense or sparse, any dtype) into `out` in one pass
-// over its bytes; elements a sparse payload does not name become zero.
-// Checks every size and index first: on error `out` is unchanged.
+// over its bytes; elements a sparse payload does not name become zero and
+// a sparse index named twice gets the sum of its values. Checks every size
+// and index first: on error `out` is unchanged.
 absl::Status DecodeInto(const PayloadView& payload, absl::Span<float> out);
+
+// out[i] += element i of a dense payload (a sync step's accumulator), in
+// one vectorised pass. REQUIRES: CheckDense(dense, out.size()) ok.
+void AddInto(const PayloadView& dense, absl::Span<float> out);
+
+// Writes `values` converted to `dtype` to `out` (values.size() *
+// DTypeSize(dtype) bytes, any alignment), as common::EncodeDense would.
+// REQUIRES: DTypeSize(dtype) > 0.
+void EncodeElements(absl::Span<const float> values, int dtype, char* out);
 
 }  // namespace shardtrain::wire
 

@@ -31,6 +31,11 @@ class ReceivedBytes {
 
   // Appends a piece; empty pieces are dropped.
   void Append(absl::string_view piece);
+  // Empties the list (keeps its capacity).
+  void Clear() {
+    pieces_.clear();
+    size_ = 0;
+  }
 
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }

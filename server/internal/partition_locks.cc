@@ -1,6 +1,7 @@
 #include "server/internal/partition_locks.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
 namespace shardtrain::server::internal {
@@ -19,13 +20,24 @@ PartitionLocks::PartitionLocks(std::vector<Partition*> partitions)
   std::sort(partitions_.begin(), partitions_.end(), ById);
   partitions_.erase(std::unique(partitions_.begin(), partitions_.end()),
                     partitions_.end());
+  released_.assign(partitions_.size(), false);
   for (Partition* p : partitions_) p->mu.Lock();
 }
 
 PartitionLocks::~PartitionLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-  for (auto it = partitions_.rbegin(); it != partitions_.rend(); ++it) {
-    (*it)->mu.Unlock();
+  for (size_t i = partitions_.size(); i-- > 0;) {
+    if (!released_[i]) partitions_[i]->mu.Unlock();
   }
+}
+
+void PartitionLocks::Release(Partition* partition) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  const auto it =
+      std::lower_bound(partitions_.begin(), partitions_.end(), partition, ById);
+  assert(it != partitions_.end() && *it == partition);
+  const size_t index = static_cast<size_t>(it - partitions_.begin());
+  assert(!released_[index]);
+  released_[index] = true;
+  partition->mu.Unlock();
 }
 
 }  // namespace shardtrain::server::internal

@@ -48,6 +48,20 @@ TEST_F(PartitionLocksTest, LocksEachNamedPartitionOnceInIdOrder) {
   for (Partition& p : parts_) EXPECT_FALSE(LockedElsewhere(p));
 }
 
+TEST_F(PartitionLocksTest, AReleasedPartitionIsFreeWhileTheOthersStayHeld) {
+  {
+    PartitionLocks locks({&parts_[2], &parts_[0], &parts_[1]});
+    locks.Release(&parts_[0]);
+    EXPECT_FALSE(LockedElsewhere(parts_[0]));
+    EXPECT_TRUE(LockedElsewhere(parts_[1]));
+    EXPECT_TRUE(LockedElsewhere(parts_[2]));
+    locks.Release(&parts_[2]);
+    EXPECT_FALSE(LockedElsewhere(parts_[2]));
+    EXPECT_TRUE(LockedElsewhere(parts_[1]));
+  }  // unlocks only parts_[1]; unlocking a released one again would abort
+  for (Partition& p : parts_) EXPECT_FALSE(LockedElsewhere(p));
+}
+
 TEST_F(PartitionLocksTest, EmptySetLocksNothing) {
   PartitionLocks locks({});
   EXPECT_TRUE(locks.partitions().empty());

@@ -1,8 +1,9 @@
 // ShardChannel: the one place where a worker's RPCs to a shard are retried.
 //
-// Every RPC the worker sends (PsClient's blocking calls and TensorExchange's
-// overlapped halves) goes through ShardChannel::Call, which runs it on the
-// gRPC callback API and, while the shard cannot be reached, tries again:
+// Every RPC the worker sends (the data path's GroupCalls, client/group_call.h,
+// for the blocking calls and the overlapped exchange alike, and the control
+// RPCs) goes through ShardChannel::Call, which runs it on the gRPC callback
+// API and, while the shard cannot be reached, tries again:
 //  - UNAVAILABLE (no connection, connection reset), a per-attempt
 //    DEADLINE_EXCEEDED and a transport reset are retried with exponential
 //    backoff and full jitter, each retry waiting for the channel to connect
@@ -15,18 +16,21 @@
 //    shard, shared by every call that needs it), then retries.
 // Any other error ends the call at once.
 //
+// A shard may have several connections (PsClientOptions::channels_per_shard):
+// the control RPCs use the first through stub(), the data path any of them
+// through generic(connection); retries and resyncs are the shard's, shared.
+//
 //   ShardRpc rpc;
-//   rpc.method = "Push";
+//   rpc.method = "Heartbeat";
 //   rpc.attempt_timeout = absl::Seconds(30);
 //   rpc.start = [&](grpc::ClientContext* context, uint64_t incarnation, auto done) {
-//     request.set_shard_incarnation(incarnation);
-//     stub->async()->Push(context, &request, &response, std::move(done));
+//     channel.stub()->async()->Heartbeat(context, &request, &response, std::move(done));
 //   };
 //   channel.Call(std::move(rpc), [](absl::Status status) { ... });
 //
 // Thread-safe.
-#ifndef SHARDTRAIN_WORKER_SHARD_CALL_H_
-#define SHARDTRAIN_WORKER_SHARD_CALL_H_
+#ifndef SHARDTRAIN_CLIENT_SHARD_CALL_H_
+#define SHARDTRAIN_CLIENT_SHARD_CALL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -37,6 +41,7 @@
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/status.h>
 
 #include "absl/random/bit_gen_ref.h"
@@ -44,10 +49,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "worker/worker_metrics.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 struct RetryPolicy {
   // Backoff before retry r (0-based) is uniform in
@@ -95,10 +100,13 @@ class ShardChannel {
   using ResyncFn =
       std::function<void(ShardChannel* channel, std::function<void(absl::Status)> done)>;
 
+  // `connections` are this shard's gRPC channels (at least one; see
+  // PsClientOptions::channels_per_shard): the control RPCs (stub()) use the
+  // first, the data path spreads its calls over all (generic()).
   // `metrics` may be null; if not, it must outlive the channel.
   ShardChannel(int index, std::string address,
-               std::shared_ptr<grpc::Channel> channel, const RetryPolicy& policy,
-               PsClientMetrics* metrics);
+               std::vector<std::shared_ptr<grpc::Channel>> connections,
+               const RetryPolicy& policy, PsClientMetrics* metrics);
   ShardChannel(const ShardChannel&) = delete;
   ShardChannel& operator=(const ShardChannel&) = delete;
 
@@ -117,7 +125,11 @@ class ShardChannel {
 
   int index() const { return index_; }
   const std::string& address() const { return address_; }
+  // Typed stub on the first connection (Register, Heartbeat, Status).
   ParameterServer::Stub* stub() { return stub_.get(); }
+  // Raw-bytes stub on connection `connection` (Push, Pull, PushPull).
+  grpc::GenericStub* generic(int connection) { return generic_[connection].get(); }
+  int num_connections() const { return static_cast<int>(connections_.size()); }
   const RetryPolicy& policy() const { return policy_; }
 
  private:
@@ -136,8 +148,9 @@ class ShardChannel {
 
   const int index_;
   const std::string address_;
-  const std::shared_ptr<grpc::Channel> channel_;
+  const std::vector<std::shared_ptr<grpc::Channel>> connections_;
   const std::unique_ptr<ParameterServer::Stub> stub_;
+  std::vector<std::unique_ptr<grpc::GenericStub>> generic_;
   const RetryPolicy policy_;
   PsClientMetrics* const metrics_;
   ResyncFn resync_;
@@ -154,6 +167,6 @@ class ShardChannel {
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_SHARD_CALL_H_
+#endif  // SHARDTRAIN_CLIENT_SHARD_CALL_H_

@@ -1,4 +1,4 @@
-#include "worker/shard_call.h"
+#include "client/shard_call.h"
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 absl::Duration BackoffCeiling(const RetryPolicy& policy, int retry) {
   absl::Duration ceiling = policy.initial_backoff;
@@ -65,14 +65,18 @@ struct ShardChannel::PendingCall {
 };
 
 ShardChannel::ShardChannel(int index, std::string address,
-                           std::shared_ptr<grpc::Channel> channel,
+                           std::vector<std::shared_ptr<grpc::Channel>> connections,
                            const RetryPolicy& policy, PsClientMetrics* metrics)
     : index_(index),
       address_(std::move(address)),
-      channel_(std::move(channel)),
-      stub_(ParameterServer::NewStub(channel_)),
+      connections_(std::move(connections)),
+      stub_(ParameterServer::NewStub(connections_.at(0))),
       policy_(policy),
-      metrics_(metrics) {}
+      metrics_(metrics) {
+  for (const std::shared_ptr<grpc::Channel>& connection : connections_) {
+    generic_.push_back(std::make_unique<grpc::GenericStub>(connection));
+  }
+}
 
 void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
   auto* call = new PendingCall;
@@ -243,4 +247,4 @@ void ShardChannel::NoteAnswer() {
                    absl::Trunc(absl::Now() - outage_start_, absl::Milliseconds(1)));
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

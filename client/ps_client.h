@@ -4,16 +4,36 @@
 // (common/partition.h). Push sends a gradient for every tensor, Pull fetches
 // parameters, PushPull does both in one round trip; each talks to all shards
 // in parallel over the gRPC callback API and returns when every shard has
-// answered. Request messages and their byte buffers are reused from call to
-// call, and shared by the three.
+// answered. StartExchange/FinishExchanges overlap the same traffic with
+// backward, tensor by tensor (client/tensor_exchange.h). Both start the same
+// per-shard calls (client/group_call.h) whose requests and answers are
+// built, encoded and decoded in one place (client/wire_requests.h); the
+// blocking calls only wait for them.
 //
 //   ASSIGN_OR_RETURN(auto client, PsClient::Create(options, &rpc_metrics));
 //   RETURN_IF_ERROR(client->Register(specs));
 //   RETURN_IF_ERROR(client->Pull(clock, min_version, params, &pull_stats));
 //   RETURN_IF_ERROR(client->Push(clock, grads, &push_stats));
 //
+// Zero copy. A dense f32 gradient goes out from the caller's memory itself
+// (f16/bf16 are converted once into a recycled buffer, top-k compressed into
+// the client's payloads); pulled parameters are copied straight from the
+// received bytes into the caller's spans. So the caller must leave a
+// gradient unchanged while it is being sent:
+//  - Push, PushPull: until the call returns;
+//  - StartExchange: until FinishExchanges returns.
+// Before returning, both wait (up to rpc_timeout) until gRPC has released
+// every reference to the gradients; after that the caller may overwrite
+// them, and nothing the shards received changes. (In sync mode a Push's
+// gradient is also copied once for a possible replay to a restarted shard,
+// see client/sync_replay.h.)
+//
+// Connections. Each shard gets `channels_per_shard` TCP connections; the
+// partitions a call sends to one shard are split over them, so that one
+// large push keeps every connection busy.
+//
 // Faults. Every RPC goes through its shard's ShardChannel
-// (worker/shard_call.h): it is retried while the shard is unreachable, up
+// (client/shard_call.h): it is retried while the shard is unreachable, up
 // to `reconnect_timeout` after the call's first failure. Each client draws a
 // random non-zero worker incarnation, sent on Register/Push/Pull/Heartbeat,
 // and numbers its pushes per shard (1, 2, ...; a retry resends the same
@@ -26,8 +46,8 @@
 //
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
-#ifndef SHARDTRAIN_WORKER_PS_CLIENT_H_
-#define SHARDTRAIN_WORKER_PS_CLIENT_H_
+#ifndef SHARDTRAIN_CLIENT_PS_CLIENT_H_
+#define SHARDTRAIN_CLIENT_PS_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -42,17 +62,20 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/channels.h"
+#include "client/client_metrics.h"
+#include "client/group_call.h"
+#include "client/shard_call.h"
+#include "client/sync_replay.h"
+#include "client/tensor_exchange.h"
+#include "client/wire_requests.h"
 #include "common/credentials.h"
 #include "common/metrics.h"
 #include "common/partition.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "worker/shard_call.h"
-#include "worker/sync_replay.h"
-#include "worker/tensor_exchange.h"
-#include "worker/worker_metrics.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 
 struct PsClientOptions {
   // Shard addresses in shard-index order ("host:port").
@@ -84,10 +107,17 @@ struct PsClientOptions {
   // TLS, mutual TLS and the auth token (common/credentials.h); all off by
   // default.
   common::ClientSecurity security;
+  // TCP connections to each shard; a call's partitions on one shard are
+  // split over them, so one large push keeps them all busy. 4: measured
+  // 1.1-1.5x the MB/s of one connection for 4-64 MiB pushes and pulls at
+  // the same CPU per MB (bench/results/channels_count_cpu.txt).
+  int channels_per_shard = 4;
+  // HTTP/2 and TCP settings of every connection (client/channels.h).
+  TransportTuning transport;
   // 0: send gradients dense. In (0, 1]: send the top ratio of each
   // partition's entries with error feedback (common/topk_compressor.h).
   double topk_ratio = 0;
-  // Tests only: interceptors for the channel to shard `shard`.
+  // Tests only: interceptors for the channels to shard `shard`.
   std::function<std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>(int shard)>
       interceptors;
@@ -125,7 +155,8 @@ class PsClient {
   absl::Status Register(const std::vector<TensorSpec>& tensors);
 
   // Pushes one gradient per tensor, each computed from the versions of the
-  // last Pull. `clock` counts steps finished including this one.
+  // last Pull. `clock` counts steps finished including this one. The
+  // gradients may be overwritten once it returns (see the file comment).
   // REQUIRES: Register() succeeded; grads[i].size() == elements of tensor i.
   absl::Status Push(int64_t clock, absl::Span<const absl::Span<const float>> grads,
                     PushStats* stats);
@@ -137,8 +168,8 @@ class PsClient {
                     absl::Span<const absl::Span<float>> params, PullStats* stats);
 
   // Push(clock, grads) then Pull(clock, min_version, params) in one RPC per
-  // shard: each shard applies the gradient and answers with the parameters
-  // that include it.
+  // shard connection: each shard applies the gradient and answers with the
+  // parameters that include it.
   // REQUIRES: as for Push and Pull.
   absl::Status PushPull(int64_t clock, int64_t min_version,
                         absl::Span<const absl::Span<const float>> grads,
@@ -146,18 +177,18 @@ class PsClient {
                         PushStats* push_stats, PullStats* pull_stats);
 
   // Overlapped exchange of one tensor: sends its gradient (as soon as
-  // `grad_ready`, if not null, has passed) and, once
-  // every shard has taken it, asks for its parameters (at least
-  // `min_version`) into `params`, which must stay valid until
-  // FinishExchanges(). Meant to be called from backward as each layer's
-  // gradient appears. `clock` counts steps finished including this one.
-  // REQUIRES: Register() succeeded; no Push/Pull/PushPull until
-  // FinishExchanges() returns.
+  // `grad_ready`, if not empty, has returned OK; its error otherwise fails
+  // the exchange) and, once every shard has taken it, asks for its
+  // parameters (at least `min_version`) into `params`. Meant to be called
+  // from backward as each layer's gradient appears. `clock` counts steps
+  // finished including this one.
+  // REQUIRES: Register() succeeded; `grad` unchanged and `params` valid
+  // until FinishExchanges() returns; no Push/Pull/PushPull until then.
   void StartExchange(int tensor, int64_t clock, int64_t min_version,
-                     absl::Span<const float> grad,
-                     std::unique_ptr<Fence> grad_ready,
+                     absl::Span<const float> grad, GradReady grad_ready,
                      absl::Span<float> params);
-  // Waits for every started exchange; the first error wins.
+  // Waits for every started exchange; the first error wins. Afterwards the
+  // gradients may be overwritten.
   absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
 
   // Tells every shard this worker is alive at `clock` (or done). Returns
@@ -181,78 +212,82 @@ class PsClient {
   int num_shards() const { return static_cast<int>(channels_.size()); }
   const PsClientOptions& options() const { return options_; }
 
- private:
-  // Per-shard reusable messages: part i of request.push() and
-  // request.pull() is slices[i]. Push and Pull send the halves of request
-  // and answer into the halves of response, so all three RPCs share buffers.
-  struct ShardCalls {
-    std::vector<PartitionSlice> slices;
-    PushPullRequest request;
-    PushPullResponse response;
-  };
+  // Tests: slices of sent requests that still reference gradients, over
+  // every call group (0 whenever Push, PushPull or FinishExchanges has
+  // returned).
+  int referenced_slices() const;
+  // Tests: pushes noted for replay to `shard` whose payloads are still
+  // referenced (0 whenever Push or FinishExchanges has returned).
+  int replay_references(int shard) const { return replay_.Referenced(shard); }
 
+ private:
   // (tensor, partition) -> index into versions_, for one shard.
   using PartitionIndex = std::map<std::pair<std::string, uint32_t>, size_t>;
-  // Where a registration's partitions live and the requests that name them:
-  // built whole before the client adopts it.
+  // Where a registration's partitions live: built whole before the client
+  // adopts it.
   struct Layout {
     std::vector<int64_t> tensor_sizes;
-    std::vector<int64_t> partition_sizes;        // by version index
-    std::vector<PartitionIndex> partition_index;  // by shard
-    std::vector<ShardCalls> calls;                // by shard
-    std::vector<std::vector<TensorExchange::Group>> groups;  // by tensor
+    std::vector<int64_t> partition_sizes;                   // by version index
+    std::vector<PartitionIndex> partition_index;            // by shard
+    std::vector<std::vector<PartitionSlice>> shard_slices;  // by shard
+    // by tensor, then shard: that tensor's partitions there
+    std::vector<std::vector<std::vector<PartitionSlice>>> tensor_slices;
   };
 
   PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
            PsClientMetrics* fault_metrics);
   // Register's steps: the RPC to every shard; the placement of every
-  // partition (changes nothing); adding one partition to a shard's reusable
-  // requests; the overlapped exchange over the adopted layout.
+  // partition (changes nothing); the calls over the adopted layout.
   absl::Status RegisterOnEveryShard(const RegisterRequest& request,
                                     std::vector<RegisterResponse>* responses);
   Layout PlanLayout(const std::vector<TensorSpec>& tensors) const;
-  void AddToRequests(const std::string& tensor, const PartitionSlice& slice,
-                     ShardCalls* calls) const;
-  void BuildExchange(std::vector<std::vector<TensorExchange::Group>> groups);
+  // Groups for `slices` of shard `shard`, split over its connections
+  // starting at connection `first`.
+  void AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
+                 std::vector<std::unique_ptr<GroupCall>>* out);
+  void BuildCalls(const Layout& layout);
   // Pairs each partition `response` reports with its index in `index`;
   // FAILED_PRECONDITION if the shard holds other partitions than this
   // worker places there.
   absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchPartitions(
       int shard, const PartitionIndex& index, const RegisterResponse& response) const;
-  // Runs one RPC per shard at once through the shards' channels and waits
-  // for all; returns the first error (any other before a
+  // Runs one control RPC per shard at once through the shards' channels
+  // and waits for all; returns the first error (any other before a
   // FAILED_PRECONDITION). `start(s, ...)` is ShardRpc::start for shard s.
   using StartFn = std::function<void(int shard, grpc::ClientContext* context,
                                      uint64_t shard_incarnation,
                                      std::function<void(grpc::Status)> done)>;
-  // `data_only`: only the shards holding partitions of the registered
-  // tensors (Push, Pull, PushPull).
   absl::Status CallAllShards(const char* method, absl::Duration attempt_timeout,
-                             absl::Duration retry_for, const StartFn& start,
-                             bool data_only = false);
+                             absl::Duration retry_for, const StartFn& start);
+  // Starts `start(group, done)` for every blocking-call group, waits for
+  // all, then for gRPC to release the gradients; the first error.
+  absl::Status RunGroups(
+      const std::function<void(GroupCall*, std::function<void(absl::Status)>)>& start,
+      bool pushed);
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Sync: sends the pushes `channel`'s shard acknowledged before it
-  // restarted and whose step has not completed there (worker/sync_replay.h).
+  // restarted and whose step has not completed there (client/sync_replay.h).
   void ReplayPushes(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Applies shard `shard`'s Register answer: its incarnation and partition
   // versions. `restarted`: count and log the updates lost.
   absl::Status TakeShardState(int shard, const RegisterResponse& response,
                               bool restarted);
-  // Async: rewrites the versions of shard `shard`'s push to min(computed
-  // from, known now); a no-op in sync mode.
-  void ClampPushVersions(int shard);
-  // Checks `grads` and writes them and `clock` into every shard's push.
-  absl::Status EncodePush(int64_t clock,
-                          absl::Span<const absl::Span<const float>> grads);
-  // Sets `clock` and `min_version` in every shard's pull.
-  absl::Status PreparePull(int64_t clock, int64_t min_version,
-                           absl::Span<const absl::Span<float>> params);
-  // Reads every shard's push answer into `stats`.
+  absl::Status CheckGrads(absl::Span<const absl::Span<const float>> grads) const;
+  absl::Status CheckParams(absl::Span<const absl::Span<float>> params) const;
+  // Async: a blocking push to a shard it reaches over several connections
+  // (several RPCs that land one by one) must not advance this worker's
+  // clock there before every part is applied, or a pull the staleness
+  // bound holds back would be let go to read a half-applied step. So those
+  // parts carry the clock before this step and AdvanceClock sends the new
+  // one (a heartbeat) once all are in. Sync shards count steps by version.
+  bool DefersClock(int shard) const;
+  absl::Status AdvanceClock(int64_t clock);
+  void SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads);
+  void SetPulls(int64_t clock, int64_t min_version,
+                absl::Span<const absl::Span<float>> params);
   void CollectPush(PushStats* stats) const;
-  // Copies every shard's pull answer into `params` and `stats`.
-  absl::Status CollectPull(absl::Span<const absl::Span<float>> params,
-                           PullStats* stats);
+  void CollectPull(PullStats* stats) const;
   void RecordRpc(const char* method, const grpc::Status& status,
                  size_t request_bytes, size_t response_bytes, absl::Time start);
 
@@ -263,6 +298,7 @@ class PsClient {
   bool sync_ = false;
   std::vector<std::unique_ptr<ShardChannel>> channels_;
   std::vector<TensorSpec> tensors_;
+  std::vector<std::string> tensor_names_;
   std::vector<int64_t> tensor_sizes_;
   // What Register sent; a resync sends it again. Constant between Registers.
   RegisterRequest register_request_;
@@ -274,15 +310,20 @@ class PsClient {
   // one in-flight pull per partition, and by a resync of its shard.
   VersionTable versions_;
   // Set when options_.topk_ratio > 0: one residual per partition, indexed
-  // like versions_. Before exchange_, which uses it, so it outlives it.
+  // like versions_. Before the groups, which use it, so it outlives them.
   std::unique_ptr<common::TopKCompressor> topk_;
   // Sync mode: acknowledged pushes to send again to a shard that restarts
-  // before their step completes. Before exchange_, which uses it.
+  // before their step completes. Before the groups, which use it.
   SyncReplay replay_;
+  GroupContext group_context_;
+  // The blocking calls' groups (by shard, then connection) and the
+  // exchange's (by tensor, shard, connection).
+  std::vector<std::unique_ptr<GroupCall>> shard_groups_;
+  std::vector<int> groups_per_shard_;  // of shard_groups_
+  std::vector<std::unique_ptr<GroupCall>> tensor_groups_;
   std::unique_ptr<TensorExchange> exchange_;
-  std::vector<ShardCalls> calls_;
 };
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_WORKER_PS_CLIENT_H_
+#endif  // SHARDTRAIN_CLIENT_PS_CLIENT_H_

@@ -1,4 +1,4 @@
-#include "worker/ps_client.h"
+#include "client/ps_client.h"
 
 #include <algorithm>
 #include <functional>
@@ -17,7 +17,7 @@
 #include "common/payload.h"
 #include "common/status_macros.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 namespace {
 
 uint64_t NewIncarnation() {
@@ -25,10 +25,6 @@ uint64_t NewIncarnation() {
   uint64_t incarnation = 0;
   while (incarnation == 0) incarnation = absl::Uniform<uint64_t>(gen);
   return incarnation;
-}
-
-int Millis(absl::Duration d) {
-  return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d), INT32_MAX));
 }
 
 }  // namespace
@@ -56,6 +52,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "the top-k ratio must be 0 (dense) or in (0, 1], got %g", options.topk_ratio));
   }
+  if (options.channels_per_shard < 1 || options.channels_per_shard > 64) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "channels per shard must be in [1, 64], got %d", options.channels_per_shard));
+  }
   if (options.reconnect_timeout < absl::ZeroDuration() ||
       options.rpc_timeout <= absl::ZeroDuration() ||
       options.pull_timeout <= absl::ZeroDuration() ||
@@ -67,23 +67,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         "timeouts must be positive (the reconnect timeout and keepalive may be "
         "0) and the maximum backoff at least the initial one");
   }
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
-  args.SetMaxSendMessageSize(options.max_message_bytes);
-  // Reconnect quickly to a shard that comes back (gRPC's own backoff
-  // between connection attempts).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  if (options.keepalive_time > absl::ZeroDuration()) {
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    // Keep pinging while a pull waits on the shard without data flowing.
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                   common::MakeChannelCredentials(options.security, &args));
+  ChannelOptions channel_options;
+  channel_options.max_message_bytes = options.max_message_bytes;
+  channel_options.keepalive_time = options.keepalive_time;
+  channel_options.keepalive_timeout = options.keepalive_timeout;
+  channel_options.security = options.security;
+  channel_options.transport = options.transport;
+  ASSIGN_OR_RETURN(const ChannelFactory factory, ChannelFactory::Create(channel_options));
   std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics, fault_metrics));
   RetryPolicy policy;
   policy.initial_backoff = options.initial_backoff;
@@ -91,13 +81,17 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   policy.reconnect_timeout = options.reconnect_timeout;
   for (size_t s = 0; s < options.servers.size(); ++s) {
     const std::string& server = options.servers[s];
-    std::shared_ptr<grpc::Channel> channel =
-        options.interceptors
-            ? grpc::experimental::CreateCustomChannelWithInterceptors(
-                  server, credentials, args, options.interceptors(static_cast<int>(s)))
-            : grpc::CreateCustomChannel(server, credentials, args);
+    std::vector<std::shared_ptr<grpc::Channel>> connections;
+    for (int c = 0; c < options.channels_per_shard; ++c) {
+      connections.push_back(factory.Make(
+          server, c,
+          options.interceptors
+              ? options.interceptors(static_cast<int>(s))
+              : std::vector<std::unique_ptr<
+                    grpc::experimental::ClientInterceptorFactoryInterface>>()));
+    }
     auto shard = std::make_unique<ShardChannel>(static_cast<int>(s), server,
-                                                std::move(channel), policy,
+                                                std::move(connections), policy,
                                                 fault_metrics);
     PsClient* self = client.get();
     shard->set_resync([self](ShardChannel* channel, std::function<void(absl::Status)> done) {
@@ -105,6 +99,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     });
     client->channels_.push_back(std::move(shard));
   }
+  PsClient* self = client.get();
+  GroupContext& context = client->group_context_;
+  context.versions = &client->versions_;
+  context.push_timeout = options.rpc_timeout;
+  context.pull_timeout = options.pull_timeout;
+  context.recorder = [self](const char* method, const grpc::Status& status, size_t sent,
+                            size_t received, absl::Time start) {
+    self->RecordRpc(method, status, sent, received, start);
+  };
   return client;
 }
 
@@ -119,17 +122,11 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
 absl::Status PsClient::CallAllShards(const char* method,
                                      absl::Duration attempt_timeout,
                                      absl::Duration retry_for,
-                                     const StartFn& start, bool data_only) {
+                                     const StartFn& start) {
   const int n = num_shards();
   std::vector<absl::Status> statuses(n);
-  std::vector<int> shards;
+  absl::BlockingCounter pending(n);
   for (int s = 0; s < n; ++s) {
-    // A shard holding none of the tensors gets no push or pull (an empty
-    // one is refused).
-    if (!data_only || !calls_[s].slices.empty()) shards.push_back(s);
-  }
-  absl::BlockingCounter pending(static_cast<int>(shards.size()));
-  for (int s : shards) {
     ShardRpc rpc;
     rpc.method = method;
     rpc.attempt_timeout = attempt_timeout;
@@ -145,13 +142,7 @@ absl::Status PsClient::CallAllShards(const char* method,
   }
   pending.Wait();
   absl::Status first;
-  for (const absl::Status& status : statuses) {
-    if (status.ok()) continue;
-    if (first.ok() || (first.code() == absl::StatusCode::kFailedPrecondition &&
-                       status.code() != absl::StatusCode::kFailedPrecondition)) {
-      first = status;
-    }
-  }
+  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
   return first;
 }
 
@@ -182,11 +173,14 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   // Nothing may still write into versions_ or read topk_ while they are
   // replaced.
   exchange_.reset();
+  shard_groups_.clear();
+  tensor_groups_.clear();
   register_request_ = std::move(request);
   tensors_ = tensors;
-  tensor_sizes_ = std::move(layout.tensor_sizes);
-  partition_index_ = std::move(layout.partition_index);
-  calls_ = std::move(layout.calls);
+  tensor_names_.clear();
+  for (const TensorSpec& spec : tensors) tensor_names_.push_back(spec.name());
+  tensor_sizes_ = layout.tensor_sizes;
+  partition_index_ = layout.partition_index;
   versions_.clear();
   for (size_t i = 0; i < layout.partition_sizes.size(); ++i) versions_.emplace_back(0);
   topk_ = std::move(topk);
@@ -197,7 +191,7 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
     registered_worker_clock_ =
         std::max(registered_worker_clock_, responses[s].worker_clock());
   }
-  BuildExchange(std::move(layout.groups));
+  BuildCalls(layout);
   return absl::OkStatus();
 }
 
@@ -221,14 +215,14 @@ absl::Status PsClient::RegisterOnEveryShard(const RegisterRequest& request,
 PsClient::Layout PsClient::PlanLayout(const std::vector<TensorSpec>& tensors) const {
   Layout layout;
   layout.partition_index.resize(channels_.size());
-  layout.calls.resize(channels_.size());
-  layout.groups.resize(tensors.size());
+  layout.shard_slices.resize(channels_.size());
+  layout.tensor_slices.resize(tensors.size());
   const common::PartitionConfig config{options_.max_partition_elements, num_shards()};
   for (size_t t = 0; t < tensors.size(); ++t) {
     int64_t elements = 1;
     for (int64_t dim : tensors[t].shape()) elements *= dim;
     layout.tensor_sizes.push_back(elements);
-    std::vector<int> group_of_shard(channels_.size(), -1);
+    layout.tensor_slices[t].resize(channels_.size());
     for (const common::PlacedPartition& placed :
          common::PlaceTensor(tensors[t].name(), elements, config)) {
       const PartitionSlice slice{static_cast<int>(t),
@@ -238,56 +232,67 @@ PsClient::Layout PsClient::PlanLayout(const std::vector<TensorSpec>& tensors) co
       layout.partition_index[placed.shard][{tensors[t].name(), slice.partition}] =
           slice.version_index;
       layout.partition_sizes.push_back(slice.size);
-      AddToRequests(tensors[t].name(), slice, &layout.calls[placed.shard]);
-      int& group = group_of_shard[placed.shard];
-      if (group < 0) {
-        group = static_cast<int>(layout.groups[t].size());
-        layout.groups[t].push_back(TensorExchange::Group{placed.shard, {}});
-      }
-      layout.groups[t][group].slices.push_back(slice);
+      layout.shard_slices[placed.shard].push_back(slice);
+      layout.tensor_slices[t][placed.shard].push_back(slice);
     }
   }
   return layout;
 }
 
-void PsClient::AddToRequests(const std::string& tensor, const PartitionSlice& slice,
-                             ShardCalls* calls) const {
-  calls->slices.push_back(slice);
-  PartitionKey key;
-  key.set_tensor(tensor);
-  key.set_partition(slice.partition);
-  PushRequest& push = *calls->request.mutable_push();
-  PullRequest& pull = *calls->request.mutable_pull();
-  GradientPart* part = push.add_parts();
-  *part->mutable_key() = key;
-  part->mutable_grad()->set_dtype(options_.wire_dtype);
-  part->mutable_grad()->set_encoding(ENCODING_DENSE);
-  *pull.add_parts() = std::move(key);
-  push.set_worker(options_.worker_index);
-  push.set_worker_incarnation(worker_incarnation_);
-  pull.set_worker(options_.worker_index);
-  pull.set_worker_incarnation(worker_incarnation_);
-  pull.set_dtype(options_.wire_dtype);
+void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
+                         std::vector<std::unique_ptr<GroupCall>>* out) {
+  // A shard holding none of the partitions gets no call (an empty push is
+  // refused).
+  if (slices.empty()) return;
+  ShardChannel* channel = channels_[shard].get();
+  const int connections = channel->num_connections();
+  // Contiguous runs of about equal size, one per connection.
+  int64_t total = 0;
+  for (const PartitionSlice& slice : slices) total += slice.size;
+  std::vector<std::vector<PartitionSlice>> runs(connections);
+  int64_t before = 0;
+  for (const PartitionSlice& slice : slices) {
+    const int run = static_cast<int>(std::min<int64_t>(
+        connections - 1, (before + slice.size / 2) * connections / std::max<int64_t>(total, 1)));
+    runs[run].push_back(slice);
+    before += slice.size;
+  }
+  WireOptions wire;
+  wire.worker = options_.worker_index;
+  wire.worker_incarnation = worker_incarnation_;
+  wire.dtype = options_.wire_dtype;
+  wire.topk = topk_.get();
+  for (int r = 0; r < connections; ++r) {
+    if (runs[r].empty()) continue;
+    out->push_back(std::make_unique<GroupCall>(
+        &group_context_, channel, (first + r) % connections,
+        std::make_unique<WireRequests>(wire, std::move(runs[r]), &tensor_names_)));
+  }
 }
 
-void PsClient::BuildExchange(std::vector<std::vector<TensorExchange::Group>> groups) {
-  TensorExchange::Options exchange_options;
-  exchange_options.worker_index = options_.worker_index;
-  exchange_options.worker_incarnation = worker_incarnation_;
-  exchange_options.sync = sync_;
-  exchange_options.wire_dtype = options_.wire_dtype;
-  exchange_options.topk = topk_.get();
-  exchange_options.replay = sync_ ? &replay_ : nullptr;
-  exchange_options.push_timeout = options_.rpc_timeout;
-  exchange_options.pull_timeout = options_.pull_timeout;
-  std::vector<ShardChannel*> channels;
-  for (const auto& channel : channels_) channels.push_back(channel.get());
+void PsClient::BuildCalls(const Layout& layout) {
+  group_context_.sync = sync_;
+  group_context_.replay = sync_ ? &replay_ : nullptr;
+  groups_per_shard_.assign(channels_.size(), 0);
+  for (int s = 0; s < num_shards(); ++s) {
+    const size_t before = shard_groups_.size();
+    AddGroups(s, layout.shard_slices[s], 0, &shard_groups_);
+    groups_per_shard_[s] = static_cast<int>(shard_groups_.size() - before);
+  }
+  std::vector<std::vector<GroupCall*>> by_tensor(layout.tensor_slices.size());
+  for (size_t t = 0; t < layout.tensor_slices.size(); ++t) {
+    for (int s = 0; s < num_shards(); ++s) {
+      const size_t first = tensor_groups_.size();
+      // Small tensors of one partition start on different connections, so
+      // that the exchange spreads them too.
+      AddGroups(s, layout.tensor_slices[t][s], static_cast<int>(t), &tensor_groups_);
+      for (size_t g = first; g < tensor_groups_.size(); ++g) {
+        by_tensor[t].push_back(tensor_groups_[g].get());
+      }
+    }
+  }
   exchange_ = std::make_unique<TensorExchange>(
-      exchange_options, std::move(channels), tensors_, std::move(groups), &versions_,
-      [this](const char* method, const grpc::Status& status, size_t sent,
-             size_t received, absl::Time start) {
-        RecordRpc(method, status, sent, received, start);
-      });
+      std::move(by_tensor), &versions_, group_context_.replay, options_.rpc_timeout);
 }
 
 absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchPartitions(
@@ -439,15 +444,14 @@ void PsClient::ReplayPushes(ShardChannel* channel,
   }
 }
 
-void PsClient::ClampPushVersions(int shard) {
-  if (sync_) return;
-  ShardCalls& calls = calls_[shard];
-  PushRequest& push = *calls.request.mutable_push();
-  for (size_t i = 0; i < calls.slices.size(); ++i) {
-    GradientPart* part = push.mutable_parts(static_cast<int>(i));
-    part->set_version(
-        std::min(part->version(), versions_[calls.slices[i].version_index].load()));
+int PsClient::referenced_slices() const {
+  int referenced = 0;
+  for (const auto* groups : {&shard_groups_, &tensor_groups_}) {
+    for (const std::unique_ptr<GroupCall>& group : *groups) {
+      referenced += group->requests().refs().Outstanding();
+    }
   }
+  return referenced;
 }
 
 std::pair<int64_t, int64_t> PsClient::known_versions() const {
@@ -460,8 +464,7 @@ std::pair<int64_t, int64_t> PsClient::known_versions() const {
   return {lo, hi};
 }
 
-absl::Status PsClient::EncodePush(
-    int64_t clock, absl::Span<const absl::Span<const float>> grads) {
+absl::Status PsClient::CheckGrads(absl::Span<const absl::Span<const float>> grads) const {
   if (grads.size() != tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "push of %d tensors; %d are registered", grads.size(), tensors_.size()));
@@ -473,97 +476,140 @@ absl::Status PsClient::EncodePush(
           grads[t].size(), tensor_sizes_[t]));
     }
   }
-  for (ShardCalls& calls : calls_) {
-    PushRequest& push = *calls.request.mutable_push();
-    push.set_clock(clock);
-    for (size_t i = 0; i < calls.slices.size(); ++i) {
-      const PartitionSlice& slice = calls.slices[i];
-      GradientPart* part = push.mutable_parts(static_cast<int>(i));
-      part->set_version(versions_[slice.version_index].load());
-      const absl::Span<const float> grad = grads[slice.tensor].subspan(slice.offset, slice.size);
-      if (topk_ != nullptr) {
-        topk_->Encode(slice.version_index, grad, options_.wire_dtype, part->mutable_grad());
-      } else {
-        common::EncodeDense(grad, options_.wire_dtype, part->mutable_grad()->mutable_data());
-      }
-    }
-  }
   return absl::OkStatus();
 }
 
-absl::Status PsClient::PreparePull(int64_t clock, int64_t min_version,
-                                   absl::Span<const absl::Span<float>> params) {
+absl::Status PsClient::CheckParams(absl::Span<const absl::Span<float>> params) const {
   if (params.size() != tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "pull into %d tensors; %d are registered", params.size(), tensors_.size()));
   }
-  for (ShardCalls& calls : calls_) {
-    PullRequest& pull = *calls.request.mutable_pull();
-    pull.set_clock(clock);
-    pull.set_min_version(min_version);
+  for (size_t t = 0; t < params.size(); ++t) {
+    if (static_cast<int64_t>(params[t].size()) != tensor_sizes_[t]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "parameters of %s have %d elements, not %d", tensors_[t].name(),
+          params[t].size(), tensor_sizes_[t]));
+    }
   }
   return absl::OkStatus();
+}
+
+bool PsClient::DefersClock(int shard) const {
+  return !sync_ && groups_per_shard_[shard] > 1;
+}
+
+void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads) {
+  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+    // See DefersClock: the parts carry the clock before this step.
+    const int64_t sent_clock =
+        DefersClock(group->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
+    group->requests().SetPush(
+        sent_clock, group->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
+  }
+}
+
+absl::Status PsClient::AdvanceClock(int64_t clock) {
+  std::vector<int> shards;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (DefersClock(s)) shards.push_back(s);
+  }
+  if (shards.empty()) return absl::OkStatus();
+  HeartbeatRequest request;
+  request.set_worker(options_.worker_index);
+  request.set_clock(clock);
+  request.set_worker_incarnation(worker_incarnation_);
+  std::vector<HeartbeatResponse> responses(channels_.size());
+  std::vector<absl::Status> statuses(shards.size());
+  absl::BlockingCounter pending(static_cast<int>(shards.size()));
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int s = shards[i];
+    ShardRpc rpc;
+    rpc.method = "Heartbeat";
+    rpc.attempt_timeout = options_.rpc_timeout;
+    rpc.start = [this, s, &request, &responses](grpc::ClientContext* context, uint64_t,
+                                                std::function<void(grpc::Status)> done) {
+      const absl::Time start = absl::Now();
+      responses[s].Clear();
+      channels_[s]->stub()->async()->Heartbeat(
+          context, &request, &responses[s],
+          [this, s, &request, &responses, start, done = std::move(done)](grpc::Status status) {
+            RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
+                      start);
+            done(std::move(status));
+          });
+    };
+    channels_[s]->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
+      statuses[i] = std::move(status);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  absl::Status first;
+  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
+  return first;
+}
+
+void PsClient::SetPulls(int64_t clock, int64_t min_version,
+                        absl::Span<const absl::Span<float>> params) {
+  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+    group->requests().SetPull(clock, min_version, [params](int t) { return params[t]; });
+  }
 }
 
 void PsClient::CollectPush(PushStats* stats) const {
   stats->max_staleness = 0;
-  for (const ShardCalls& calls : calls_) {
-    stats->max_staleness =
-        std::max(stats->max_staleness, calls.response.push().max_staleness());
+  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+    stats->max_staleness = std::max(stats->max_staleness, group->push_result().max_staleness);
   }
 }
 
-absl::Status PsClient::CollectPull(absl::Span<const absl::Span<float>> params,
-                                   PullStats* stats) {
+void PsClient::CollectPull(PullStats* stats) const {
   stats->server_wait_seconds = 0;
   stats->min_version = INT64_MAX;
-  for (size_t s = 0; s < calls_.size(); ++s) {
-    ShardCalls& calls = calls_[s];
-    const PullResponse& response = calls.response.pull();
-    if (response.parts_size() != static_cast<int>(calls.slices.size())) {
-      return absl::InternalError(absl::StrFormat(
-          "shard %d answered %d partitions for %d asked", s,
-          response.parts_size(), calls.slices.size()));
-    }
+  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
     stats->server_wait_seconds =
-        std::max(stats->server_wait_seconds, response.wait_seconds());
-    for (size_t i = 0; i < calls.slices.size(); ++i) {
-      const PartitionSlice& slice = calls.slices[i];
-      const ParameterPart& part = response.parts(static_cast<int>(i));
-      RETURN_IF_ERROR(common::DecodeDense(
-          part.value().dtype(), part.value().data(),
-          params[slice.tensor].subspan(slice.offset, slice.size)));
-      versions_[slice.version_index].store(part.version());
-      stats->min_version = std::min(stats->min_version, part.version());
+        std::max(stats->server_wait_seconds, group->pull_result().wait_seconds);
+    stats->min_version = std::min(stats->min_version, group->pull_result().min_version);
+  }
+}
+
+absl::Status PsClient::RunGroups(
+    const std::function<void(GroupCall*, std::function<void(absl::Status)>)>& start,
+    bool pushed) {
+  std::vector<absl::Status> statuses(shard_groups_.size());
+  absl::BlockingCounter pending(static_cast<int>(shard_groups_.size()));
+  for (size_t g = 0; g < shard_groups_.size(); ++g) {
+    start(shard_groups_[g].get(), [&statuses, &pending, g](absl::Status status) {
+      statuses[g] = std::move(status);
+      pending.DecrementCount();
+    });
+  }
+  pending.Wait();
+  absl::Status first;
+  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
+  if (pushed) {
+    // The caller may overwrite the gradients once this returns: nothing may
+    // still read them, neither gRPC nor a later replay.
+    if (sync_) replay_.Detach();
+    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+    for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+      KeepFirstError(&first, group->Release(deadline));
     }
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status PsClient::Push(int64_t clock,
                             absl::Span<const absl::Span<const float>> grads,
                             PushStats* stats) {
-  RETURN_IF_ERROR(EncodePush(clock, grads));
-  for (size_t s = 0; s < calls_.size(); ++s) {
-    calls_[s].request.mutable_push()->set_sequence(channels_[s]->NextSequence());
-  }
-  RETURN_IF_ERROR(CallAllShards(
-      "Push", options_.rpc_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
-        ShardCalls& calls = calls_[s];
-        calls.request.mutable_push()->set_shard_incarnation(incarnation);
-        ClampPushVersions(s);
-        const absl::Time start = absl::Now();
-        channels_[s]->stub()->async()->Push(
-            context, &calls.request.push(), calls.response.mutable_push(),
-            [this, s, &calls, start, done = std::move(done)](grpc::Status status) {
-              RecordRpc("Push", status, calls.request.push().ByteSizeLong(),
-                        calls.response.push().ByteSizeLong(), start);
-              if (status.ok() && sync_) replay_.Acked(s, &calls.request.push());
-              done(std::move(status));
-            });
+  RETURN_IF_ERROR(CheckGrads(grads));
+  SetPushes(clock, grads);
+  RETURN_IF_ERROR(RunGroups(
+      [](GroupCall* group, std::function<void(absl::Status)> done) {
+        group->StartPush(std::move(done));
       },
-      /*data_only=*/true));
+      /*pushed=*/true));
+  RETURN_IF_ERROR(AdvanceClock(clock));
   CollectPush(stats);
   return absl::OkStatus();
 }
@@ -571,68 +617,44 @@ absl::Status PsClient::Push(int64_t clock,
 absl::Status PsClient::Pull(int64_t clock, int64_t min_version,
                             absl::Span<const absl::Span<float>> params,
                             PullStats* stats) {
-  RETURN_IF_ERROR(PreparePull(clock, min_version, params));
-  RETURN_IF_ERROR(CallAllShards(
-      "Pull", options_.pull_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
-        ShardCalls& calls = calls_[s];
-        calls.request.mutable_pull()->set_shard_incarnation(incarnation);
-        const absl::Time start = absl::Now();
-        channels_[s]->stub()->async()->Pull(
-            context, &calls.request.pull(), calls.response.mutable_pull(),
-            [this, s, &calls, start, done = std::move(done)](grpc::Status status) {
-              RecordRpc("Pull", status, calls.request.pull().ByteSizeLong(),
-                        calls.response.pull().ByteSizeLong(), start);
-              if (status.ok()) replay_.Pulled(s, &calls.request.push());
-              done(std::move(status));
-            });
+  RETURN_IF_ERROR(CheckParams(params));
+  SetPulls(clock, min_version, params);
+  RETURN_IF_ERROR(RunGroups(
+      [](GroupCall* group, std::function<void(absl::Status)> done) {
+        group->StartPull(std::move(done));
       },
-      /*data_only=*/true));
-  return CollectPull(params, stats);
+      /*pushed=*/false));
+  CollectPull(stats);
+  return absl::OkStatus();
 }
 
 absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                                 absl::Span<const absl::Span<const float>> grads,
                                 absl::Span<const absl::Span<float>> params,
                                 PushStats* push_stats, PullStats* pull_stats) {
-  RETURN_IF_ERROR(EncodePush(clock, grads));
-  RETURN_IF_ERROR(PreparePull(clock, min_version, params));
-  for (size_t s = 0; s < calls_.size(); ++s) {
-    calls_[s].request.mutable_push()->set_sequence(channels_[s]->NextSequence());
-  }
-  RETURN_IF_ERROR(CallAllShards(
-      "PushPull", options_.pull_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t incarnation, auto done) {
-        ShardCalls& calls = calls_[s];
-        calls.request.mutable_push()->set_shard_incarnation(incarnation);
-        calls.request.mutable_pull()->set_shard_incarnation(incarnation);
-        ClampPushVersions(s);
-        const absl::Time start = absl::Now();
-        channels_[s]->stub()->async()->PushPull(
-            context, &calls.request, &calls.response,
-            [this, &calls, start, done = std::move(done)](grpc::Status status) {
-              RecordRpc("PushPull", status, calls.request.ByteSizeLong(),
-                        calls.response.ByteSizeLong(), start);
-              done(std::move(status));
-            });
+  RETURN_IF_ERROR(CheckGrads(grads));
+  RETURN_IF_ERROR(CheckParams(params));
+  SetPushes(clock, grads);
+  SetPulls(clock, min_version, params);
+  RETURN_IF_ERROR(RunGroups(
+      [](GroupCall* group, std::function<void(absl::Status)> done) {
+        group->StartPushPull(std::move(done));
       },
-      /*data_only=*/true));
+      /*pushed=*/true));
+  RETURN_IF_ERROR(AdvanceClock(clock));
   CollectPush(push_stats);
-  return CollectPull(params, pull_stats);
+  CollectPull(pull_stats);
+  return absl::OkStatus();
 }
 
 void PsClient::StartExchange(int tensor, int64_t clock, int64_t min_version,
-                             absl::Span<const float> grad,
-                             std::unique_ptr<Fence> grad_ready,
+                             absl::Span<const float> grad, GradReady grad_ready,
                              absl::Span<float> params) {
-  exchange_->Start(tensor, clock, min_version, grad, std::move(grad_ready),
-                   params);
+  exchange_->Start(tensor, clock, min_version, grad, std::move(grad_ready), params);
 }
 
-absl::Status PsClient::FinishExchanges(PushStats* push_stats,
-                                       PullStats* pull_stats) {
-  return exchange_->Finish(&push_stats->max_staleness,
-                           &pull_stats->server_wait_seconds,
+absl::Status PsClient::FinishExchanges(PushStats* push_stats, PullStats* pull_stats) {
+  return exchange_->Finish(&push_stats->max_staleness, &pull_stats->server_wait_seconds,
                            &pull_stats->min_version);
 }
 
@@ -674,4 +696,4 @@ absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus() {
   return responses;
 }
 
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

@@ -1,11 +1,11 @@
-#include "worker/shard_call.h"
+#include "client/shard_call.h"
 
 #include <grpcpp/support/status.h>
 
 #include "absl/random/random.h"
 #include "gtest/gtest.h"
 
-namespace shardtrain::worker {
+namespace shardtrain::client {
 namespace {
 
 TEST(RetryPolicyTest, CeilingDoublesUpToTheMaximum) {
@@ -65,4 +65,4 @@ TEST(RetryPolicyTest, RetriesTransportFailuresOnly) {
 }
 
 }  // namespace
-}  // namespace shardtrain::worker
+}  // namespace shardtrain::client

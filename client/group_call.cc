@@ -1,0 +1,118 @@
+#include "client/group_call.h"
+
+#include <utility>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_format.h"
+
+namespace shardtrain::client {
+
+void KeepFirstError(absl::Status* first, const absl::Status& status) {
+  if (status.ok()) return;
+  if (first->ok() || (first->code() == absl::StatusCode::kFailedPrecondition &&
+                      status.code() != absl::StatusCode::kFailedPrecondition)) {
+    *first = status;
+  }
+}
+
+GroupCall::GroupCall(const GroupContext* context, ShardChannel* channel, int connection,
+                     std::unique_ptr<WireRequests> requests)
+    : context_(context),
+      channel_(channel),
+      connection_(connection),
+      requests_(std::move(requests)) {}
+
+void GroupCall::StartPush(std::function<void(absl::Status)> done) {
+  Start(Kind::kPush, std::move(done));
+}
+
+void GroupCall::StartPull(std::function<void(absl::Status)> done) {
+  Start(Kind::kPull, std::move(done));
+}
+
+void GroupCall::StartPushPull(std::function<void(absl::Status)> done) {
+  Start(Kind::kPushPull, std::move(done));
+}
+
+void GroupCall::Start(Kind kind, std::function<void(absl::Status)> done) {
+  static constexpr const char* kNames[] = {"Push", "Pull", "PushPull"};
+  static constexpr const char* kMethods[] = {kPushMethod, kPullMethod, kPushPullMethod};
+  const int k = static_cast<int>(kind);
+  ShardRpc rpc;
+  rpc.method = kNames[k];
+  rpc.attempt_timeout = kind == Kind::kPush ? context_->push_timeout : context_->pull_timeout;
+  rpc.reconnect_timeout = context_->retry_for;
+  rpc.start = [this, kind, k](grpc::ClientContext* context, uint64_t incarnation,
+                              std::function<void(grpc::Status)> attempt_done) {
+    // Re-encoded for every attempt: the shard incarnation, and in async
+    // mode the versions, may have changed since the last one.
+    const VersionTable* clamp = context_->sync ? nullptr : context_->versions;
+    switch (kind) {
+      case Kind::kPush:
+        requests_->EncodePush(incarnation, clamp, &request_);
+        break;
+      case Kind::kPull:
+        requests_->EncodePull(incarnation, &request_);
+        break;
+      case Kind::kPushPull:
+        requests_->EncodePushPull(incarnation, clamp, &request_);
+        break;
+    }
+    response_.Clear();
+    const absl::Time start = absl::Now();
+    channel_->generic(connection_)
+        ->UnaryCall(context, kMethods[k], grpc::StubOptions(), &request_, &response_,
+                    [this, k, start, attempt_done = std::move(attempt_done)](
+                        grpc::Status status) {
+                      if (context_->recorder) {
+                        context_->recorder(kNames[k], status, request_.Length(),
+                                           response_.Length(), start);
+                      }
+                      attempt_done(std::move(status));
+                    });
+  };
+  channel_->Call(std::move(rpc), [this, kind, done = std::move(done)](absl::Status status) {
+    if (status.ok()) status = Decode(kind);
+    done(std::move(status));
+  });
+}
+
+absl::Status GroupCall::Decode(Kind kind) {
+  absl::Status status;
+  switch (kind) {
+    case Kind::kPush:
+      status = requests_->DecodePush(&response_, &push_result_);
+      if (status.ok() && context_->replay != nullptr) {
+        context_->replay->Acked(shard(), this, requests_->push_header(),
+                                requests_->push_parts());
+      }
+      break;
+    case Kind::kPull:
+      status = requests_->DecodePull(&response_, context_->versions, &pull_result_);
+      if (status.ok() && context_->replay != nullptr) context_->replay->Pulled(shard(), this);
+      break;
+    case Kind::kPushPull:
+      status = requests_->DecodePushPull(&response_, context_->versions, &push_result_,
+                                         &pull_result_);
+      break;
+  }
+  response_.Clear();
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrFormat("%s answer of shard %d (%s): %s",
+                                      kind == Kind::kPull ? "Pull"
+                                      : kind == Kind::kPush ? "Push"
+                                                            : "PushPull",
+                                      shard(), channel_->address(), status.message()));
+}
+
+absl::Status GroupCall::Release(absl::Time deadline) {
+  request_.Clear();
+  if (requests_->refs().WaitReleased(deadline)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrFormat(
+      "gRPC still holds %d slices of a gradient sent to shard %d (%s)",
+      requests_->refs().Outstanding(), shard(), channel_->address()));
+}
+
+}  // namespace shardtrain::client

@@ -1,0 +1,223 @@
+// The raw Push, Pull and PushPull methods against a stock protobuf client
+// (the generated stub): gradients of every dtype are applied as the shard
+// applies them, pulls of every dtype carry the shard's parameters, and a
+// pull waiting for a sync step is answered when the step completes or
+// ends at its deadline.
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include "common/payload.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "server/ps_server.h"
+
+namespace shardtrain::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kElements = 1000;
+constexpr int kPartitions = 8;  // of 125 elements each
+constexpr int kPartitionElements = 125;
+constexpr float kLearningRate = 0.25f;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void Start(ConsistencyMode mode, int workers) {
+    PsServerOptions options;
+    options.metrics_address = "";
+    options.shard.mode = mode;
+    options.shard.num_workers = workers;
+    options.shard.optimizer.name = "sgd";
+    options.shard.optimizer.learning_rate = kLearningRate;
+    options.shard.partitioning.max_partition_elements = 128;
+    auto server = PsServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = ParameterServer::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
+    RegisterRequest request;
+    TensorSpec* spec = request.add_tensors();
+    spec->set_name("w");
+    spec->add_shape(kElements);
+    spec->set_dtype(DTYPE_F32);
+    spec->mutable_init()->set_kind(Initializer::KIND_CONSTANT);
+    spec->mutable_init()->set_scale(0.5f);
+    RegisterResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Register(&context, request, &response).ok());
+    ASSERT_EQ(response.partitions_size(), kPartitions);
+  }
+
+  static std::unique_ptr<grpc::ClientContext> Context(int timeout_ms = 10000) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::milliseconds(timeout_ms));
+    return context;
+  }
+
+  static float Grad(int worker, int p, int i) {
+    return 0.01f * static_cast<float>((i * 7 + p * 3 + worker) % 23) - 0.1f;
+  }
+
+  static PushRequest MakePush(int worker, int64_t version, DType dtype) {
+    PushRequest request;
+    request.set_worker(worker);
+    request.set_clock(version + 1);
+    for (int p = 0; p < kPartitions; ++p) {
+      GradientPart* part = request.add_parts();
+      part->mutable_key()->set_tensor("w");
+      part->mutable_key()->set_partition(p);
+      part->set_version(version);
+      std::vector<float> values(kPartitionElements);
+      for (int i = 0; i < kPartitionElements; ++i) values[i] = Grad(worker, p, i);
+      common::EncodeDense(values, dtype, part->mutable_grad()->mutable_data());
+      part->mutable_grad()->set_dtype(dtype);
+    }
+    return request;
+  }
+
+  static PullRequest MakePull(int worker, int64_t min_version, DType dtype) {
+    PullRequest request;
+    request.set_worker(worker);
+    request.set_min_version(min_version);
+    request.set_dtype(dtype);
+    for (int p = kPartitions - 1; p >= 0; --p) {  // answered in the order asked
+      PartitionKey* key = request.add_parts();
+      key->set_tensor("w");
+      key->set_partition(p);
+    }
+    return request;
+  }
+
+  // Element i of partition p after one SGD step from 0.5 with `grad`.
+  static float Stepped(float grad) {
+    float param = 0.5f;
+    const float d = grad + 0.0f * param;
+    param -= kLearningRate * d;
+    return param;
+  }
+
+  // The value of one gradient element sent as `dtype`, as the server reads it.
+  static float AsSent(float value, DType dtype) {
+    std::string bytes;
+    common::EncodeDense(absl::MakeConstSpan(&value, 1), dtype, &bytes);
+    float decoded;
+    EXPECT_TRUE(common::DecodeDense(dtype, bytes, absl::MakeSpan(&decoded, 1)).ok());
+    return decoded;
+  }
+
+  // Checks that `response` has every partition, in the order asked, with
+  // `expected(p, i)` encoded as `dtype`, at `version`.
+  template <typename Expected>
+  static void ExpectParts(const PullResponse& response, DType dtype, int64_t version,
+                          Expected expected) {
+    ASSERT_EQ(response.parts_size(), kPartitions);
+    for (int k = 0; k < kPartitions; ++k) {
+      const ParameterPart& part = response.parts(k);
+      const int p = kPartitions - 1 - k;
+      EXPECT_EQ(part.key().tensor(), "w");
+      EXPECT_EQ(part.key().partition(), static_cast<uint32_t>(p));
+      EXPECT_EQ(part.version(), version);
+      EXPECT_EQ(part.value().dtype(), dtype);
+      EXPECT_EQ(part.value().encoding(), ENCODING_DENSE);
+      std::vector<float> values(kPartitionElements);
+      for (int i = 0; i < kPartitionElements; ++i) values[i] = expected(p, i);
+      std::string bytes;
+      common::EncodeDense(values, dtype, &bytes);
+      EXPECT_EQ(part.value().data(), bytes) << "partition " << p;
+    }
+  }
+
+  std::unique_ptr<PsServer> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+};
+
+TEST_F(ServiceTest, StockClientPushesAndPullsEveryDType) {
+  for (DType push_dtype : {DTYPE_F32, DTYPE_F16, DTYPE_BF16}) {
+    Start(ConsistencyMode::kAsync, 1);
+    PushResponse pushed;
+    const grpc::Status push = stub_->Push(Context().get(), MakePush(0, 0, push_dtype), &pushed);
+    ASSERT_TRUE(push.ok()) << push.error_message();
+    EXPECT_EQ(pushed.incarnation(), server_->shard().incarnation());
+    EXPECT_FALSE(pushed.duplicate());
+    for (DType pull_dtype : {DTYPE_UNSPECIFIED, DTYPE_F32, DTYPE_F16, DTYPE_BF16}) {
+      PullResponse pulled;
+      const grpc::Status pull = stub_->Pull(Context().get(), MakePull(0, 0, pull_dtype), &pulled);
+      ASSERT_TRUE(pull.ok()) << pull.error_message();
+      EXPECT_EQ(pulled.incarnation(), server_->shard().incarnation());
+      EXPECT_GE(pulled.wait_seconds(), 0.0);
+      const DType sent = pull_dtype == DTYPE_UNSPECIFIED ? DTYPE_F32 : pull_dtype;
+      ExpectParts(pulled, sent, 1, [&](int p, int i) {
+        return Stepped(AsSent(Grad(0, p, i), push_dtype));
+      });
+    }
+  }
+}
+
+TEST_F(ServiceTest, PushPullAppliesThenAnswersThePull) {
+  Start(ConsistencyMode::kAsync, 1);
+  PushPullRequest request;
+  *request.mutable_push() = MakePush(0, 0, DTYPE_BF16);
+  *request.mutable_pull() = MakePull(0, 1, DTYPE_F16);
+  PushPullResponse response;
+  const grpc::Status status = stub_->PushPull(Context().get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.push().incarnation(), server_->shard().incarnation());
+  EXPECT_EQ(response.pull().incarnation(), server_->shard().incarnation());
+  ExpectParts(response.pull(), DTYPE_F16, 1, [&](int p, int i) {
+    return Stepped(AsSent(Grad(0, p, i), DTYPE_BF16));
+  });
+
+  // A bad pull half refuses the whole request; nothing is applied.
+  const uint64_t before = server_->shard().Checksum();
+  request.mutable_pull()->mutable_parts(0)->set_tensor("nope");
+  *request.mutable_push() = MakePush(0, 1, DTYPE_F32);
+  const grpc::Status refused = stub_->PushPull(Context().get(), request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::NOT_FOUND) << refused.error_message();
+  EXPECT_EQ(server_->shard().Checksum(), before);
+  // So does a bad push half.
+  *request.mutable_pull() = MakePull(0, 0, DTYPE_F32);
+  request.mutable_push()->mutable_parts(3)->mutable_grad()->mutable_data()->resize(3);
+  const grpc::Status bad_push = stub_->PushPull(Context().get(), request, &response);
+  EXPECT_EQ(bad_push.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(bad_push.error_message(), HasSubstr("w/3: payload has 3 bytes"));
+  EXPECT_EQ(server_->shard().Checksum(), before);
+}
+
+TEST_F(ServiceTest, APullWaitsForTheSyncStepOrItsDeadline) {
+  Start(ConsistencyMode::kSync, 2);
+  // Nobody completes step 0 within the deadline.
+  PullResponse timed_out;
+  const grpc::Status expired =
+      stub_->Pull(Context(300).get(), MakePull(0, 1, DTYPE_F32), &timed_out);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // Worker 0's PushPull waits for worker 1's push, then gets the mean step.
+  PushPullRequest request;
+  *request.mutable_push() = MakePush(0, 0, DTYPE_F32);
+  *request.mutable_pull() = MakePull(0, 1, DTYPE_BF16);
+  PushPullResponse response;
+  grpc::Status status;
+  std::thread waiting([&] { status = stub_->PushPull(Context().get(), request, &response); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  PushResponse pushed;
+  ASSERT_TRUE(stub_->Push(Context().get(), MakePush(1, 0, DTYPE_F32), &pushed).ok());
+  waiting.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GT(response.pull().wait_seconds(), 0.1);
+  ExpectParts(response.pull(), DTYPE_BF16, 1, [&](int p, int i) {
+    return Stepped((Grad(0, p, i) + Grad(1, p, i)) * 0.5f);
+  });
+}
+
+}  // namespace
+}  // namespace shardtrain::server
