@@ -139,6 +139,10 @@ curl -sf "$prom/api/v1/targets" | jq -r '.data.activeTargets[] | "   \(.labels.j
 
 echo "== psctl against the running cluster"
 server_list=$(IFS=,; echo "${servers[*]}")
+# A worker's metrics port is up before it has read its data and registered
+# its tensors; a checkpoint needs tensors, so retry it until they are there.
+wait_for 60 "the workers to register (psctl checkpoint succeeds)" \
+  "$bin/psctl" checkpoint --servers="$server_list" --timeout_s=30
 "$bin/psctl" status --servers="$server_list" --timeout_s=5 | sed 's/^/   /'
 "$bin/psctl" checkpoint --servers="$server_list" --timeout_s=30 | sed 's/^/   /'
 
