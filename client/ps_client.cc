@@ -20,6 +20,9 @@
 namespace shardtrain::client {
 namespace {
 
+// 512 KiB of f32 (bench/results/channels_split_cpu.txt).
+constexpr int64_t kMinElementsPerConnection = 128 * 1024;
+
 uint64_t NewIncarnation() {
   absl::BitGen gen;
   uint64_t incarnation = 0;
@@ -246,14 +249,19 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
   if (slices.empty()) return;
   ShardChannel* channel = channels_[shard].get();
   const int connections = channel->num_connections();
-  // Contiguous runs of about equal size, one per connection.
+  // Contiguous runs of about equal size, one per connection, but none
+  // smaller than kMinElementsPerConnection: below that, another call costs
+  // more than the parallel connection gains (bench/results/
+  // channels_split_cpu.txt: at 1 MiB two connections beat four).
   int64_t total = 0;
   for (const PartitionSlice& slice : slices) total += slice.size;
-  std::vector<std::vector<PartitionSlice>> runs(connections);
+  const int used = static_cast<int>(std::clamp<int64_t>(
+      total / kMinElementsPerConnection, 1, connections));
+  std::vector<std::vector<PartitionSlice>> runs(used);
   int64_t before = 0;
   for (const PartitionSlice& slice : slices) {
     const int run = static_cast<int>(std::min<int64_t>(
-        connections - 1, (before + slice.size / 2) * connections / std::max<int64_t>(total, 1)));
+        used - 1, (before + slice.size / 2) * used / std::max<int64_t>(total, 1)));
     runs[run].push_back(slice);
     before += slice.size;
   }
@@ -262,7 +270,7 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
   wire.worker_incarnation = worker_incarnation_;
   wire.dtype = options_.wire_dtype;
   wire.topk = topk_.get();
-  for (int r = 0; r < connections; ++r) {
+  for (int r = 0; r < used; ++r) {
     if (runs[r].empty()) continue;
     out->push_back(std::make_unique<GroupCall>(
         &group_context_, channel, (first + r) % connections,

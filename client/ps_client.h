@@ -29,8 +29,8 @@
 // see client/sync_replay.h.)
 //
 // Connections. Each shard gets `channels_per_shard` TCP connections; the
-// partitions a call sends to one shard are split over them, so that one
-// large push keeps every connection busy.
+// partitions a call sends to one shard are split over them (no part under
+// 512 KiB of f32), so that one large push keeps every connection busy.
 //
 // Faults. Every RPC goes through its shard's ShardChannel
 // (client/shard_call.h): it is retried while the shard is unreachable, up
