@@ -21,5 +21,6 @@ cmake --build "$asan_dir" -j2
 log "running tests matching $pattern under ASan and UBSan"
 cd "$asan_dir"
 ASAN_OPTIONS="detect_leaks=1:abort_on_error=1" UBSAN_OPTIONS="print_stacktrace=1" \
+  LSAN_OPTIONS="suppressions=$SHARDTRAIN_ROOT/scripts/lsan.supp:print_suppressions=0" \
   ctest --output-on-failure -j2 -R "$pattern"
 log "sanitizer check passed"
