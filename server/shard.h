@@ -170,6 +170,19 @@ class Shard {
   // Checks and applies a push (no duplicate check); the caller notifies
   // progress.
   absl::Status ApplyPush(const wire::PushView& request, PushResponse* response);
+  // The steps of ApplyPush for one part; `p` is its partition, locked.
+  // Whether `part` may be applied now (sets part.ahead for a resuming sync
+  // partition that the push overtakes); changes nothing else.
+  absl::Status CheckPart(const Partition& p, DecodedPart& part, uint32_t worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Sync: adds the gradient to its step (closing the step first if the push
+  // overtakes a restored partition) and finishes the step if it is
+  // complete. Returns the updates the overtaken partition lost.
+  int64_t AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Async: applies the gradient now; returns its staleness.
+  int64_t ApplyAsyncGradient(Partition& p, const DecodedPart& part)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Sync: gradients that complete `part`'s current step: one per worker
   // that still counts for it or has already contributed to it (at most
   // replicas_to_aggregate, at least 1).

@@ -99,8 +99,91 @@ absl::Status Shard::DedupedPush(const wire::PushView& request,
   return absl::OkStatus();
 }
 
-absl::Status Shard::ApplyPush(const wire::PushView& request,
-                              PushResponse* response) {
+absl::Status Shard::CheckPart(const Partition& p, DecodedPart& part, uint32_t worker) const {
+  const bool sync = options_.mode == ConsistencyMode::kSync;
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (part.version > version) {
+    // A resuming partition catches up (see shard.h): from any step when no
+    // gradient is pending; with gradients pending (a step it redoes), only
+    // from the next step, which workers one step ahead push.
+    if (sync && p.resuming && (p.contributions == 0 || part.version == version + 1)) {
+      part.ahead = true;
+      return absl::OkStatus();
+    }
+    return absl::OutOfRangeError(absl::StrFormat(
+        "%s/%d: gradient computed from version %d, but the partition is at "
+        "version %d",
+        p.tensor, p.index, part.version, version));
+  }
+  if (sync && part.version < version) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s/%d: step %d is finished (partition at version %d); late "
+        "gradient dropped",
+        p.tensor, p.index, part.version, version));
+  }
+  if (sync && p.contributed[worker]) {
+    return absl::AlreadyExistsError(
+        absl::StrFormat("%s/%d: worker %d already pushed a gradient for step %d",
+                        p.tensor, p.index, worker, part.version));
+  }
+  return absl::OkStatus();
+}
+
+int64_t Shard::AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker) {
+  int64_t lost = 0;
+  if (part.ahead) {
+    // A restarted shard redoing a step (a worker sent again the gradient it
+    // had pushed to the previous incarnation) is overtaken by a worker that
+    // had that step's result before the restart: the step is closed with
+    // the gradients it has.
+    if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
+    const int64_t now = p.version.load(std::memory_order_relaxed);
+    if (part.version > now) {
+      p.version.store(part.version, std::memory_order_release);
+      NoteVersion(part.version);
+      if (p.version_gauge != nullptr) {
+        p.version_gauge->Set(static_cast<double>(part.version));
+      }
+      lost = part.version - now;
+    }
+  }
+  if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
+  if (part.dense) {
+    wire::AddInto(*part.payload, absl::MakeSpan(p.accum));
+  } else {
+    float* __restrict accum = p.accum.data();
+    const float* __restrict g = part.decoded.data();
+    for (size_t i = 0; i < part.decoded.size(); ++i) accum[i] += g[i];
+  }
+  p.contributed[worker] = true;
+  ++p.contributions;
+  MaybeFinishStep(p);
+  return lost;
+}
+
+int64_t Shard::ApplyAsyncGradient(Partition& p, const DecodedPart& part) {
+  const int64_t staleness = p.version.load(std::memory_order_relaxed) - part.version;
+  metrics_->staleness().Observe(static_cast<double>(staleness));
+  const float lr_scale = options_.staleness_aware_lr && staleness > 1
+                             ? 1.0f / static_cast<float>(staleness)
+                             : 1.0f;
+  ApplyUpdate(p, part.dense ? part.payload : nullptr, part.decoded.data(), lr_scale);
+  return staleness;
+}
+
+namespace {
+
+// Large scratch is not kept past a request that needed it.
+void TrimGradScratch() {
+  std::vector<std::vector<float>>& scratch = GradScratch();
+  size_t scratch_elements = 0;
+  for (const std::vector<float>& buffer : scratch) scratch_elements += buffer.capacity();
+  if (scratch_elements > (size_t{1} << 24)) scratch = {};
+}
+
+}  // namespace
+
+absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* response) {
   common::EnableFlushToZero();  // gRPC threads run the optimizer
   ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
   const bool sync = options_.mode == ConsistencyMode::kSync;
@@ -120,92 +203,26 @@ absl::Status Shard::ApplyPush(const wire::PushView& request,
     for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
     internal::PartitionLocks locks(std::move(to_lock));
     for (DecodedPart& part : parts) {
-      const Partition& p = *part.partition;
-      p.mu.AssertHeld();  // by `locks`
-      const int64_t version = p.version.load(std::memory_order_relaxed);
-      if (part.version > version) {
-        // A resuming partition catches up (see shard.h): from any step when
-        // no gradient is pending; with gradients pending (a step it redoes),
-        // only from the next step, which workers one step ahead push.
-        if (sync && p.resuming &&
-            (p.contributions == 0 || part.version == version + 1)) {
-          part.ahead = true;
-          continue;
-        }
-        verdict = absl::OutOfRangeError(absl::StrFormat(
-            "%s/%d: gradient computed from version %d, but the partition is at "
-            "version %d",
-            p.tensor, p.index, part.version, version));
-        break;
-      }
-      if (sync && part.version < version) {
-        verdict = absl::FailedPreconditionError(absl::StrFormat(
-            "%s/%d: step %d is finished (partition at version %d); late "
-            "gradient dropped",
-            p.tensor, p.index, part.version, version));
-        break;
-      }
-      if (sync && p.contributed[worker]) {
-        verdict = absl::AlreadyExistsError(absl::StrFormat(
-            "%s/%d: worker %d already pushed a gradient for step %d", p.tensor,
-            p.index, worker, part.version));
-        break;
-      }
+      part.partition->mu.AssertHeld();  // by `locks`
+      verdict = CheckPart(*part.partition, part, worker);
+      if (!verdict.ok()) break;
     }
     if (verdict.ok()) {
-      for (DecodedPart& part : parts) {
-        Partition& p = *part.partition;
-        p.mu.AssertHeld();  // by `locks`
+      for (const DecodedPart& part : parts) {
+        part.partition->mu.AssertHeld();  // by `locks`
         if (sync) {
-          if (part.ahead) {
-            // A restarted shard redoing a step (a worker sent again the
-            // gradient it had pushed to the previous incarnation) is overtaken
-            // by a worker that had that step's result before the restart:
-            // the step is closed with the gradients it has.
-            if (p.contributions > 0) MaybeFinishStep(p, /*close=*/true);
-            const int64_t now = p.version.load(std::memory_order_relaxed);
-            if (part.version > now) {
-              p.version.store(part.version, std::memory_order_release);
-              NoteVersion(part.version);
-              if (p.version_gauge != nullptr) {
-                p.version_gauge->Set(static_cast<double>(part.version));
-              }
-              lost += part.version - now;
-              ++fast_forwarded;
-            }
-          }
-          if (p.accum.empty()) p.accum.assign(p.params.size(), 0.0f);
-          if (part.dense) {
-            wire::AddInto(*part.payload, absl::MakeSpan(p.accum));
-          } else {
-            float* __restrict accum = p.accum.data();
-            const float* __restrict g = part.decoded.data();
-            for (size_t i = 0; i < part.decoded.size(); ++i) accum[i] += g[i];
-          }
-          p.contributed[worker] = true;
-          ++p.contributions;
-          MaybeFinishStep(p);
+          const int64_t part_lost = AddSyncGradient(*part.partition, part, worker);
+          lost += part_lost;
+          if (part_lost > 0) ++fast_forwarded;
         } else {
-          const int64_t staleness =
-              p.version.load(std::memory_order_relaxed) - part.version;
-          max_staleness = std::max(max_staleness, staleness);
-          metrics_->staleness().Observe(static_cast<double>(staleness));
-          const float lr_scale =
-              options_.staleness_aware_lr && staleness > 1
-                  ? 1.0f / static_cast<float>(staleness)
-                  : 1.0f;
-          ApplyUpdate(p, part.dense ? part.payload : nullptr, part.decoded.data(),
-                      lr_scale);
+          max_staleness =
+              std::max(max_staleness, ApplyAsyncGradient(*part.partition, part));
         }
-        locks.Release(&p);
+        locks.Release(part.partition);
       }
     }
   }  // unlocks the partitions (all of them if the checks failed)
-  // Large scratch is not kept past a request that needed it.
-  std::vector<std::vector<float>>& scratch = GradScratch();
-  size_t scratch_elements = 0;
-  for (const std::vector<float>& buffer : scratch) scratch_elements += buffer.capacity();
-  if (scratch_elements > (size_t{1} << 24)) scratch = {};
+  TrimGradScratch();
 
   if (!verdict.ok()) {
     if (verdict.code() == absl::StatusCode::kFailedPrecondition) {
@@ -216,11 +233,10 @@ absl::Status Shard::ApplyPush(const wire::PushView& request,
   }
   if (lost > 0) {
     metrics_->lost_updates().Increment(static_cast<double>(lost));
-    LOG(WARNING) << "shard " << options_.shard_index << ": a push of worker "
-                 << worker << " for step " << parts.front().version
-                 << " fast-forwarded " << fast_forwarded
-                 << " partition(s) restored at an earlier step; " << lost
-                 << " update(s) lost";
+    LOG(WARNING) << "shard " << options_.shard_index << ": a push of worker " << worker
+                 << " for step " << parts.front().version << " fast-forwarded "
+                 << fast_forwarded << " partition(s) restored at an earlier step; "
+                 << lost << " update(s) lost";
   }
   metrics_->gradients_received().Increment(static_cast<double>(parts.size()));
   int64_t seen = max_staleness_seen_.load();

@@ -410,6 +410,15 @@ absl::Status Trainer::WaitForOtherWorkers() {
   }
 }
 
+// Where Run is in the current epoch.
+struct Trainer::EpochTally {
+  int epoch = 0;  // the epoch the data shard is in (0: none yet)
+  int64_t data_clock = -1;  // the clock the shard's next batch belongs to
+  absl::Time start;
+  double loss_sum = 0;
+  int steps = 0;
+};
+
 absl::StatusOr<TrainResult> Trainer::Run(
     const Dataset& train, const Dataset* test,
     const std::function<void(const EpochResult&)>& on_epoch) {
@@ -435,110 +444,112 @@ absl::StatusOr<TrainResult> Trainer::Run(
               << first_step % steps_per_epoch << ") of " << total_steps;
   }
 
-  TrainResult result;
+  RunTotals totals;
   StartHeartbeats();
-  const absl::Time start = absl::Now();
-  int64_t cluster_steps_before = 0;
+  totals.start = absl::Now();
   if (options_.chief && first_step > 0) {
-    ASSIGN_OR_RETURN(cluster_steps_before, ClusterSteps());
+    ASSIGN_OR_RETURN(totals.cluster_steps_at_start, ClusterSteps());
   }
-  const int64_t cluster_steps_at_start = cluster_steps_before;
-  bool final_evaluated = false;
-  // The epoch the data shard is in (0: none yet), and the clock its next
-  // batch belongs to.
-  int data_epoch = 0;
-  int64_t data_clock = -1;
-  absl::Time epoch_start = start;
-  double loss_sum = 0;
-  int steps_in_epoch = 0;
-  int64_t steps_run = 0;
+  totals.cluster_steps_before = totals.cluster_steps_at_start;
+  EpochTally tally;
   while (clock_.load() < total_steps) {
     const int64_t step = clock_.load();
     const int epoch = static_cast<int>(step / steps_per_epoch) + 1;
-    if (epoch != data_epoch) {
-      if (data_epoch != 0) {
-        LOG(WARNING) << "epoch " << data_epoch << " ends unreported: worker "
-                     << options_.worker_index << " rejoined at step " << step;
-      }
-      if (metrics_ != nullptr) metrics_->epoch().Set(epoch);
-      shard->BeginEpoch(epoch);
-      data_epoch = epoch;
-      data_clock = -1;
-      epoch_start = absl::Now();
-      compute_seconds_ = push_seconds_ = pull_seconds_ = wait_seconds_ = 0;
-      staleness_sum_ = 0;
-      max_staleness_ = 0;
-      loss_sum = 0;
-      steps_in_epoch = 0;
-    }
-    if (data_clock != step) {
+    if (epoch != tally.epoch) BeginEpoch(epoch, step, *shard, tally);
+    if (tally.data_clock != step) {
       RETURN_IF_ERROR(shard->Seek(static_cast<int>(step % steps_per_epoch), options_.batch));
     }
     RETURN_IF_ERROR(shard->NextBatch(train, options_.batch, x.data(), labels.data()));
-    data_clock = step + 1;
+    tally.data_clock = step + 1;
     ASSIGN_OR_RETURN(float loss, Step(x.data(), labels.data(), options_.batch));
-    ++steps_run;
-    loss_sum += loss;
-    ++steps_in_epoch;
+    ++totals.steps_run;
+    tally.loss_sum += loss;
+    ++tally.steps;
     const int64_t now_at = clock_.load();
     if (now_at % steps_per_epoch != 0 || now_at / steps_per_epoch != epoch) continue;
 
     // This step ended the epoch.
-    EpochResult epoch_result;
-    epoch_result.epoch = epoch;
-    epoch_result.train_loss = loss_sum / steps_in_epoch;
-    epoch_result.seconds = absl::ToDoubleSeconds(absl::Now() - epoch_start);
-    epoch_result.mean_staleness = staleness_sum_ / steps_in_epoch;
-    epoch_result.max_staleness = max_staleness_;
-    epoch_result.compute_seconds = compute_seconds_;
-    epoch_result.push_seconds = push_seconds_;
-    epoch_result.pull_seconds = pull_seconds_;
-    epoch_result.wait_seconds = wait_seconds_;
-    double samples = static_cast<double>(steps_in_epoch) * options_.batch;
-    if (options_.chief) {
-      // Throughput of the whole job, from the clocks the shards have seen.
-      ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
-      samples = static_cast<double>(cluster_steps - cluster_steps_before) *
-                options_.batch;
-      cluster_steps_before = cluster_steps;
-      if (epoch == options_.epochs) {
-        // The last evaluation waits for everyone, so it sees the final model.
-        StopHeartbeats();
-        RETURN_IF_ERROR(WaitForOtherWorkers());
-        final_evaluated = true;
-      }
-      ASSIGN_OR_RETURN(epoch_result.test_accuracy, Evaluate(*test));
-    }
-    epoch_result.samples_per_second = samples / std::max(epoch_result.seconds, 1e-9);
-    result.epochs.push_back(epoch_result);
+    ASSIGN_OR_RETURN(EpochResult epoch_result, EndEpoch(tally, test, totals));
+    totals.result.epochs.push_back(epoch_result);
     if (on_epoch) on_epoch(epoch_result);
-    data_epoch = 0;  // the next step begins the next epoch
+    tally.epoch = 0;  // the next step begins the next epoch
   }
+  RETURN_IF_ERROR(FinishRun(test, totals));
+  return std::move(totals.result);
+}
+
+void Trainer::BeginEpoch(int epoch, int64_t step, DataShard& shard, EpochTally& tally) {
+  if (tally.epoch != 0) {
+    LOG(WARNING) << "epoch " << tally.epoch << " ends unreported: worker "
+                 << options_.worker_index << " rejoined at step " << step;
+  }
+  if (metrics_ != nullptr) metrics_->epoch().Set(epoch);
+  shard.BeginEpoch(epoch);
+  tally = EpochTally();
+  tally.epoch = epoch;
+  tally.start = absl::Now();
+  compute_seconds_ = push_seconds_ = pull_seconds_ = wait_seconds_ = 0;
+  staleness_sum_ = 0;
+  max_staleness_ = 0;
+}
+
+absl::StatusOr<EpochResult> Trainer::EndEpoch(const EpochTally& tally, const Dataset* test,
+                                              RunTotals& totals) {
+  EpochResult epoch_result;
+  epoch_result.epoch = tally.epoch;
+  epoch_result.train_loss = tally.loss_sum / tally.steps;
+  epoch_result.seconds = absl::ToDoubleSeconds(absl::Now() - tally.start);
+  epoch_result.mean_staleness = staleness_sum_ / tally.steps;
+  epoch_result.max_staleness = max_staleness_;
+  epoch_result.compute_seconds = compute_seconds_;
+  epoch_result.push_seconds = push_seconds_;
+  epoch_result.pull_seconds = pull_seconds_;
+  epoch_result.wait_seconds = wait_seconds_;
+  double samples = static_cast<double>(tally.steps) * options_.batch;
+  if (options_.chief) {
+    // Throughput of the whole job, from the clocks the shards have seen.
+    ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
+    samples = static_cast<double>(cluster_steps - totals.cluster_steps_before) * options_.batch;
+    totals.cluster_steps_before = cluster_steps;
+    if (tally.epoch == options_.epochs) {
+      // The last evaluation waits for everyone, so it sees the final model.
+      StopHeartbeats();
+      RETURN_IF_ERROR(WaitForOtherWorkers());
+      totals.final_evaluated = true;
+    }
+    ASSIGN_OR_RETURN(epoch_result.test_accuracy, Evaluate(*test));
+  }
+  epoch_result.samples_per_second = samples / std::max(epoch_result.seconds, 1e-9);
+  return epoch_result;
+}
+
+absl::Status Trainer::FinishRun(const Dataset* test, RunTotals& totals) {
+  TrainResult& result = totals.result;
   StopHeartbeats();
   RETURN_IF_ERROR(Drain());
   if (!options_.chief) {
     ASSIGN_OR_RETURN(HeartbeatResponse ignored,
                      client_->Heartbeat(clock_.load(), /*done=*/true));
-  } else if (!final_evaluated) {
+  } else if (!totals.final_evaluated) {
     // Resumed at (or rejoined at) the end, or no epochs: the chief still
     // waits for the others and reports the final model.
     RETURN_IF_ERROR(WaitForOtherWorkers());
     ASSIGN_OR_RETURN(result.final_test_accuracy, Evaluate(*test));
   }
-  result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result.steps = steps_run;
-  if (!result.epochs.empty() && final_evaluated) {
+  result.wall_seconds = absl::ToDoubleSeconds(absl::Now() - totals.start);
+  result.steps = totals.steps_run;
+  if (!result.epochs.empty() && totals.final_evaluated) {
     result.final_test_accuracy = result.epochs.back().test_accuracy;
   }
+  const double wall = std::max(result.wall_seconds, 1e-9);
   if (options_.chief) {
     ASSIGN_OR_RETURN(int64_t cluster_steps, ClusterSteps());
-    result.samples_per_second = static_cast<double>(cluster_steps - cluster_steps_at_start) *
-                                options_.batch / std::max(result.wall_seconds, 1e-9);
-  } else {
     result.samples_per_second =
-        static_cast<double>(steps_run) * options_.batch / std::max(result.wall_seconds, 1e-9);
+        static_cast<double>(cluster_steps - totals.cluster_steps_at_start) * options_.batch / wall;
+  } else {
+    result.samples_per_second = static_cast<double>(totals.steps_run) * options_.batch / wall;
   }
-  return result;
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain::worker

@@ -45,6 +45,8 @@
 
 namespace shardtrain::worker {
 
+class DataShard;
+
 class HeartbeatThread;
 
 struct TrainerOptions {
@@ -133,6 +135,32 @@ class Trainer {
 
  private:
   struct StepTimes;
+  struct EpochTally;
+  // What Run adds up over the whole run.
+  struct RunTotals {
+    TrainResult result;
+    absl::Time start;
+    int64_t steps_run = 0;
+    // Chief: the job's steps (sum of the workers' clocks) when this run
+    // started and when the last epoch ended.
+    int64_t cluster_steps_at_start = 0;
+    int64_t cluster_steps_before = 0;
+    // Chief: the last epoch's evaluation saw the final model.
+    bool final_evaluated = false;
+  };
+
+  // The phases of Run.
+  // Starts `epoch` of the data shard at `step`: a fresh tally and fresh
+  // phase times (an epoch left by a rejoin is logged, not reported).
+  void BeginEpoch(int epoch, int64_t step, DataShard& shard, EpochTally& tally);
+  // The result of the epoch that just ended; the chief measures the job's
+  // throughput and evaluates (after the last epoch, once the others are done).
+  absl::StatusOr<EpochResult> EndEpoch(const EpochTally& tally, const Dataset* test,
+                                       RunTotals& totals);
+  // After the last step: tells the shards this worker is done (the chief
+  // waits for the others and evaluates if it has not yet) and fills the
+  // result's totals.
+  absl::Status FinishRun(const Dataset* test, RunTotals& totals);
 
   Trainer(const TrainerOptions& options, client::PsClient* client,
           WorkerMetrics* metrics, std::unique_ptr<Model> model);

@@ -109,9 +109,9 @@ void CheckPullReencodes(const wire::PullResponseView& view) {
   if (!diff.empty()) Fail("re-encoded pull response differs", diff);
 }
 
-template <typename Stock, typename View>
-void Check(const WireInput& input, absl::Status (*parse)(const ReceivedMessage&, View*),
-           const char* error_prefix) {
+// `parse(message, &view)` is one of the parsers of common/wire/message_views.h.
+template <typename Stock, typename View, typename Parse>
+void Check(const WireInput& input, Parse parse, const char* error_prefix) {
   // The views borrow the messages.
   const ReceivedMessage cut = ReceivedMessage::FromPieces(input.bytes, input.cuts);
   const ReceivedMessage whole = ReceivedMessage::FromPieces(input.bytes, {});
@@ -158,20 +158,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!ReadWireInput(data, size, &input)) return 0;
   switch (input.message) {
     case WireMessage::kPushRequest:
-      Check<PushRequest>(input, &wire::ParsePush,
-                         "request body is not a valid shardtrain.PushRequest: ");
+      Check<PushRequest, wire::PushView>(
+          input, [](const ReceivedMessage& m, wire::PushView* v) { return wire::ParsePush(m, v); },
+          "request body is not a valid shardtrain.PushRequest: ");
       break;
     case WireMessage::kPushPullRequest:
-      Check<PushPullRequest>(input, &wire::ParsePushPull,
-                             "request body is not a valid shardtrain.PushPullRequest: ");
+      Check<PushPullRequest, wire::PushPullView>(
+          input,
+          [](const ReceivedMessage& m, wire::PushPullView* v) { return wire::ParsePushPull(m, v); },
+          "request body is not a valid shardtrain.PushPullRequest: ");
       break;
     case WireMessage::kPullResponse:
-      Check<PullResponse>(input, &wire::ParsePullResponse,
-                          "response body is not a valid shardtrain.PullResponse: ");
+      Check<PullResponse, wire::PullResponseView>(
+          input, &wire::ParsePullResponse,
+          "response body is not a valid shardtrain.PullResponse: ");
       break;
     case WireMessage::kPushPullResponse:
-      Check<PushPullResponse>(input, &wire::ParsePushPullResponse,
-                              "response body is not a valid shardtrain.PushPullResponse: ");
+      Check<PushPullResponse, wire::PushPullResponseView>(
+          input, &wire::ParsePushPullResponse,
+          "response body is not a valid shardtrain.PushPullResponse: ");
       break;
   }
   return 0;
