@@ -133,17 +133,19 @@ absl::Status Watcher::RunStream(bool* created) {
           resume_from = next_revision_;
         }
         // One revision's events always come in one response (no fragments
-        // requested), so resuming between responses splits no revision.
-        int64_t last = 0;
+        // requested), so resuming between responses splits no revision. The
+        // resume point moves before the callbacks run: it is then current
+        // inside them, and a watcher stopped half-way is never resumed.
+        if (response.events_size() > 0) {
+          absl::MutexLock lock(&mu_);
+          next_revision_ = std::max(
+              next_revision_,
+              response.events(response.events_size() - 1).kv().mod_revision() + 1);
+        }
         for (const mvccpb::Event& event : response.events()) {
           if (event.kv().mod_revision() < resume_from) continue;  // Seen before a reconnect.
           if (Stopping()) break;
           on_event_(FromProto(event));
-          last = event.kv().mod_revision();
-        }
-        if (last > 0) {
-          absl::MutexLock lock(&mu_);
-          next_revision_ = std::max(next_revision_, last + 1);
         }
         if (Stopping()) break;
       }

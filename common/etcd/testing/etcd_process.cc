@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/etcd/etcd_client.h"
 #include "common/status_macros.h"
 
