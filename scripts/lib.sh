@@ -11,6 +11,7 @@ SHARDTRAIN_PACKAGES=(
   libopenblas-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist
+  etcd-server
   curl openssl
   clang libclang-rt-14-dev libfuzzer-14-dev
 )

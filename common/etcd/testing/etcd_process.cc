@@ -1,0 +1,191 @@
+#include "common/etcd/testing/etcd_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/etcd/etcd_client.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::etcd::testing {
+namespace {
+
+constexpr absl::Duration kStartTimeout = absl::Seconds(15);
+constexpr int kStartAttempts = 3;
+
+// A port that was free a moment ago (the kernel picks it for port 0).
+absl::StatusOr<int> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", strerror(err)));
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string Url(int port) { return absl::StrCat("http://127.0.0.1:", port); }
+
+}  // namespace
+
+bool EtcdProcess::Available() { return access(kBinary, X_OK) == 0; }
+
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start() {
+  absl::Status last = absl::InternalError("could not pick two distinct free ports");
+  for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
+    ASSIGN_OR_RETURN(int client_port, FreePort());
+    ASSIGN_OR_RETURN(int peer_port, FreePort());
+    if (peer_port == client_port) continue;
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "shardtrain_etcd_XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+    }
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(pattern, client_port, peer_port));
+    last = etcd->Spawn();
+    if (last.ok()) last = etcd->WaitServing(kStartTimeout);
+    if (last.ok()) return etcd;
+  }
+  return last;
+}
+
+EtcdProcess::EtcdProcess(std::string dir, int client_port, int peer_port)
+    : dir_(std::move(dir)), client_port_(client_port), peer_port_(peer_port) {}
+
+EtcdProcess::~EtcdProcess() {
+  Kill().IgnoreError();
+  std::error_code ignored;
+  std::filesystem::remove_all(dir_, ignored);
+}
+
+std::string EtcdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+
+absl::Status EtcdProcess::Spawn() {
+  if (pid_ > 0) return absl::FailedPreconditionError("etcd is already running");
+  const std::string data_dir = dir_ + "/data";
+  const std::string log_path = dir_ + "/etcd.log";
+  std::vector<std::string> args = {
+      kBinary,
+      "--name", "t",
+      "--data-dir", data_dir,
+      "--listen-client-urls", Url(client_port_),
+      "--advertise-client-urls", Url(client_port_),
+      "--listen-peer-urls", Url(peer_port_),
+      "--initial-advertise-peer-urls", Url(peer_port_),
+      "--initial-cluster", absl::StrCat("t=", Url(peer_port_)),
+  };
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) return absl::InternalError(absl::StrCat("open ", log_path, ": ", strerror(errno)));
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    // Die with the test, even when it crashes before the destructor runs.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    execv(kBinary, argv.data());
+    _exit(127);
+  }
+  close(log_fd);
+  pid_ = pid;
+  return absl::OkStatus();
+}
+
+absl::Status EtcdProcess::WaitServing(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::Status last = absl::DeadlineExceededError("not tried");
+  while (absl::Now() < deadline) {
+    int wstatus = 0;
+    if (pid_ > 0 && waitpid(pid_, &wstatus, WNOHANG) == pid_) {
+      pid_ = -1;
+      return absl::UnavailableError(
+          absl::StrCat("etcd exited during start (status ", wstatus, "); log:\n", LogTail()));
+    }
+    EtcdClient::Options options;
+    options.endpoints = endpoint();
+    options.connect_timeout = absl::Milliseconds(200);
+    options.rpc_timeout = absl::Milliseconds(500);
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(options);
+    if (client.ok()) {
+      absl::StatusOr<KeyValue> probe = (*client)->Get("/shardtrain-test-probe");
+      if (probe.ok() || absl::IsNotFound(probe.status())) return absl::OkStatus();
+      last = probe.status();
+    } else {
+      last = client.status();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("etcd on ", endpoint(), " did not answer within ",
+                                                  absl::FormatDuration(timeout), " (", last.ToString(),
+                                                  "); log:\n", LogTail()));
+}
+
+std::string EtcdProcess::LogTail() const {
+  std::ifstream in(dir_ + "/etcd.log");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string log = buffer.str();
+  constexpr size_t kTail = 2000;
+  return log.size() > kTail ? log.substr(log.size() - kTail) : log;
+}
+
+absl::Status EtcdProcess::Pause() {
+  if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return absl::FailedPreconditionError("etcd not running");
+  return absl::OkStatus();
+}
+
+absl::Status EtcdProcess::Resume() {
+  if (pid_ <= 0 || kill(pid_, SIGCONT) != 0) return absl::FailedPreconditionError("etcd not running");
+  return absl::OkStatus();
+}
+
+absl::Status EtcdProcess::Kill() {
+  if (pid_ <= 0) return absl::OkStatus();
+  kill(pid_, SIGKILL);
+  int wstatus = 0;
+  while (waitpid(pid_, &wstatus, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+  return absl::OkStatus();
+}
+
+absl::Status EtcdProcess::Restart() {
+  RETURN_IF_ERROR(Kill());
+  RETURN_IF_ERROR(Spawn());
+  return WaitServing(kStartTimeout);
+}
+
+}  // namespace shardtrain::etcd::testing
