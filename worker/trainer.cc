@@ -200,7 +200,7 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   times.computed = absl::Now();
   bool rejoined = false;
   if (!options_.overlap) {
-    ASSIGN_OR_RETURN(rejoined, PushGradients(step, push));
+    ASSIGN_OR_RETURN(rejoined, PushGradients(step, push, pull));
   }
   times.pushed = absl::Now();
   if (!rejoined) clock_.store(step + 1);
@@ -288,7 +288,8 @@ absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
   return *loss;
 }
 
-absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push) {
+absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push,
+                                             client::PullStats& pull) {
   std::vector<PendingGrad> grads;
   for (size_t i = 0; i < grad_spans_.size(); ++i) {
     ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
@@ -297,6 +298,16 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& pus
   for (size_t i = 0; i < grads.size(); ++i) {
     RETURN_IF_ERROR(grads[i].ready->Wait());
     grad_spans_[i] = grads[i].values;
+  }
+  if (!options_.sync) {
+    // Async: the next step's parameters come back with the push, one round
+    // trip instead of two (they include this gradient, as a pull after the
+    // push would). Sync keeps push, then pull: that pull is where a worker
+    // that was dropped learns the job's step (FetchStepParameters).
+    RETURN_IF_ERROR(
+        client_->PushPull(step + 1, /*min_version=*/0, grad_spans_, param_spans_, &push, &pull));
+    params_ready_ = true;
+    return false;
   }
   const absl::Status sent = client_->Push(step + 1, grad_spans_, &push);
   if (IsLateGradient(sent)) {

@@ -181,9 +181,11 @@ class Trainer {
   absl::StatusOr<float> Compute(const float* x, const int32_t* labels,
                                 int batch, int64_t step);
   // Without overlap: copies every gradient to the host and pushes them for
-  // step + 1. Returns true if the push was refused as late and the worker
+  // step + 1; async, in one PushPull that also fetches step + 1's
+  // parameters. Returns true if the push was refused as late and the worker
   // rejoined at the shards' step.
-  absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push);
+  absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push,
+                                     client::PullStats& pull);
   // Adds the step's phase times to the epoch totals and the metrics.
   void RecordStep(const StepTimes& times, const client::PushStats& push,
                   const client::PullStats& pull, int batch, float loss);

@@ -195,7 +195,7 @@ check "updates applied increasing"      'shardtrain_updates_applied_total'      
 check "live workers seen by shards"     'shardtrain_live_workers'                          '$5 == '"$nw"          "$ns"
 check "staleness recorded"              'shardtrain_gradient_staleness_count'              '$3 > 0'               "$ns"
 check "staleness p99 within SSP bound"  'histogram_quantile(0.99, sum by (instance, le) (rate(shardtrain_gradient_staleness_bucket[30s])))' '$5 <= 12' "$ns"
-check "push bytes received per shard"   'sum by (instance) (shardtrain_rpc_received_bytes_total{side="server",method="Push"})' '$3 > 1e6' "$ns"
+check "push bytes received per shard"   'sum by (instance) (shardtrain_rpc_received_bytes_total{side="server",method=~"Push|PushPull"})' '$3 > 1e6' "$ns"
 check "checkpoints written"             'shardtrain_checkpoints_total{result="ok"}'        '$3 >= 2'              "$ns"
 check "no checkpoint errors"            'shardtrain_checkpoints_total{result="error"}'     '$5 == 0'              "$ns"
 check "last checkpoint within the run"  'shardtrain_last_checkpoint_timestamp_seconds'     '$3 >= '"$t0"          "$ns"
