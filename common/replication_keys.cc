@@ -78,6 +78,14 @@ absl::StatusOr<int> GroupFromChainKey(absl::string_view job,
   return IndexAfter(ChainsPrefix(job), key, "chain");
 }
 
+std::string DrainedPrefix(absl::string_view job) {
+  return absl::StrCat(JobPrefix(job), "drained/");
+}
+
+std::string DrainedKey(absl::string_view job, int shard) {
+  return absl::StrCat(DrainedPrefix(job), shard);
+}
+
 absl::StatusOr<int> ShardFromMemberKey(absl::string_view job,
                                        absl::string_view key) {
   return IndexAfter(MembersPrefix(job), key, "shard liveness");

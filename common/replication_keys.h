@@ -7,6 +7,10 @@
 //                                     EncodeChainMember text, bound to a lease
 //                                     the shard keeps alive; it vanishes when
 //                                     the shard dies
+//   /shardtrain/<job>/drained/<shard> present while an operator has drained
+//                                     shard <shard> (`psctl drain`): it is
+//                                     removed from its chains and does not
+//                                     rejoin them until the key is deleted
 //
 // Indices are plain decimal. A job name is 1 to 64 of [A-Za-z0-9._-], so no
 // job's keys fall under another job's prefixes. For example:
@@ -39,6 +43,8 @@ std::string ChainsPrefix(absl::string_view job);   // ".../chains/"
 std::string MembersPrefix(absl::string_view job);  // ".../shards/"
 std::string ChainKey(absl::string_view job, int group);
 std::string MemberKey(absl::string_view job, int shard);
+std::string DrainedPrefix(absl::string_view job);  // ".../drained/"
+std::string DrainedKey(absl::string_view job, int shard);
 
 // The index a key names: the inverse of ChainKey / MemberKey for `job`.
 // INVALID_ARGUMENT for any other key, including a non-canonical index

@@ -20,6 +20,8 @@ TEST(ReplicationKeysTest, LayoutIsPinned) {
   EXPECT_EQ(ChainKey("mnist", 0), "/shardtrain/mnist/chains/0");
   EXPECT_EQ(ChainKey("job-1.a_b", 12), "/shardtrain/job-1.a_b/chains/12");
   EXPECT_EQ(MemberKey("mnist", 3), "/shardtrain/mnist/shards/3");
+  EXPECT_EQ(DrainedKey("mnist", 3), "/shardtrain/mnist/drained/3");
+  EXPECT_EQ(DrainedPrefix("mnist"), "/shardtrain/mnist/drained/");
 }
 
 TEST(ReplicationKeysTest, KeysParseBackToTheirIndex) {
