@@ -61,7 +61,8 @@ size_t PushSize(const PushHeader& header, absl::Span<const GradientPartOut> part
   size_t size = VarintFieldSize(header.worker) +
                 VarintFieldSize(static_cast<uint64_t>(header.clock)) +
                 VarintFieldSize(header.worker_incarnation) + VarintFieldSize(header.sequence) +
-                VarintFieldSize(header.shard_incarnation);
+                VarintFieldSize(header.shard_incarnation) +
+                VarintFieldSize(header.chain_epoch);
   for (const GradientPartOut& part : parts) size += MessageFieldSize(GradientPartSize(part));
   return size;
 }
@@ -262,6 +263,7 @@ void WritePush(const PushHeader& header, absl::Span<const GradientPartOut> parts
   writer.VarintField(4, header.worker_incarnation);
   writer.VarintField(5, header.sequence);
   writer.VarintField(6, header.shard_incarnation);
+  writer.VarintField(7, header.chain_epoch);
 }
 
 }  // namespace

@@ -80,6 +80,7 @@ struct PushHeader {
   uint64_t worker_incarnation = 0;
   uint64_t sequence = 0;
   uint64_t shard_incarnation = 0;
+  uint64_t chain_epoch = 0;  // replicated shards; 0 is not sent
 };
 
 // One GradientPart with its payload. `data` and `indices` are referenced,

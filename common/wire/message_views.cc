@@ -160,6 +160,22 @@ bool ParsePart(WireReader& reader, const char* payload_name, PartView* part,
   return true;
 }
 
+// A small stock message in a length-delimited field: gathered and merged
+// into `*message` (a second occurrence merges, as protobuf does).
+bool MergeStockField(WireReader& reader, absl::string_view field,
+                     google::protobuf::MessageLite* message) {
+  const size_t start = reader.offset();
+  size_t length;
+  if (!reader.ReadLength(&length)) return reader.Within(field);
+  std::string bytes;
+  reader.ReadString(length, &bytes);
+  if (!message->MergeFromString(bytes)) {
+    reader.FailAt(start, absl::StrCat("not a valid ", message->GetTypeName()));
+    return reader.Within(field);
+  }
+  return true;
+}
+
 // `*too_many`: set to the number of parts when over `max_parts` (nothing
 // is allocated for them then).
 bool ParsePushFields(WireReader& reader, size_t max_parts, size_t* too_many, PushView* view) {
@@ -203,6 +219,19 @@ bool ParsePushFields(WireReader& reader, size_t max_parts, size_t* too_many, Pus
           return false;
         }
         break;
+      case MakeTag(7, kVarint):
+        if (!ReadVarintField(reader, "chain_epoch", &view->chain_epoch)) return false;
+        break;
+      case MakeTag(8, kLengthDelimited):
+        // One per part at most (and as many closes): bounded like parts.
+        if (view->replicated.size() >= 2 * max_parts + 1) {
+          *too_many = view->replicated.size();
+          return false;
+        }
+        if (!MergeStockField(reader, "replicated", &view->replicated.emplace_back())) {
+          return false;
+        }
+        break;
       default:
         if (!reader.SkipField(tag)) return false;
     }
@@ -243,22 +272,6 @@ bool ParsePullResponseFields(WireReader& reader, PullResponseView* view) {
   return true;
 }
 
-// A small stock message in a length-delimited field: gathered and merged
-// into `*message` (a second occurrence merges, as protobuf does).
-bool MergeStockField(WireReader& reader, absl::string_view field,
-                     google::protobuf::MessageLite* message) {
-  const size_t start = reader.offset();
-  size_t length;
-  if (!reader.ReadLength(&length)) return reader.Within(field);
-  std::string bytes;
-  reader.ReadString(length, &bytes);
-  if (!message->MergeFromString(bytes)) {
-    reader.FailAt(start, absl::StrCat("not a valid ", message->GetTypeName()));
-    return reader.Within(field);
-  }
-  return true;
-}
-
 absl::Status TooManyParts(size_t parts, size_t max_parts) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "push has ", parts, " parts; the limit is ", max_parts, " per request"));
@@ -270,7 +283,9 @@ void Reset(PushView* view) {
   view->worker_incarnation = 0;
   view->sequence = 0;
   view->shard_incarnation = 0;
+  view->chain_epoch = 0;
   view->parts.clear();
+  view->replicated.clear();
 }
 
 void Reset(PullResponseView* view) {

@@ -98,7 +98,10 @@ struct PushView {
   uint64_t worker_incarnation = 0;
   uint64_t sequence = 0;
   uint64_t shard_incarnation = 0;
+  uint64_t chain_epoch = 0;
   std::vector<GradientPartView> parts;
+  // Set on a push forwarded down a replica chain (PushRequest.replicated).
+  std::vector<ReplicatedOp> replicated;
 };
 
 // shardtrain.PushPullRequest. Its pull half carries no tensor bytes and is

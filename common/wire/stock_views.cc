@@ -24,6 +24,8 @@ PushView ViewOf(const PushRequest& message) {
   view.worker_incarnation = message.worker_incarnation();
   view.sequence = message.sequence();
   view.shard_incarnation = message.shard_incarnation();
+  view.chain_epoch = message.chain_epoch();
+  view.replicated.assign(message.replicated().begin(), message.replicated().end());
   view.parts.reserve(message.parts_size());
   for (const GradientPart& part : message.parts()) {
     GradientPartView& out = view.parts.emplace_back();
