@@ -94,6 +94,28 @@ ABSL_FLAG(int, max_tensors_per_request, 10000,
           "Most tensors in one Register request");
 ABSL_FLAG(int, max_parts_per_request, 65536,
           "Most partitions in one Push or Pull request");
+ABSL_FLAG(int, replicas, 1,
+          "Shards holding each partition (1-3, at most --num_shards): pushes are "
+          "chain-replicated and acknowledged once every replica has them, so a "
+          "shard can die without losing an update. 1: unreplicated, no etcd");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "With --replicas > 1: etcd host:port[,host:port...] holding the chain "
+          "configurations and the shards' leases");
+ABSL_FLAG(std::string, job, "shardtrain",
+          "With --replicas > 1: this job's name; its keys live under "
+          "/shardtrain/<job>/ in etcd");
+ABSL_FLAG(int, lease_ttl_s, 2,
+          "With --replicas > 1: etcd lease ttl in seconds; a shard that dies is "
+          "dropped from its chains about this long after (etcd's default "
+          "election timeout allows >= 2; see the README for 1)");
+ABSL_FLAG(std::string, advertise_address, "",
+          "With --replicas > 1: host:port the other shards reach this one at "
+          "(default: the --listen host and the bound port; required when "
+          "listening on 0.0.0.0)");
+ABSL_FLAG(std::string, tls_peer_ca, "",
+          "With --replicas > 1 and TLS: PEM CA that signed the other shards' "
+          "certificates (default: --tls_client_ca); with mutual TLS this "
+          "shard's own certificate identifies it to them");
 ABSL_FLAG(int, max_partition_metrics, 256,
           "Partitions that get their own version gauge in /metrics");
 
@@ -120,6 +142,35 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--checkpoint_every_steps must be >= 0");
   }
   shardtrain::server::ShardOptions& shard = options.shard;
+  shard.replicas = absl::GetFlag(FLAGS_replicas);
+  if (shard.replicas > 1) {
+    options.replication.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+    if (options.replication.etcd_endpoints.empty()) {
+      return absl::InvalidArgumentError("--replicas > 1 needs --etcd_endpoints");
+    }
+    options.replication.job = absl::GetFlag(FLAGS_job);
+    if (absl::GetFlag(FLAGS_lease_ttl_s) < 1) {
+      return absl::InvalidArgumentError("--lease_ttl_s must be >= 1");
+    }
+    options.replication.lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_lease_ttl_s));
+    options.replication.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+    if (options.security.tls()) {
+      shardtrain::common::ClientSecurity& peer = options.peer_security;
+      peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()
+                         ? options.security.client_ca_file
+                         : absl::GetFlag(FLAGS_tls_peer_ca);
+      if (peer.ca_file.empty()) {
+        return absl::InvalidArgumentError(
+            "--replicas > 1 with TLS needs --tls_peer_ca (or --tls_client_ca) to "
+            "verify the other shards");
+      }
+      if (!options.security.client_ca_file.empty()) {
+        peer.cert_file = options.security.cert_file;
+        peer.key_file = options.security.key_file;
+      }
+      peer.token_file = options.security.token_file;
+    }
+  }
   shard.shard_index = absl::GetFlag(FLAGS_shard_index);
   shard.partitioning.num_shards = absl::GetFlag(FLAGS_num_shards);
   shard.partitioning.max_partition_elements =

@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       server->shard_metrics_.get(), server->checkpointer_.get(),
       options.shard.max_pull_wait);
   ParameterServerService* service = server->service_.get();
+  if (options.shard.replicas > 1) RETURN_IF_ERROR(server->StartReplication(options, registry));
   server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
 
   prometheus::Counter& auth_failures =
@@ -100,6 +101,25 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
         absl::StrCat("cannot listen on ", options.listen_address,
                      " (is another process using the port?)"));
   }
+  if (options.shard.replicas > 1) {
+    CoordinatorOptions coordination = options.replication;
+    coordination.num_shards = options.shard.partitioning.num_shards;
+    coordination.replicas = options.shard.replicas;
+    if (coordination.advertise_address.empty()) {
+      const std::string host =
+          options.listen_address.substr(0, options.listen_address.rfind(':'));
+      if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
+        return absl::InvalidArgumentError(
+            "--replicas > 1 with --listen on every interface needs "
+            "--advertise_address (host:port the other shards reach this one at)");
+      }
+      coordination.advertise_address = absl::StrCat(host, ":", server->port_);
+    }
+    ASSIGN_OR_RETURN(server->coordinator_,
+                     Coordinator::Start(coordination, server->shard_.get(),
+                                        server->chain_table_.get(), server->forwarder_.get(),
+                                        server->replication_metrics_.get()));
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
   server->started_ = true;
@@ -107,6 +127,26 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
             << options.shard.partitioning.num_shards << " serving on port "
             << server->port_ << ", metrics on port " << server->metrics_port();
   return server;
+}
+
+absl::Status PsServer::StartReplication(const PsServerOptions& options,
+                                        prometheus::Registry& registry) {
+  replication_metrics_ = std::make_unique<ReplicationMetrics>(registry, options.shard.replicas);
+  chain_table_ = std::make_unique<ChainTable>(
+      options.shard.shard_index, shard_->incarnation(), shard_->groups(),
+      options.replication.lease_ttl, replication_metrics_.get());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   common::MakeChannelCredentials(options.peer_security, &args));
+  forwarder_ = std::make_unique<Forwarder>(chain_table_.get(), std::move(credentials),
+                                           std::move(args), replication_metrics_.get());
+  replicator_ = std::make_unique<Replicator>(shard_.get(), chain_table_.get(),
+                                             forwarder_.get(), replication_metrics_.get(),
+                                             options.forward_timeout);
+  service_->set_replicator(replicator_.get());
+  return absl::OkStatus();
 }
 
 PsServer::~PsServer() { (void)Shutdown(); }
@@ -135,6 +175,10 @@ absl::Status PsServer::Shutdown() {
   shut_down_ = true;
   stop_.Notify();
   if (housekeeping_.joinable()) housekeeping_.join();
+  // Leave the chains first (the lease is revoked), so the other members
+  // reconfigure without waiting for it to expire.
+  coordinator_.reset();
+  if (forwarder_ != nullptr) forwarder_->Stop();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     service_->CancelAllWaiters();

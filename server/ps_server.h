@@ -21,6 +21,11 @@
 #include "common/credentials.h"
 #include "common/metrics.h"
 #include "server/checkpoint.h"
+#include "server/replication/chain_table.h"
+#include "server/replication/coordinator.h"
+#include "server/replication/forwarder.h"
+#include "server/replication/replication_metrics.h"
+#include "server/replication/replicator.h"
 #include "server/service.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -49,6 +54,14 @@ struct PsServerOptions {
   // TLS, mutual TLS and the auth token (common/credentials.h); all off by
   // default.
   common::ServerSecurity security;
+  // Replicated shards (shard.replicas > 1): etcd and how the other shards
+  // reach this one; advertise_address empty: the listen host and the bound
+  // port. `peer_security` is how this shard calls the others (forwarding,
+  // state transfer).
+  CoordinatorOptions replication;
+  common::ClientSecurity peer_security;
+  // A forwarded push that has not reached the tail after this fails.
+  absl::Duration forward_timeout = absl::Seconds(30);
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
 };
@@ -62,6 +75,8 @@ class PsServer {
   int port() const { return port_; }
   int metrics_port() const { return exposer_->port(); }
   Shard& shard() { return *shard_; }
+  // Null unless replicated.
+  ChainTable* chain_table() { return chain_table_.get(); }
 
   // Stops accepting RPCs, ends parked pulls, joins the threads and writes
   // the final checkpoint (server/checkpoint.h: async only). An error means
@@ -72,6 +87,8 @@ class PsServer {
  private:
   PsServer() = default;
   void Housekeeping();
+  absl::Status StartReplication(const PsServerOptions& options,
+                                prometheus::Registry& registry);
 
   std::unique_ptr<common::MetricsExposer> exposer_;
   std::unique_ptr<common::RpcMetrics> rpc_metrics_;
@@ -79,7 +96,12 @@ class PsServer {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<Checkpointer> checkpointer_;
   absl::Duration checkpoint_interval_;
+  std::unique_ptr<ReplicationMetrics> replication_metrics_;
+  std::unique_ptr<ChainTable> chain_table_;
+  std::unique_ptr<Forwarder> forwarder_;
+  std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Duration housekeeping_interval_;

@@ -174,14 +174,82 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
     status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
                         "shardtrain.PushRequest", shard_metrics_);
   }
+  if (status.ok() && replicator_ != nullptr) {
+    // Answered once the chain's tail has the push (maybe on another thread).
+    const size_t request_bytes = request->Length();
+    replicator_->Push(*request, push,
+                      [this, reactor, start, request_bytes, response](
+                          absl::Status status, const PushResponse& push_response) {
+                        FinishPush(reactor, "Push", status, start, request_bytes,
+                                   push_response, response);
+                      });
+    return reactor;
+  }
   if (status.ok()) status = shard_->Push(push, &push_response);
+  FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
+  return reactor;
+}
+
+void ParameterServerService::FinishPush(grpc::ServerUnaryReactor* reactor,
+                                        const char* method, absl::Status status,
+                                        absl::Time start, size_t request_bytes,
+                                        const PushResponse& push_response,
+                                        grpc::ByteBuffer* response) {
   if (status.ok()) {
     bool own_buffer = false;
     const grpc::Status serialized = grpc::SerializationTraits<PushResponse>::Serialize(
         push_response, response, &own_buffer);
     if (!serialized.ok()) status = common::FromGrpcStatus(serialized);
   }
-  FinishRaw(reactor, "Push", status, start, request->Length(), *response);
+  FinishRaw(reactor, method, status, start, request_bytes, *response);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Replicate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (replicator_ == nullptr) {
+    FinishRaw(reactor, "Replicate",
+              absl::FailedPreconditionError(
+                  "this shard is not replicated (--replicas 1): nothing to forward to it"),
+              start, request->Length(), *response);
+    return reactor;
+  }
+  wire::ReceivedMessage message;
+  wire::PushView& push = ThreadPushView();
+  absl::Status status = message.Take(*request);
+  if (status.ok()) {
+    status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
+                        "shardtrain.PushRequest", shard_metrics_);
+  }
+  if (!status.ok()) {
+    FinishRaw(reactor, "Replicate", status, start, request->Length(), *response);
+    return reactor;
+  }
+  const size_t request_bytes = request->Length();
+  replicator_->Replicate(*request, push,
+                         [this, reactor, start, request_bytes, response](
+                             absl::Status status, const PushResponse& push_response) {
+                           FinishPush(reactor, "Replicate", status, start, request_bytes,
+                                      push_response, response);
+                         });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::FetchGroupState(
+    grpc::CallbackServerContext* context, const GroupStateRequest* request,
+    GroupStateResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = absl::FailedPreconditionError(
+      "this shard is not replicated (--replicas 1): it has no group state to hand over");
+  if (replicator_ != nullptr) {
+    absl::StatusOr<GroupStateResponse> state = replicator_->GroupState(*request);
+    status = state.status();
+    if (state.ok()) *response = *std::move(state);
+  }
+  Finish(reactor, "FetchGroupState", status, start, *request, *response);
   return reactor;
 }
 
@@ -201,6 +269,12 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   shard_->FillStatus(*request, response);
+  response->set_replicas(shard_->options().replicas);
+  if (replicator_ != nullptr) {
+    replicator_->table().Describe([this](int group) { return shard_->GroupOps(group); },
+                                  [this](int group) { return replicator_->Acked(group); },
+                                  response->mutable_chains());
+  }
   response->set_seconds_since_checkpoint(-1);
   if (checkpointer_ != nullptr) {
     response->set_checkpoint_dir(checkpointer_->dir());
@@ -236,7 +310,8 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
     grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
   PullRequest pull;
-  const absl::Status status = ParseStock(*request, &pull);
+  absl::Status status = ParseStock(*request, &pull);
+  if (status.ok() && replicator_ != nullptr) status = replicator_->CheckPull(pull);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     FinishRaw(reactor, "Pull", status, start, request->Length(), *response);
@@ -264,6 +339,11 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     status = absl::InvalidArgumentError(
         absl::StrFormat("push is from worker %d but pull from worker %d",
                         view.push.worker, view.pull.worker()));
+  }
+  if (status.ok() && replicator_ != nullptr) {
+    status = absl::FailedPreconditionError(
+        "PushPull is not served with --replicas > 1: push to the chain's head and "
+        "pull from its tail");
   }
   if (status.ok()) status = shard_->ValidatePull(view.pull);
   if (status.ok()) status = shard_->Push(view.push, &push_response);

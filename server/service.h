@@ -26,6 +26,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
+#include "server/replication/replicator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 
@@ -39,7 +40,9 @@ using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
                 ParameterServer::WithCallbackMethod_Heartbeat<
                     ParameterServer::WithCallbackMethod_Status<
                         ParameterServer::WithCallbackMethod_Checkpoint<
-                            ParameterServer::Service>>>>>>>;
+                            ParameterServer::WithRawCallbackMethod_Replicate<
+                                ParameterServer::WithCallbackMethod_FetchGroupState<
+                                    ParameterServer::Service>>>>>>>>>;
 
 class ParameterServerService final : public ParameterServerBase {
  public:
@@ -75,6 +78,18 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const CheckpointRequest* request,
                                        CheckpointResponse* response) override;
+  // Replicated shards: a push forwarded by the predecessor in its chain.
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* FetchGroupState(grpc::CallbackServerContext* context,
+                                            const GroupStateRequest* request,
+                                            GroupStateResponse* response) override;
+
+  // Replicated shards (--replicas > 1): pushes, pulls and forwards go
+  // through `replicator` (server/replication/replicator.h). Not owned; set
+  // before serving.
+  void set_replicator(Replicator* replicator) { replicator_ = replicator; }
 
   // Answers every parked pull that has become ready.
   void WakeWaiters();
@@ -111,6 +126,10 @@ class ParameterServerService final : public ParameterServerBase {
               const absl::Status& status, absl::Time start,
               const google::protobuf::Message& request,
               const google::protobuf::Message& response);
+  // Serializes `push_response` into `response` and finishes a push.
+  void FinishPush(grpc::ServerUnaryReactor* reactor, const char* method,
+                  absl::Status status, absl::Time start, size_t request_bytes,
+                  const PushResponse& push_response, grpc::ByteBuffer* response);
   // The same for a raw method; `response` is what is sent (if OK).
   void FinishRaw(grpc::ServerUnaryReactor* reactor, const char* method,
                  const absl::Status& status, absl::Time start,
@@ -121,6 +140,7 @@ class ParameterServerService final : public ParameterServerBase {
   ShardMetrics* const shard_metrics_;
   Checkpointer* const checkpointer_;
   const absl::Duration max_pull_wait_;
+  Replicator* replicator_ = nullptr;
 
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;

@@ -34,6 +34,14 @@ void DescribePartition(const Partition& part, PartitionInfo* info) {
   info->set_version(part.version.load());
 }
 
+// The replica groups a shard holds: its own, or with replicas > 1 every
+// group whose initial chain holds it (common/partition.h).
+std::vector<int> GroupsHeld(const ShardOptions& options) {
+  if (options.replicas <= 1) return {options.shard_index};
+  return common::InitialGroupsOf(options.shard_index, options.partitioning.num_shards,
+                                 options.replicas);
+}
+
 uint64_t NewIncarnation() {
   std::random_device random;
   uint64_t id = 0;
@@ -66,6 +74,8 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
         "replicas_to_aggregate must be in [0, num_workers=%d], got %d",
         options.num_workers, options.replicas_to_aggregate));
   }
+  RETURN_IF_ERROR(
+      common::ValidateReplicas(options.partitioning.num_shards, options.replicas));
   if (options.join_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("join_timeout must be >= 0");
   }
@@ -94,7 +104,7 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
       metrics_(metrics),
       incarnation_(NewIncarnation()),
       start_time_(absl::Now()),
-      store_(options.partitioning, options.shard_index,
+      store_(options.partitioning, options.shard_index, GroupsHeld(options),
              [this] {
                TensorStore::SlotSpec slots;
                slots.count = optimizer_->num_slots();
@@ -106,8 +116,13 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
              options.num_workers),
       membership_(options.num_workers, options.heartbeat_timeout,
                   options.join_timeout, start_time_) {
-  for (int w = 0; w < options.num_workers; ++w) {
-    push_logs_.push_back(std::make_unique<PushLog>());
+  groups_ = GroupsHeld(options);
+  group_slot_.assign(options.partitioning.num_shards, -1);
+  for (size_t slot = 0; slot < groups_.size(); ++slot) {
+    group_slot_[groups_[slot]] = static_cast<int>(slot);
+    for (int w = 0; w < options.num_workers; ++w) {
+      push_logs_.push_back(std::make_unique<PushLog>());
+    }
   }
   store_.SetOnCreate([this](Partition* part) {
     // Per-partition series only for the first partitions: /metrics stays
@@ -465,12 +480,51 @@ void Shard::NotePull(const PullRequest& request) {
                                    request.min_version())) {
     return;
   }
+  if (FinishSteps()) NotifyProgress();
+}
+
+bool Shard::FinishSteps() {
   bool finished = false;
+  std::vector<std::vector<ReplicatedOp>> closes(groups_.size());
   for (Partition* part : store_.All()) {
+    if (!Leads(part->group)) continue;  // followers close steps as told
     absl::MutexLock lock(&part->mu);
-    finished = MaybeFinishStep(*part) || finished;
+    const int64_t op = part->ops;
+    if (!MaybeFinishStep(*part)) continue;
+    finished = true;
+    ++part->ops;
+    ReplicatedOp& close = closes[group_slot_[part->group]].emplace_back();
+    close.set_op(op);
+    close.set_version_after(part->version.load(std::memory_order_relaxed));
+    close.mutable_close()->set_tensor(part->tensor);
+    close.mutable_close()->set_partition(static_cast<uint32_t>(part->index));
   }
-  if (finished) NotifyProgress();
+  std::function<void(int, std::vector<ReplicatedOp>)> on_closed;
+  {
+    absl::MutexLock lock(&hooks_mu_);
+    on_closed = hooks_.on_closed;
+  }
+  if (on_closed) {
+    for (size_t slot = 0; slot < groups_.size(); ++slot) {
+      if (!closes[slot].empty()) on_closed(groups_[slot], std::move(closes[slot]));
+    }
+  }
+  return finished;
+}
+
+void Shard::SetReplicationHooks(ReplicationHooks hooks) {
+  absl::MutexLock lock(&hooks_mu_);
+  hooks_ = std::move(hooks);
+}
+
+bool Shard::Leads(int group) const {
+  std::function<bool(int)> leads;
+  {
+    absl::MutexLock lock(&hooks_mu_);
+    if (!hooks_.leads) return true;
+    leads = hooks_.leads;
+  }
+  return leads(group);
 }
 
 void Shard::Tick(absl::Time now) {
@@ -484,15 +538,11 @@ void Shard::Tick(absl::Time now) {
   UpdateMembershipMetrics();
   const bool sync = options_.mode == ConsistencyMode::kSync;
   // Fewer contributors may complete steps that were waiting on the departed.
-  bool finished = false;
+  const bool finished = sync && FinishSteps();
   int64_t min_version = std::numeric_limits<int64_t>::max();
   int64_t max_version = 0;
   const std::vector<Partition*> all = store_.All();
   for (Partition* part : all) {
-    if (sync) {
-      absl::MutexLock lock(&part->mu);
-      finished = MaybeFinishStep(*part) || finished;
-    }
     const int64_t version = part->version.load(std::memory_order_acquire);
     min_version = std::min(min_version, version);
     max_version = std::max(max_version, version);

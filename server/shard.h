@@ -25,7 +25,16 @@
 //
 // Pulls that cannot be answered yet are not blocked on here: PullReady says
 // whether one can, and the progress callback fires whenever the answer may
-// have changed (see server/service.h). Thread-safe.
+// have changed (see server/service.h).
+//
+// Replicated shards (options().replicas > 1, server/replication/): the
+// shard holds the partitions of several replica groups. As a chain's head
+// it applies a push as above and reports where each part was applied
+// (Applied); its successors apply the forwarded copy with ApplyReplicated
+// at the same per-partition operation count and with the head's step
+// decisions, so every member stays bit-identical. A joining tail installs
+// the group's state with ImportGroup from its predecessor's ExportGroup.
+// Thread-safe.
 #ifndef SHARDTRAIN_SERVER_SHARD_H_
 #define SHARDTRAIN_SERVER_SHARD_H_
 
@@ -64,6 +73,51 @@ class Shard {
   absl::Status Push(const wire::PushView& request, PushResponse* response);
   // The same for a stock message (tests, in-process callers).
   absl::Status Push(const PushRequest& request, PushResponse* response);
+
+  // Where a push was applied, for its forwarded copy: ops[i] for part i
+  // of the request (PushRequest.replicated). Empty for a duplicate.
+  struct Applied {
+    std::vector<ReplicatedOp> ops;
+  };
+  // Push that also reports where each part was applied (may be null).
+  absl::Status Push(const wire::PushView& request, PushResponse* response,
+                    Applied* applied);
+
+  // The replica group all parts of a push (or pull) belong to:
+  // INVALID_ARGUMENT when they span groups (a replicated request names one
+  // group), or as Find for an unknown part.
+  absl::StatusOr<int> GroupOf(const wire::PushView& request) const;
+  absl::StatusOr<int> GroupOf(const PullRequest& request) const;
+
+  // Applies a push forwarded down `request`'s group chain: part i at
+  // operation request.replicated[i].op of its partition, waiting up to
+  // `wait` for the operations before it while `still_valid()` holds
+  // (UNAVAILABLE otherwise); parts already applied are skipped, so a
+  // forward sent again changes nothing. Trailing replicated entries with a
+  // `close` key close that partition's sync step.
+  absl::Status ApplyReplicated(const wire::PushView& request, absl::Duration wait,
+                               const std::function<bool()>& still_valid,
+                               PushResponse* response);
+  // The whole state of one group (partitions with their operation counts,
+  // sync accumulators, and the group's push logs), for a joining tail.
+  GroupStateResponse ExportGroup(int group) const;
+  // Installs ExportGroup's answer in place of this shard's copy.
+  absl::Status ImportGroup(int group, const GroupStateResponse& state);
+  // Operations applied to `group`'s partitions, summed.
+  int64_t GroupOps(int group) const;
+  // The groups held here (the shard's own group first).
+  const std::vector<int>& groups() const { return groups_; }
+
+  struct ReplicationHooks {
+    // True when this shard heads `group`'s chain: only the head decides
+    // when a sync step completes; a follower closes steps only as told.
+    std::function<bool(int group)> leads;
+    // The head closed sync steps outside a push (a departed worker):
+    // `closes` must be forwarded (PushRequest.replicated close entries).
+    std::function<void(int group, std::vector<ReplicatedOp> closes)> on_closed;
+  };
+  // Set before serving; without hooks the shard leads every group.
+  void SetReplicationHooks(ReplicationHooks hooks);
 
   // Checks a pull without answering it: the keys exist here, the worker is
   // known, the version asked for is reachable.
@@ -141,6 +195,8 @@ class Shard {
     absl::Span<const float> decoded;
     // sync: the push is for a later step than a resuming partition's.
     bool ahead = false;
+    // The part's index in the request.
+    size_t request_index = 0;
   };
 
   // The sequences one worker's pushes applied here, in a window below the
@@ -165,11 +221,38 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::StatusOr<std::vector<DecodedPart>> DecodePush(
       const wire::PushView& request) const;
+  // The push log of `worker` for `group` (one per group held).
+  PushLog& LogOf(int group, uint32_t worker) const {
+    return *push_logs_[static_cast<size_t>(group_slot_[group]) * options_.num_workers +
+                       worker];
+  }
+  // Notes `sequence` as applied (with its staleness) in `log`.
+  static void RecordSequence(PushLog& log, uint64_t worker_incarnation,
+                             uint64_t sequence, int64_t staleness)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(log.mu);
   // Applies a push with a sequence at most once (see PushLog).
-  absl::Status DedupedPush(const wire::PushView& request, PushResponse* response);
+  absl::Status DedupedPush(const wire::PushView& request, int group,
+                           PushResponse* response, Applied* applied);
   // Checks and applies a push (no duplicate check); the caller notifies
   // progress.
-  absl::Status ApplyPush(const wire::PushView& request, PushResponse* response);
+  absl::Status ApplyPush(const wire::PushView& request, PushResponse* response,
+                         Applied* applied);
+  // A follower's step of ApplyReplicated for one part, `p` locked at the
+  // part's operation.
+  absl::Status ApplyForwardedPart(Partition& p, const DecodedPart& part,
+                                  const ReplicatedOp& op, uint32_t worker,
+                                  int64_t* staleness)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
+  // Locks `p` once its operation count reaches `op` (true), or returns
+  // false (unlocked) after `wait` or when `still_valid()` fails.
+  static bool LockAtOp(Partition& p, int64_t op, absl::Duration wait,
+                       const std::function<bool()>& still_valid)
+      ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true, p.mu);
+  bool Leads(int group) const;
+  // Closes the sync steps of the groups this shard leads that have all the
+  // gradients they now need (workers departed or rejoined); reports the
+  // closes through the hooks. True if any closed.
+  bool FinishSteps();
   // The steps of ApplyPush for one part; `p` is its partition, locked.
   // Whether `part` may be applied now (sets part.ahead for a resuming sync
   // partition that the push overtakes); changes nothing else.
@@ -177,8 +260,10 @@ class Shard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Sync: adds the gradient to its step (closing the step first if the push
   // overtakes a restored partition) and finishes the step if it is
-  // complete. Returns the updates the overtaken partition lost.
-  int64_t AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker)
+  // complete, or, for a follower (`follow` not null), if the head did.
+  // Returns the updates the overtaken partition lost.
+  int64_t AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker,
+                          const ReplicatedOp* follow = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
   // Async: applies the gradient now; returns its staleness.
   int64_t ApplyAsyncGradient(Partition& p, const DecodedPart& part)
@@ -218,8 +303,14 @@ class Shard {
 
   // Held across the limit checks and the registration of a Register.
   absl::Mutex register_mu_;
-  // One per worker; taken before any partition lock.
+  // The replica groups held, and each group's index among them (-1: not
+  // held), by group.
+  std::vector<int> groups_;
+  std::vector<int> group_slot_;
+  // One per (group held, worker); taken before any partition lock.
   std::vector<std::unique_ptr<PushLog>> push_logs_;
+  mutable absl::Mutex hooks_mu_;
+  ReplicationHooks hooks_ ABSL_GUARDED_BY(hooks_mu_);
   std::atomic<int64_t> duplicate_pushes_{0};
 
   // The highest version of any partition.

@@ -47,6 +47,11 @@ struct ShardOptions {
   // agree (server/step_snapshot.h). 0: no step checkpoints.
   int64_t checkpoint_every_steps = 0;
 
+  // Replicated shards: each replica group's partitions live on a chain of
+  // this many shards (server/replication/); 1 holds only this shard's own
+  // group, as without replication.
+  int replicas = 1;
+
   // What one shard holds and one request may ask for; checked before any
   // allocation (server/resource_limits.h).
   ResourceLimits limits;

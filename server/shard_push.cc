@@ -31,6 +31,47 @@ absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
 }
 
 absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) {
+  return Push(request, response, nullptr);
+}
+
+absl::StatusOr<int> Shard::GroupOf(const wire::PushView& request) const {
+  if (request.parts.empty()) {
+    return absl::InvalidArgumentError("push carries no gradients");
+  }
+  int group = -1;
+  for (const wire::GradientPartView& part : request.parts) {
+    ASSIGN_OR_RETURN(const Partition* p, store_.Find(part.key.tensor, part.key.partition));
+    if (group >= 0 && p->group != group) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a replicated push names partitions of replica groups %d and %d; "
+          "send one push per group",
+          group, p->group));
+    }
+    group = p->group;
+  }
+  return group;
+}
+
+absl::StatusOr<int> Shard::GroupOf(const PullRequest& request) const {
+  if (request.parts().empty()) {
+    return absl::InvalidArgumentError("pull names no partitions");
+  }
+  int group = -1;
+  for (const PartitionKey& key : request.parts()) {
+    ASSIGN_OR_RETURN(const Partition* p, store_.Find(key));
+    if (group >= 0 && p->group != group) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "a replicated pull names partitions of replica groups %d and %d; "
+          "send one pull per group",
+          group, p->group));
+    }
+    group = p->group;
+  }
+  return group;
+}
+
+absl::Status Shard::Push(const wire::PushView& request, PushResponse* response,
+                         Applied* applied) {
   response->set_incarnation(incarnation_);
   response->set_duplicate(false);
   RETURN_IF_ERROR(CheckWorker(request.worker));
@@ -41,22 +82,45 @@ absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) 
   }
   const uint64_t sequence = request.sequence;
   if (sequence == 0) {
-    RETURN_IF_ERROR(ApplyPush(request, response));
+    RETURN_IF_ERROR(ApplyPush(request, response, applied));
     NotifyProgress();
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(DedupedPush(request, response));
+  int group = options_.shard_index;
+  if (groups_.size() > 1) {
+    ASSIGN_OR_RETURN(group, GroupOf(request));
+  }
+  RETURN_IF_ERROR(DedupedPush(request, group, response, applied));
   if (!response->duplicate()) NotifyProgress();
   return absl::OkStatus();
 }
 
-absl::Status Shard::DedupedPush(const wire::PushView& request,
-                                PushResponse* response) {
+void Shard::RecordSequence(PushLog& log, uint64_t worker_incarnation,
+                           uint64_t sequence, int64_t staleness) {
+  if (log.incarnation != worker_incarnation || log.applied.empty()) {
+    log.incarnation = worker_incarnation;
+    log.highest = 0;
+    log.applied.assign(kPushWindow, -1);
+  }
+  if (sequence > log.highest) {
+    const uint64_t cleared =
+        std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
+    // Counting down from `sequence` cannot wrap around at 2^64 - 1.
+    for (uint64_t i = 0; i < cleared; ++i) {
+      log.applied[(sequence - i) % kPushWindow] = -1;
+    }
+    log.highest = sequence;
+  }
+  log.applied[sequence % kPushWindow] = staleness;
+}
+
+absl::Status Shard::DedupedPush(const wire::PushView& request, int group,
+                                PushResponse* response, Applied* applied) {
   const uint64_t sequence = request.sequence;
   // The worker's log stays locked from the duplicate check until the push
   // is recorded, so a retry arriving meanwhile waits and is then answered
   // as a duplicate. Taken before any partition lock.
-  PushLog& log = *push_logs_[request.worker];
+  PushLog& log = LogOf(group, request.worker);
   absl::MutexLock lock(&log.mu);
   // A new worker incarnation starts a new log, but only once its push is
   // applied: a refused push changes nothing.
@@ -80,22 +144,8 @@ absl::Status Shard::DedupedPush(const wire::PushView& request,
       return absl::OkStatus();
     }
   }
-  RETURN_IF_ERROR(ApplyPush(request, response));
-  if (fresh_log) {
-    log.incarnation = request.worker_incarnation;
-    log.highest = 0;
-    log.applied.assign(kPushWindow, -1);
-  }
-  if (sequence > log.highest) {
-    const uint64_t cleared =
-        std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
-    // Counting down from `sequence` cannot wrap around at 2^64 - 1.
-    for (uint64_t i = 0; i < cleared; ++i) {
-      log.applied[(sequence - i) % kPushWindow] = -1;
-    }
-    log.highest = sequence;
-  }
-  log.applied[sequence % kPushWindow] = response->max_staleness();
+  RETURN_IF_ERROR(ApplyPush(request, response, applied));
+  RecordSequence(log, request.worker_incarnation, sequence, response->max_staleness());
   return absl::OkStatus();
 }
 
@@ -129,7 +179,8 @@ absl::Status Shard::CheckPart(const Partition& p, DecodedPart& part, uint32_t wo
   return absl::OkStatus();
 }
 
-int64_t Shard::AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker) {
+int64_t Shard::AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker,
+                               const ReplicatedOp* follow) {
   int64_t lost = 0;
   if (part.ahead) {
     // A restarted shard redoing a step (a worker sent again the gradient it
@@ -157,7 +208,11 @@ int64_t Shard::AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t w
   }
   p.contributed[worker] = true;
   ++p.contributions;
-  MaybeFinishStep(p);
+  if (follow == nullptr) {
+    MaybeFinishStep(p);
+  } else if (follow->version_after() > p.version.load(std::memory_order_relaxed)) {
+    MaybeFinishStep(p, /*close=*/true);
+  }
   return lost;
 }
 
@@ -183,7 +238,8 @@ void TrimGradScratch() {
 
 }  // namespace
 
-absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* response) {
+absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* response,
+                              Applied* applied) {
   common::EnableFlushToZero();  // gRPC threads run the optimizer
   ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request));
   const bool sync = options_.mode == ConsistencyMode::kSync;
@@ -208,8 +264,10 @@ absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* respo
       if (!verdict.ok()) break;
     }
     if (verdict.ok()) {
+      if (applied != nullptr) applied->ops.resize(parts.size());
       for (const DecodedPart& part : parts) {
         part.partition->mu.AssertHeld();  // by `locks`
+        const int64_t op = part.partition->ops++;
         if (sync) {
           const int64_t part_lost = AddSyncGradient(*part.partition, part, worker);
           lost += part_lost;
@@ -217,6 +275,11 @@ absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* respo
         } else {
           max_staleness =
               std::max(max_staleness, ApplyAsyncGradient(*part.partition, part));
+        }
+        if (applied != nullptr) {
+          ReplicatedOp& out = applied->ops[part.request_index];
+          out.set_op(op);
+          out.set_version_after(part.partition->version.load(std::memory_order_relaxed));
         }
         locks.Release(part.partition);
       }
@@ -282,6 +345,7 @@ absl::StatusOr<std::vector<Shard::DecodedPart>> Shard::DecodePush(
           partition->index, part.version, kMaxClock));
     }
     DecodedPart& d = decoded.emplace_back();
+    d.request_index = i;
     d.partition = partition;
     d.payload = &part.grad;
     d.version = part.version;

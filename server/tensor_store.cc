@@ -9,11 +9,14 @@
 namespace shardtrain::server {
 
 TensorStore::TensorStore(common::PartitionConfig partitioning, int shard_index,
-                         SlotSpec slots, int num_workers)
+                         std::vector<int> groups, SlotSpec slots, int num_workers)
     : partitioning_(partitioning),
       shard_index_(shard_index),
+      holds_group_(std::max(partitioning.num_shards, 1), false),
       slots_(std::move(slots)),
-      num_workers_(num_workers) {}
+      num_workers_(num_workers) {
+  for (int group : groups) holds_group_.at(group) = true;
+}
 
 void TensorStore::SetOnCreate(std::function<void(Partition*)> on_create) {
   absl::MutexLock lock(&mu_);
@@ -33,18 +36,20 @@ absl::StatusOr<std::vector<Partition*>> TensorStore::Register(
     tensor.num_partitions = common::NumPartitions(elements, partitioning_);
     tensor.local.assign(tensor.num_partitions, nullptr);
     std::vector<std::unique_ptr<Partition>> created;
-    // Only this shard's partitions are visited: every num_shards-th one.
+    // Only the partitions of groups held here are visited: group g's are
+    // every num_shards-th one.
     const int num_shards = partitioning_.num_shards;
-    const int64_t first =
-        (shard_index_ - common::ShardFor(spec.name(), 0, num_shards) + num_shards) %
-        num_shards;
-    for (int64_t p = first; p < tensor.num_partitions; p += num_shards) {
+    const int base = common::ShardFor(spec.name(), 0, num_shards);
+    for (int64_t p = 0; p < tensor.num_partitions; ++p) {
+      const int group = static_cast<int>((base + p) % num_shards);
+      if (!holds_group_[group]) continue;
       const common::PartitionRange range =
           common::PartitionAt(elements, partitioning_, p);
       auto part = std::make_unique<Partition>();
       part->id = static_cast<int>(partitions_.size() + created.size());
       part->tensor = spec.name();
       part->index = p;
+      part->group = group;
       part->range = range;
       absl::MutexLock part_lock(&part->mu);
       part->params.resize(range.size);
@@ -111,8 +116,9 @@ absl::StatusOr<Partition*> TensorStore::Find(absl::string_view name,
   Partition* part = tensor.local[partition];
   if (part == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "partition %d of %s lives on shard %d, not on shard %d", partition, name,
-        common::ShardFor(name, partition, partitioning_.num_shards),
+        "partition %d of %s belongs to replica group %d, which shard %d does "
+        "not hold",
+        partition, name, common::ShardFor(name, partition, partitioning_.num_shards),
         shard_index_));
   }
   return part;
@@ -122,18 +128,24 @@ int64_t TensorStore::LocalElements(const TensorSpec& spec) const {
   const int64_t elements = common::NumElements(spec);
   const int64_t parts = common::NumPartitions(elements, partitioning_);
   const int64_t shards = partitioning_.num_shards;
-  // Partition p is here when p = first (mod shards).
-  const int64_t first =
-      (shard_index_ - common::ShardFor(spec.name(), 0, partitioning_.num_shards) +
-       shards) %
-      shards;
-  if (parts == 1) return first == 0 ? elements : 0;
-  // parts is a multiple of shards: each shard holds parts / shards of them,
-  // of `base` elements, plus one for each of its partitions below `extra`.
-  const int64_t base = elements / parts;
-  const int64_t extra = elements % parts;
-  const int64_t bigger = extra > first ? (extra - first + shards - 1) / shards : 0;
-  return parts / shards * base + bigger;
+  const int64_t primary = common::ShardFor(spec.name(), 0, partitioning_.num_shards);
+  int64_t total = 0;
+  for (int64_t group = 0; group < shards; ++group) {
+    if (!holds_group_[group]) continue;
+    // Group g's partitions are p = first (mod shards).
+    const int64_t first = (group - primary + shards) % shards;
+    if (parts == 1) {
+      total += first == 0 ? elements : 0;
+      continue;
+    }
+    // parts is a multiple of shards: each group has parts / shards of them,
+    // of `base` elements, plus one for each of its partitions below `extra`.
+    const int64_t base = elements / parts;
+    const int64_t extra = elements % parts;
+    const int64_t bigger = extra > first ? (extra - first + shards - 1) / shards : 0;
+    total += parts / shards * base + bigger;
+  }
+  return total;
 }
 
 bool TensorStore::Contains(const std::string& name) const {

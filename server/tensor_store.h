@@ -1,6 +1,8 @@
 // The tensors a shard holds: registration and lookup of partitions.
 //
-// Only the partitions placed on this shard (common/partition.h) are created.
+// Only the partitions of the replica groups this shard serves are created:
+// with --replicas 1 the group of the shard itself (common/partition.h), with
+// R > 1 the R groups whose initial chain holds it (common::InitialGroupsOf).
 // A partition owns its parameters, optimizer slots and the sync-step
 // accumulator, each guarded by the partition's own mutex, so updates to
 // different partitions never contend. Partitions are never removed, so a
@@ -34,6 +36,8 @@ struct Partition {
   std::string tensor;
   const TensorSpec* spec = nullptr;  // owned by the store
   int64_t index = 0;
+  // The replica group: the partition's primary shard (common::ShardFor).
+  int group = 0;
   common::PartitionRange range;
   prometheus::Gauge* version_gauge = nullptr;  // owned by the metrics registry
 
@@ -49,6 +53,10 @@ struct Partition {
   std::vector<float> accum ABSL_GUARDED_BY(mu);
   std::vector<bool> contributed ABSL_GUARDED_BY(mu);
   int contributions ABSL_GUARDED_BY(mu) = 0;
+  // Operations applied (each gradient added or applied, each sync step
+  // closed): a replica applies a forwarded one only at the same count, so
+  // every member of a chain runs the same operations in the same order.
+  int64_t ops ABSL_GUARDED_BY(mu) = 0;
   // sync: true from creation (or restore) until the partition's first step
   // completes; while true, a push from a later step may fast-forward it.
   bool resuming ABSL_GUARDED_BY(mu) = true;
@@ -64,8 +72,9 @@ class TensorStore {
     std::vector<float> initial_values;  // one per slot
   };
 
+  // `groups`: the replica groups whose partitions this store holds.
   TensorStore(common::PartitionConfig partitioning, int shard_index,
-              SlotSpec slots, int num_workers);
+              std::vector<int> groups, SlotSpec slots, int num_workers);
 
   // Registers `spec`, creating this shard's partitions with their initial
   // values. Registering an identical spec again is a no-op; a different spec
@@ -108,6 +117,8 @@ class TensorStore {
 
   const common::PartitionConfig partitioning_;
   const int shard_index_;
+  // Indexed by group: held here.
+  std::vector<bool> holds_group_;
   const SlotSpec slots_;
   const int num_workers_;
 

@@ -1,0 +1,373 @@
+#include "server/replication/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/partition.h"
+#include "common/replication_keys.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::server {
+namespace {
+
+constexpr absl::Duration kTick = absl::Milliseconds(100);
+
+}  // namespace
+
+Coordinator::Coordinator(const CoordinatorOptions& options, Shard* shard, ChainTable* table,
+                         Forwarder* forwarder, ReplicationMetrics* metrics)
+    : options_(options),
+      shard_(shard),
+      table_(table),
+      forwarder_(forwarder),
+      metrics_(metrics),
+      start_(absl::Now()) {}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
+    const CoordinatorOptions& options, Shard* shard, ChainTable* table,
+    Forwarder* forwarder, ReplicationMetrics* metrics) {
+  RETURN_IF_ERROR(common::ValidateJobName(options.job));
+  std::unique_ptr<Coordinator> coordinator(
+      new Coordinator(options, shard, table, forwarder, metrics));
+  etcd::EtcdClient::Options etcd_options;
+  etcd_options.endpoints = options.etcd_endpoints;
+  etcd_options.rpc_timeout = std::max(absl::Milliseconds(500), options.lease_ttl / 2);
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
+      etcd::EtcdClient::Create(etcd_options);
+  if (!etcd.ok()) {
+    return absl::UnavailableError(absl::StrCat("cannot reach etcd at ",
+                                               options.etcd_endpoints, ": ",
+                                               etcd.status().message()));
+  }
+  coordinator->etcd_ = *std::move(etcd);
+  RETURN_IF_ERROR(coordinator->TakeLease());
+  Coordinator* c = coordinator.get();
+  const std::string chains = common::ChainsPrefix(options.job);
+  c->chain_watch_ = c->etcd_->Watch(chains, 0, [c](const etcd::WatchEvent& event) {
+    if (event.type != etcd::WatchEvent::Type::kPut) return;
+    absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(event.value);
+    if (!config.ok()) {
+      LOG(ERROR) << "ignoring chain " << event.key << ": " << config.status();
+      return;
+    }
+    if (c->table_->Update(*config)) c->Wake();
+  });
+  c->member_watch_ = c->etcd_->Watch(common::MembersPrefix(options.job), 0,
+                                     [c](const etcd::WatchEvent&) { c->Wake(); });
+  c->ticker_ = std::thread([c] { c->Ticker(); });
+  c->loop_ = std::thread([c] { c->Loop(); });
+  return coordinator;
+}
+
+Coordinator::~Coordinator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+  if (ticker_.joinable()) ticker_.join();
+  chain_watch_.reset();
+  member_watch_.reset();
+  int64_t lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    keeper_.reset();
+    lease = lease_.id;
+  }
+  // The other members drop this shard now rather than after the ttl.
+  if (lease != 0) {
+    const absl::Status revoked = etcd_->RevokeLease(lease);
+    if (!revoked.ok()) LOG(WARNING) << "revoking the etcd lease: " << revoked;
+  }
+}
+
+absl::Status Coordinator::TakeLease() {
+  ASSIGN_OR_RETURN(etcd::Lease lease, etcd_->GrantLease(options_.lease_ttl));
+  common::ChainConfig::Member me{table_->shard(), options_.advertise_address,
+                                 table_->incarnation()};
+  RETURN_IF_ERROR(etcd_->Put(common::MemberKey(options_.job, me.shard),
+                             common::EncodeChainMember(me), lease.id)
+                      .status());
+  absl::MutexLock lock(&mu_);
+  lease_ = lease;
+  keeper_ = etcd_->KeepLeaseAlive(lease, [this](absl::Status why) { OnLeaseLost(why); });
+  lease_problem_.clear();
+  metrics_->lease_alive().Set(1);
+  LOG(INFO) << "shard " << me.shard << ": etcd lease " << lease.id << " (ttl "
+            << lease.ttl << ") at " << etcd_->endpoint();
+  return absl::OkStatus();
+}
+
+void Coordinator::OnLeaseLost(absl::Status why) {
+  const bool expired = why.code() == absl::StatusCode::kNotFound;
+  metrics_->lease_alive().Set(0);
+  if (expired) {
+    // The chains have moved on (or will) without this incarnation's key.
+    table_->Fence(absl::StrCat("etcd lease expired: ", why.message()));
+  } else {
+    LOG(WARNING) << "shard " << table_->shard() << ": cannot refresh the etcd lease ("
+                 << why << "); serving the current chains until etcd is back";
+  }
+  absl::MutexLock lock(&mu_);
+  lease_problem_ = expired ? "expired" : "unreachable";
+  wake_ = true;
+}
+
+void Coordinator::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+void Coordinator::Ticker() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      table_->Tick(now);
+    }
+    absl::SleepFor(kTick);
+  }
+}
+
+void Coordinator::Loop() {
+  const absl::Duration period = std::max(absl::Milliseconds(100), options_.lease_ttl / 4);
+  while (true) {
+    std::string problem;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&woken), period);
+      if (stopping_) return;
+      wake_ = false;
+      problem = lease_problem_;
+    }
+    if (problem == "expired") {
+      const absl::Status taken = TakeLease();
+      if (!taken.ok()) {
+        LOG_EVERY_N(WARNING, 20) << "re-taking the etcd lease: " << taken;
+        continue;
+      }
+      table_->Unfence();  // outside every chain now: it rejoins as a tail
+    } else if (problem == "unreachable") {
+      // Keep the same lease once etcd answers again (it renews leases on
+      // restart); if it expired meanwhile the new keeper says so.
+      absl::MutexLock lock(&mu_);
+      keeper_ = etcd_->KeepLeaseAlive(lease_, [this](absl::Status why) { OnLeaseLost(why); });
+      lease_problem_.clear();
+      fenced_at_refreshes_ = -1;
+    }
+    Reconcile();
+  }
+}
+
+void Coordinator::Reconcile() {
+  // Lifts a pause's fence once the lease is confirmed alive.
+  {
+    absl::MutexLock lock(&mu_);
+    if (!table_->Fenced()) {
+      fenced_at_refreshes_ = -1;
+    } else if (keeper_ != nullptr && lease_problem_.empty()) {
+      const int64_t refreshes = keeper_->refreshes();
+      if (fenced_at_refreshes_ < 0) {
+        fenced_at_refreshes_ = refreshes;
+      } else if (refreshes > fenced_at_refreshes_) {
+        // A refresh after the pause succeeded: the lease never expired, so
+        // no chain dropped this shard.
+        table_->Unfence();
+        fenced_at_refreshes_ = -1;
+        metrics_->lease_alive().Set(1);
+      }
+    }
+  }
+  absl::StatusOr<etcd::RangeResult> members =
+      etcd_->GetPrefix(common::MembersPrefix(options_.job));
+  absl::StatusOr<etcd::RangeResult> chains =
+      etcd_->GetPrefix(common::ChainsPrefix(options_.job));
+  absl::StatusOr<etcd::KeyValue> drained =
+      etcd_->Get(common::DrainedKey(options_.job, table_->shard()));
+  if (!members.ok() || !chains.ok() ||
+      (!drained.ok() && drained.status().code() != absl::StatusCode::kNotFound)) {
+    LOG_EVERY_N(WARNING, 50) << "shard " << table_->shard() << ": etcd unreachable ("
+                             << (!members.ok() ? members.status() : chains.status())
+                             << "); chains unchanged";
+    return;
+  }
+  std::map<int, uint64_t> live;
+  for (const etcd::KeyValue& kv : members->kvs) {
+    absl::StatusOr<common::ChainConfig::Member> member =
+        common::DecodeChainMember(kv.value);
+    if (member.ok()) live[member->shard] = member->incarnation;
+  }
+  std::map<int, etcd::KeyValue> by_group;
+  for (const etcd::KeyValue& kv : chains->kvs) {
+    absl::StatusOr<int> group = common::GroupFromChainKey(options_.job, kv.key);
+    if (group.ok()) by_group[*group] = kv;
+  }
+  for (int group : table_->groups()) {
+    std::optional<etcd::KeyValue> chain;
+    auto it = by_group.find(group);
+    if (it != by_group.end()) chain = it->second;
+    ReconcileGroup(group, live, drained.ok(), chain);
+  }
+}
+
+void Coordinator::ReconcileGroup(int group, const std::map<int, uint64_t>& live,
+                                 bool drained, std::optional<etcd::KeyValue> chain) {
+  const int me = table_->shard();
+  const uint64_t incarnation = table_->incarnation();
+  const common::ChainConfig::Member self{me, options_.advertise_address, incarnation};
+  auto alive = [&](const common::ChainConfig::Member& m) {
+    auto it = live.find(m.shard);
+    return it != live.end() && it->second == m.incarnation;
+  };
+  if (!chain) {
+    if (group != me || drained) return;  // the initial head forms the chain
+    std::vector<common::ChainConfig::Member> members;
+    bool all_up = true;
+    for (int shard : common::InitialChain(group, options_.num_shards, options_.replicas)) {
+      if (shard == me) {
+        members.push_back(self);
+        continue;
+      }
+      if (live.count(shard) == 0) {
+        all_up = false;
+        continue;
+      }
+      // Its address comes from its liveness key: read it.
+      absl::StatusOr<etcd::KeyValue> kv =
+          etcd_->Get(common::MemberKey(options_.job, shard));
+      if (!kv.ok()) {
+        all_up = false;
+        continue;
+      }
+      absl::StatusOr<common::ChainConfig::Member> member =
+          common::DecodeChainMember(kv->value);
+      if (member.ok()) {
+        members.push_back(*member);
+      } else {
+        all_up = false;
+      }
+    }
+    if (!all_up && absl::Now() - start_ < options_.form_timeout) return;
+    absl::StatusOr<common::ChainConfig> config =
+        common::MakeChainConfig(group, options_.replicas, std::move(members));
+    if (!config.ok()) {
+      LOG(ERROR) << "forming group " << group << ": " << config.status();
+      return;
+    }
+    Swap(group, std::nullopt, *config, "formed");
+    return;
+  }
+  absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(chain->value);
+  if (!config.ok()) {
+    LOG_EVERY_N(ERROR, 50) << "chain of group " << group << " in etcd: " << config.status();
+    return;
+  }
+  if (table_->Update(*config)) Wake();
+  const std::optional<size_t> index = config->IndexOf(me);
+  const bool member = index && config->members[*index].incarnation == incarnation;
+  if (member) {
+    // Drop members whose liveness key is gone (or belongs to a newer
+    // incarnation: they restarted and will rejoin as tails).
+    for (const common::ChainConfig::Member& m : config->members) {
+      if (m.shard == me || alive(m)) continue;
+      absl::StatusOr<common::ChainConfig> next = config->Remove(m.shard, m.incarnation);
+      if (!next.ok()) {
+        LOG_EVERY_N(ERROR, 50) << "group " << group << ": cannot drop shard " << m.shard
+                               << ": " << next.status();
+        return;
+      }
+      LOG(WARNING) << "group " << group << ": shard " << m.shard
+                   << " lost its etcd lease; removing it from the chain";
+      Swap(group, chain, *next, "member_lost");
+      return;  // one change per pass: the next pass re-reads
+    }
+    if (table_->CatchingUp(group)) CatchUp(group, *config);
+    return;
+  }
+  if (drained) return;
+  // A dead incarnation of this shard still listed: drop it first.
+  if (index) {
+    absl::StatusOr<common::ChainConfig> next =
+        config->Remove(me, config->members[*index].incarnation);
+    if (next.ok()) {
+      Swap(group, chain, *next, "member_lost");
+    } else if (next.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // This shard was the group's last copy: nothing can be caught up from.
+      LOG(ERROR) << "group " << group << " had no live replica left; shard " << me
+                 << " takes it over with the parameters it holds now (updates since "
+                 << "its last checkpoint are lost)";
+      common::ChainConfig next_config = *config;
+      next_config.members = {self};
+      ++next_config.epoch;
+      Swap(group, chain, next_config, "member_joined");
+    }
+    return;
+  }
+  if (static_cast<int>(config->members.size()) >= config->replicas) return;
+  absl::StatusOr<common::ChainConfig> next = config->AppendTail(self);
+  if (!next.ok()) return;
+  table_->SetCatchingUp(group, true);
+  metrics_->catchup_in_progress().Set(1);
+  if (Swap(group, chain, *next, "member_joined")) {
+    CatchUp(group, *next);
+  } else {
+    table_->SetCatchingUp(group, false);
+    metrics_->catchup_in_progress().Set(0);
+  }
+}
+
+bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
+                       const common::ChainConfig& next, const char* reason) {
+  absl::StatusOr<etcd::CasResult> cas =
+      etcd_->CompareAndSwap(common::ChainKey(options_.job, group),
+                            kv ? kv->mod_revision : 0, common::EncodeChainConfig(next));
+  if (!cas.ok()) {
+    LOG(WARNING) << "group " << group << ": chain change (" << reason
+                 << ") not made: " << cas.status();
+    return false;
+  }
+  if (!cas->succeeded) return false;  // another member changed it first
+  LOG(INFO) << "group " << group << ": chain " << reason << " -> epoch " << next.epoch;
+  if (std::string(reason) != "formed") metrics_->reconfigurations(reason).Increment();
+  table_->Update(next);
+  return true;
+}
+
+void Coordinator::CatchUp(int group, const common::ChainConfig& config) {
+  const std::optional<common::ChainConfig::Member> from = config.Predecessor(table_->shard());
+  if (!from) {  // the only member: nothing to copy
+    table_->SetCatchingUp(group, false);
+    metrics_->catchup_in_progress().Set(0);
+    return;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<GroupStateResponse> state = forwarder_->FetchGroupState(
+      from->address, group, config.epoch, std::max(absl::Seconds(10), options_.lease_ttl * 4));
+  if (!state.ok()) {
+    LOG_EVERY_N(WARNING, 10) << "group " << group << ": catching up: " << state.status();
+    Wake();  // retried on the next pass while still a member
+    return;
+  }
+  metrics_->catchup_bytes().Increment(static_cast<double>(state->ByteSizeLong()));
+  const absl::Status imported = shard_->ImportGroup(group, *state);
+  if (!imported.ok()) {
+    LOG(ERROR) << "group " << group << ": installing the state from shard " << from->shard
+               << ": " << imported;
+    return;
+  }
+  table_->SetCatchingUp(group, false);
+  metrics_->catchup_in_progress().Set(0);
+  metrics_->catchup_last_seconds().Set(absl::ToDoubleSeconds(absl::Now() - start));
+  LOG(INFO) << "group " << group << ": caught up from shard " << from->shard << " ("
+            << state->records_size() << " partitions, " << state->ByteSizeLong()
+            << " bytes) in " << absl::Now() - start;
+}
+
+}  // namespace shardtrain::server

@@ -1,0 +1,119 @@
+// Coordinator: a replicated shard's side of etcd (--replicas > 1).
+//
+// At start the shard takes a lease (ttl --lease_ttl_s) and puts its
+// liveness key (common/replication_keys.h) under it, then joins the chains
+// of the groups it serves (common::InitialGroupsOf):
+//  - a group with no chain yet is formed by its initial head with the
+//    initial members that are alive (it waits up to form_timeout for all),
+//    at epoch 1: they all start from the same fresh state;
+//  - a group whose chain lacks this shard (it restarted, or was drained and
+//    undrained) and has fewer than R members is joined as the new tail by
+//    compare-and-swap; the shard then copies the group's state from its
+//    predecessor (Forwarder::FetchGroupState) before serving it.
+// While running it watches the chains (feeding the ChainTable) and the
+// liveness keys: when a member's key vanishes (its lease expired: the
+// process died or hung) any live member removes it from every chain by
+// compare-and-swap, one epoch later; the CAS makes exactly one of them
+// succeed. A chain's last member is never removed: the group would have
+// no copy left. A drained shard (/drained/<shard>, `psctl drain`) does not
+// rejoin until the key is deleted.
+//
+// While etcd is unreachable nothing changes: the shard keeps serving its
+// current chains (no member can change them) and catches up on events once
+// etcd is back. A shard whose lease expired (it was paused or cut off)
+// stops serving (ChainTable fencing), takes a new lease and rejoins as a
+// tail.
+//
+//   ASSIGN_OR_RETURN(auto coordinator,
+//                    Coordinator::Start(options, shard, &table, &forwarder, &metrics));
+//
+// Thread-safe; the destructor revokes the lease, so the other members
+// reconfigure at once after a clean shutdown.
+#ifndef SHARDTRAIN_SERVER_REPLICATION_COORDINATOR_H_
+#define SHARDTRAIN_SERVER_REPLICATION_COORDINATOR_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "common/chain_config.h"
+#include "common/etcd/etcd_client.h"
+#include "server/replication/chain_table.h"
+#include "server/replication/forwarder.h"
+#include "server/replication/replication_metrics.h"
+#include "server/shard.h"
+
+namespace shardtrain::server {
+
+struct CoordinatorOptions {
+  std::string etcd_endpoints;
+  std::string job = "shardtrain";
+  absl::Duration lease_ttl = absl::Seconds(2);
+  // Where the other shards reach this one.
+  std::string advertise_address;
+  int num_shards = 1;
+  int replicas = 2;
+  // A new group's head waits this long for every initial member to be up.
+  absl::Duration form_timeout = absl::Seconds(30);
+};
+
+class Coordinator {
+ public:
+  // Connects to etcd, takes the lease and starts the threads; the chains
+  // are joined in the background (the shard refuses their requests until
+  // then). UNAVAILABLE when etcd cannot be reached.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Start(
+      const CoordinatorOptions& options, Shard* shard, ChainTable* table,
+      Forwarder* forwarder, ReplicationMetrics* metrics);
+  ~Coordinator();
+
+ private:
+  Coordinator(const CoordinatorOptions& options, Shard* shard, ChainTable* table,
+              Forwarder* forwarder, ReplicationMetrics* metrics);
+  absl::Status TakeLease();
+  void OnLeaseLost(absl::Status why);
+  void Ticker();
+  void Loop();
+  // One pass over every served group; errors (etcd down) are logged.
+  void Reconcile();
+  void ReconcileGroup(int group, const std::map<int, uint64_t>& live, bool drained,
+                      std::optional<etcd::KeyValue> chain);
+  // Compare-and-swap of `group`'s chain from `kv` (nullopt: absent) to
+  // `next`; adopts it on success.
+  bool Swap(int group, const std::optional<etcd::KeyValue>& kv,
+            const common::ChainConfig& next, const char* reason);
+  void CatchUp(int group, const common::ChainConfig& config);
+  void Wake();
+
+  const CoordinatorOptions options_;
+  Shard* const shard_;
+  ChainTable* const table_;
+  Forwarder* const forwarder_;
+  ReplicationMetrics* const metrics_;
+  const absl::Time start_;
+  std::unique_ptr<etcd::EtcdClient> etcd_;
+
+  absl::Mutex mu_;
+  etcd::Lease lease_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<etcd::LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
+  // The keeper reported a loss: "expired" (rejoin) or "unreachable".
+  std::string lease_problem_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Fenced after a pause at this many lease refreshes.
+  int64_t fenced_at_refreshes_ ABSL_GUARDED_BY(mu_) = -1;
+
+  std::unique_ptr<etcd::Watcher> chain_watch_;
+  std::unique_ptr<etcd::Watcher> member_watch_;
+  std::thread ticker_;
+  std::thread loop_;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_REPLICATION_COORDINATOR_H_

@@ -1,0 +1,201 @@
+#include "server/replication/forwarder.h"
+
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+#include <grpcpp/alarm.h>
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+
+#include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
+
+namespace shardtrain::server {
+namespace {
+
+constexpr char kReplicateMethod[] = "/shardtrain.ParameterServer/Replicate";
+constexpr absl::Duration kAttemptTimeout = absl::Seconds(10);
+constexpr absl::Duration kMaxBackoff = absl::Milliseconds(200);
+
+// `request` followed by a chain_epoch field: protobuf keeps the last value
+// of a repeated scalar, so this re-stamps the push without copying it.
+grpc::ByteBuffer Stamped(const grpc::ByteBuffer& request, int64_t epoch) {
+  std::vector<grpc::Slice> slices;
+  if (request.Valid()) {
+    grpc::ByteBuffer copy(request);
+    (void)copy.Dump(&slices);
+  }
+  PushRequest trailer;
+  trailer.set_chain_epoch(static_cast<uint64_t>(epoch));
+  slices.emplace_back(trailer.SerializeAsString());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+bool Retryable(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+struct Forwarder::Call {
+  int group = 0;
+  grpc::ByteBuffer request;
+  absl::Time deadline;
+  std::function<void(absl::Status)> done;
+  std::unique_ptr<grpc::ClientContext> context;
+  grpc::ByteBuffer sent;
+  grpc::ByteBuffer response;
+  std::unique_ptr<grpc::Alarm> alarm;
+  int attempts = 0;
+  std::string target;
+};
+
+Forwarder::Forwarder(const ChainTable* table,
+                     std::shared_ptr<grpc::ChannelCredentials> credentials,
+                     grpc::ChannelArguments args, ReplicationMetrics* metrics)
+    : table_(table),
+      credentials_(std::move(credentials)),
+      args_(std::move(args)),
+      metrics_(metrics) {}
+
+Forwarder::~Forwarder() {
+  Stop();
+  absl::MutexLock lock(&mu_);
+  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(5))) {
+    LOG(ERROR) << in_flight_ << " forwards still in flight at shutdown";
+  }
+}
+
+void Forwarder::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
+}
+
+std::shared_ptr<grpc::Channel> Forwarder::ChannelTo(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<grpc::Channel>& channel = channels_[address];
+  if (channel == nullptr) {
+    channel = grpc::CreateCustomChannel(address, credentials_, args_);
+  }
+  return channel;
+}
+
+void Forwarder::Forward(int group, grpc::ByteBuffer request, absl::Duration timeout,
+                        std::function<void(absl::Status)> done) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+  }
+  auto* call = new Call;
+  call->group = group;
+  call->request = std::move(request);
+  call->deadline = absl::Now() + timeout;
+  call->done = std::move(done);
+  Attempt(call);
+}
+
+void Forwarder::End(Call* call, absl::Status status) {
+  std::function<void(absl::Status)> done = std::move(call->done);
+  delete call;
+  done(std::move(status));
+  absl::MutexLock lock(&mu_);
+  --in_flight_;
+}
+
+void Forwarder::Attempt(Call* call) {
+  int64_t epoch = 0;
+  bool member = false;
+  const std::optional<common::ChainConfig::Member> next =
+      table_->Successor(call->group, &epoch, &member);
+  if (!member) {
+    End(call, absl::UnavailableError(absl::StrFormat(
+                  "this shard left group %d's chain before the push reached its tail",
+                  call->group)));
+    return;
+  }
+  if (!next) {  // this shard is the tail now
+    End(call, absl::OkStatus());
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) {
+      End(call, absl::UnavailableError("shard is shutting down"));
+      return;
+    }
+  }
+  ++call->attempts;
+  call->target = next->address;
+  call->context = std::make_unique<grpc::ClientContext>();
+  call->context->set_deadline(
+      absl::ToChronoTime(std::min(call->deadline, absl::Now() + kAttemptTimeout)));
+  call->sent = Stamped(call->request, epoch);
+  call->response.Clear();
+  if (metrics_ != nullptr) {
+    metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
+  }
+  grpc::GenericStub stub(ChannelTo(next->address));
+  stub.UnaryCall(call->context.get(), kReplicateMethod, grpc::StubOptions(), &call->sent,
+                 &call->response, [this, call](grpc::Status status) {
+                   if (status.ok()) {
+                     End(call, absl::OkStatus());
+                   } else if (Retryable(status)) {
+                     Retry(call, common::FromGrpcStatus(status));
+                   } else {
+                     const absl::Status error = common::FromGrpcStatus(status);
+                     End(call, absl::Status(error.code(),
+                                            absl::StrFormat("forward to %s: %s", call->target,
+                                                            error.message())));
+                   }
+                 });
+}
+
+void Forwarder::Retry(Call* call, absl::Status why) {
+  const absl::Time now = absl::Now();
+  if (now >= call->deadline) {
+    End(call, absl::UnavailableError(absl::StrFormat(
+                  "group %d: the push did not reach the tail in time (%d attempts, last "
+                  "to %s: %s)",
+                  call->group, call->attempts, call->target, why.message())));
+    return;
+  }
+  const absl::Duration backoff =
+      std::min(kMaxBackoff, absl::Milliseconds(5) * (1 << std::min(call->attempts, 6)));
+  VLOG(1) << "forward of group " << call->group << " to " << call->target
+          << " failed (" << why << "); again in " << backoff;
+  call->alarm = std::make_unique<grpc::Alarm>();
+  call->alarm->Set(absl::ToChronoTime(std::min(call->deadline, now + backoff)),
+                   [this, call](bool) { Attempt(call); });
+}
+
+absl::StatusOr<GroupStateResponse> Forwarder::FetchGroupState(const std::string& address,
+                                                              int group, int64_t epoch,
+                                                              absl::Duration timeout) {
+  std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(ChannelTo(address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context.set_wait_for_ready(true);
+  GroupStateRequest request;
+  request.set_group(group);
+  request.set_chain_epoch(static_cast<uint64_t>(epoch));
+  GroupStateResponse response;
+  const grpc::Status status = stub->FetchGroupState(&context, request, &response);
+  if (!status.ok()) {
+    const absl::Status error = common::FromGrpcStatus(status);
+    return absl::Status(error.code(), absl::StrFormat("state of group %d from %s: %s",
+                                                      group, address, error.message()));
+  }
+  return response;
+}
+
+}  // namespace shardtrain::server

@@ -1,0 +1,83 @@
+// Forwarder: sends pushes down a replica chain and fetches a group's state,
+// shard to shard.
+//
+// Forward sends a push (the worker's request bytes as received plus the
+// replicated ops the head appended; no copy of the tensors) to this shard's
+// successor in the group's newest chain as a Replicate RPC, and calls `done`
+// once the successor answered OK, which it does only after the tail has
+// applied it. When the chain changes under a forward (the successor died,
+// a new tail joined) the forward is sent again to whoever is the successor
+// now; a member that already applied it skips it (per-partition operation
+// counts), so nothing is applied twice. A shard that became the tail
+// completes its forwards at once; one that left the chain fails them.
+// Forwards are pipelined: any number may be in flight.
+//
+//   forwarder.Forward(group, std::move(request), absl::Seconds(30),
+//                     [reactor](absl::Status status) { ... });
+//
+// Thread-safe.
+#ifndef SHARDTRAIN_SERVER_REPLICATION_FORWARDER_H_
+#define SHARDTRAIN_SERVER_REPLICATION_FORWARDER_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <grpcpp/channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "server/replication/chain_table.h"
+#include "server/replication/replication_metrics.h"
+
+namespace shardtrain::server {
+
+class Forwarder {
+ public:
+  // `table` and `metrics` must outlive the forwarder.
+  Forwarder(const ChainTable* table, std::shared_ptr<grpc::ChannelCredentials> credentials,
+            grpc::ChannelArguments args, ReplicationMetrics* metrics);
+  // Waits (up to 5 s) for the forwards in flight to end.
+  ~Forwarder();
+
+  // See the file comment. `request` is a PushRequest with its replicated
+  // ops; each attempt appends the chain epoch it is sent under.
+  void Forward(int group, grpc::ByteBuffer request, absl::Duration timeout,
+               std::function<void(absl::Status)> done);
+
+  // Asks `address` (this shard's predecessor in `group`'s chain at `epoch`)
+  // for the group's state.
+  absl::StatusOr<GroupStateResponse> FetchGroupState(const std::string& address, int group,
+                                                     int64_t epoch, absl::Duration timeout);
+
+  // Ends retries: forwards still waiting fail with UNAVAILABLE.
+  void Stop();
+
+ private:
+  struct Call;
+  void Attempt(Call* call);
+  void Retry(Call* call, absl::Status why);
+  void End(Call* call, absl::Status status);
+  std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
+
+  const ChainTable* const table_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const grpc::ChannelArguments args_;
+  ReplicationMetrics* const metrics_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_REPLICATION_FORWARDER_H_

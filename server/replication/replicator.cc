@@ -1,0 +1,194 @@
+#include "server/replication/replicator.h"
+
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace shardtrain::server {
+namespace {
+
+// `request` followed by the replicated ops of its parts (no copy of it).
+grpc::ByteBuffer WithOps(const grpc::ByteBuffer& request,
+                         const std::vector<ReplicatedOp>& ops) {
+  std::vector<grpc::Slice> slices;
+  if (request.Valid()) {
+    grpc::ByteBuffer copy(request);
+    (void)copy.Dump(&slices);
+  }
+  PushRequest trailer;
+  for (const ReplicatedOp& op : ops) *trailer.add_replicated() = op;
+  slices.emplace_back(trailer.SerializeAsString());
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace
+
+Replicator::Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
+                       ReplicationMetrics* metrics, absl::Duration forward_timeout)
+    : shard_(shard),
+      table_(table),
+      forwarder_(forwarder),
+      metrics_(metrics),
+      forward_timeout_(forward_timeout) {
+  Shard::ReplicationHooks hooks;
+  hooks.leads = [table](int group) { return table->IsHead(group); };
+  hooks.on_closed = [this](int group, std::vector<ReplicatedOp> closes) {
+    ForwardCloses(group, std::move(closes));
+  };
+  shard_->SetReplicationHooks(std::move(hooks));
+}
+
+void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& view,
+                      Done done) {
+  PushResponse response;
+  absl::StatusOr<int> group = shard_->GroupOf(view);
+  absl::Status status = group.status();
+  if (status.ok()) {
+    status = table_->Check(*group, view.chain_epoch, ChainTable::Role::kHead);
+  }
+  Shard::Applied applied;
+  if (status.ok()) status = shard_->Push(view, &response, &applied);
+  if (!status.ok()) {
+    done(status, response);
+    return;
+  }
+  const PushKey key{*group, view.worker, view.worker_incarnation, view.sequence};
+  if (response.duplicate()) {
+    bool in_flight;
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight = in_flight_.count(key) > 0;
+    }
+    if (in_flight) {
+      status = absl::UnavailableError(absl::StrFormat(
+          "push %d of worker %d is still being replicated; retry", view.sequence,
+          view.worker));
+    }
+    done(status, response);
+    return;
+  }
+  std::optional<PushKey> tracked;
+  if (view.sequence != 0) tracked = key;
+  ForwardAndAnswer(*group, WithOps(request, applied.ops),
+                   static_cast<int64_t>(applied.ops.size()), tracked, absl::Now(),
+                   std::move(response), std::move(done));
+}
+
+void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView& view,
+                           Done done) {
+  PushResponse response;
+  int group = -1;
+  absl::Status status;
+  if (!view.parts.empty()) {
+    absl::StatusOr<int> found = shard_->GroupOf(view);
+    status = found.status();
+    if (found.ok()) group = *found;
+  } else if (!view.replicated.empty() && view.replicated.front().has_close()) {
+    absl::StatusOr<int> found = shard_->GroupOf([&] {
+      PullRequest keys;
+      *keys.add_parts() = view.replicated.front().close();
+      return keys;
+    }());
+    status = found.status();
+    if (found.ok()) group = *found;
+  } else {
+    status = absl::InvalidArgumentError("a forwarded push names no partition");
+  }
+  const uint64_t epoch = view.chain_epoch;
+  if (status.ok()) status = table_->Check(group, epoch, ChainTable::Role::kMember);
+  if (status.ok()) {
+    status = shard_->ApplyReplicated(
+        view, forward_timeout_ / 2,
+        [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response);
+  }
+  if (!status.ok()) {
+    done(status, response);
+    return;
+  }
+  // Sent on as received: the ops are the same at every member.
+  ForwardAndAnswer(group, request, 0, std::nullopt, absl::Now(), std::move(response),
+                   std::move(done));
+}
+
+void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
+                                  std::optional<PushKey> key, absl::Time applied,
+                                  PushResponse response, Done done) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (key) in_flight_.insert(*key);
+    pending_ops_[group] += ops;
+    metrics_->inflight().Set(static_cast<double>(in_flight_.size()));
+  }
+  forwarder_->Forward(
+      group, std::move(request), forward_timeout_,
+      [this, group, ops, key, applied, response = std::move(response),
+       done = std::move(done)](absl::Status status) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (key) in_flight_.erase(*key);
+          pending_ops_[group] -= ops;
+          metrics_->inflight().Set(static_cast<double>(in_flight_.size()));
+        }
+        if (status.ok() && ops > 0) {
+          metrics_->lag().Observe(absl::ToDoubleSeconds(absl::Now() - applied));
+        }
+        if (!status.ok()) {
+          LOG_EVERY_N(WARNING, 100) << "group " << group << ": " << status;
+        }
+        done(status, response);
+      });
+}
+
+void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
+  PushRequest request;
+  for (ReplicatedOp& op : closes) *request.add_replicated() = std::move(op);
+  const std::string bytes = request.SerializeAsString();
+  grpc::Slice slice(bytes);
+  ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), request.replicated_size(),
+                   std::nullopt, absl::Now(), PushResponse(),
+                   [group](absl::Status status, const PushResponse&) {
+                     if (!status.ok()) {
+                       LOG(WARNING) << "group " << group
+                                    << ": forwarding closed sync steps: " << status;
+                     }
+                   });
+}
+
+absl::Status Replicator::CheckPull(const PullRequest& pull) const {
+  ASSIGN_OR_RETURN(int group, shard_->GroupOf(pull));
+  return table_->Check(group, pull.chain_epoch(), ChainTable::Role::kTail);
+}
+
+absl::StatusOr<GroupStateResponse> Replicator::GroupState(
+    const GroupStateRequest& request) const {
+  if (!table_->Serves(request.group())) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("this shard does not serve group %d", request.group()));
+  }
+  // The caller joined at request.chain_epoch; answering from an older
+  // configuration could miss updates this shard acknowledged as the tail.
+  const std::optional<common::ChainConfig> config = table_->Get(request.group());
+  if (!config || config->epoch < static_cast<int64_t>(request.chain_epoch())) {
+    return absl::UnavailableError(absl::StrFormat(
+        "group %d: this shard has not seen epoch %d yet", request.group(),
+        request.chain_epoch()));
+  }
+  RETURN_IF_ERROR(table_->Check(request.group(), config->epoch, ChainTable::Role::kMember));
+  return shard_->ExportGroup(request.group());
+}
+
+int64_t Replicator::Acked(int group) const {
+  int64_t pending = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_ops_.find(group);
+    if (it != pending_ops_.end()) pending = it->second;
+  }
+  return shard_->GroupOps(group) - pending;
+}
+
+}  // namespace shardtrain::server

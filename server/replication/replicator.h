@@ -1,0 +1,91 @@
+// Replicator: the chain-replication steps of a replicated shard's RPCs
+// (--replicas > 1), between the gRPC service (server/service.h) and the
+// Shard.
+//
+//  - A worker's push: refused unless this shard heads the group's chain at
+//    the request's epoch; applied (Shard::Push, which says where each part
+//    went); forwarded with those ops to the successor (Forwarder); answered
+//    once the tail has applied it. A retry of a push whose forward is still
+//    under way is refused with UNAVAILABLE (it is answered as a duplicate
+//    once that forward ends), so no worker hears OK before the tail has it.
+//  - A forwarded push (Replicate): refused unless this shard is a member at
+//    the request's epoch and has its state; applied at the head's
+//    operations (Shard::ApplyReplicated); forwarded on; answered as above.
+//  - A pull: refused unless this shard is the group's tail at the epoch.
+//    The tail holds exactly the updates every member has applied, so a pull
+//    never sees one that a failover could lose, and a worker's own
+//    acknowledged pushes are always in it (acknowledged = at the tail).
+//  - Sync steps the head closes outside a push (a worker departed) are
+//    forwarded as close ops (Shard::ReplicationHooks).
+//
+// Thread-safe.
+#ifndef SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_
+#define SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <grpcpp/support/byte_buffer.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/wire/message_views.h"
+#include "proto/shardtrain.pb.h"
+#include "server/replication/chain_table.h"
+#include "server/replication/forwarder.h"
+#include "server/replication/replication_metrics.h"
+#include "server/shard.h"
+
+namespace shardtrain::server {
+
+class Replicator {
+ public:
+  using Done = std::function<void(absl::Status, const PushResponse&)>;
+
+  // Not owned; all must outlive the replicator. Installs the shard's
+  // replication hooks.
+  Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
+             ReplicationMetrics* metrics, absl::Duration forward_timeout);
+
+  // A worker's push (`view` parsed from `request`); `done` may run before
+  // this returns. `view` is only read during the call.
+  void Push(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
+  // A push forwarded by this shard's predecessor.
+  void Replicate(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
+  // OK when this shard may answer `pull` (the group's tail at its epoch).
+  absl::Status CheckPull(const PullRequest& pull) const;
+  // For a joining successor: this group's state, once this shard knows the
+  // configuration (request.chain_epoch) in which it has that successor.
+  absl::StatusOr<GroupStateResponse> GroupState(const GroupStateRequest& request) const;
+  // Operations of `group` the tail has acknowledged (for Status).
+  int64_t Acked(int group) const;
+
+  ChainTable& table() { return *table_; }
+
+ private:
+  using PushKey = std::tuple<int, uint32_t, uint64_t, uint64_t>;
+  // Forwards `request` plus `ops` (if any) and calls `done` with `response`.
+  void ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
+                        std::optional<PushKey> key, absl::Time applied,
+                        PushResponse response, Done done);
+  void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
+
+  Shard* const shard_;
+  ChainTable* const table_;
+  Forwarder* const forwarder_;
+  ReplicationMetrics* const metrics_;
+  const absl::Duration forward_timeout_;
+
+  mutable absl::Mutex mu_;
+  // Pushes applied here and forwarded, not yet acknowledged by the tail.
+  std::set<PushKey> in_flight_ ABSL_GUARDED_BY(mu_);
+  // By group: operations forwarded and not yet acknowledged.
+  std::map<int, int64_t> pending_ops_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_

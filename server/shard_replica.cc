@@ -1,0 +1,277 @@
+// Shard's replica side (server/shard.h): applying pushes forwarded down a
+// chain, and the state transfer to a joining tail.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_format.h"
+#include "common/float_env.h"
+#include "common/payload.h"
+#include "common/status_macros.h"
+#include "server/shard.h"
+
+namespace shardtrain::server {
+namespace {
+
+struct OpWait {
+  const Partition* partition;
+  int64_t op;
+};
+
+// Read under the partition's mutex by absl::Condition.
+bool ReachedOp(OpWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  return wait->partition->ops >= wait->op;
+}
+
+}  // namespace
+
+bool Shard::LockAtOp(Partition& p, int64_t op, absl::Duration wait,
+                     const std::function<bool()>& still_valid) {
+  const absl::Time deadline = absl::Now() + wait;
+  OpWait condition{&p, op};
+  p.mu.Lock();
+  while (!p.mu.AwaitWithTimeout(absl::Condition(&ReachedOp, &condition),
+                                absl::Milliseconds(20))) {
+    if (absl::Now() >= deadline || !still_valid()) {
+      p.mu.Unlock();
+      return false;
+    }
+  }
+  return true;
+}
+
+absl::Status Shard::ApplyForwardedPart(Partition& p, const DecodedPart& part,
+                                       const ReplicatedOp& op, uint32_t worker,
+                                       int64_t* staleness) {
+  const int64_t version = p.version.load(std::memory_order_relaxed);
+  if (options_.mode == ConsistencyMode::kSync) {
+    if (part.version != version || p.contributed[worker]) {
+      return absl::InternalError(absl::StrFormat(
+          "%s/%d: replica diverged: forwarded gradient of worker %d for step %d, "
+          "but this replica is at step %d%s",
+          p.tensor, p.index, worker, part.version, version,
+          p.contributed[worker] ? " with its gradient already in" : ""));
+    }
+    AddSyncGradient(p, part, worker, &op);
+  } else {
+    *staleness = ApplyAsyncGradient(p, part);
+  }
+  ++p.ops;
+  const int64_t now = p.version.load(std::memory_order_relaxed);
+  if (now != op.version_after()) {
+    return absl::InternalError(absl::StrFormat(
+        "%s/%d: replica diverged: at version %d after operation %d, the head "
+        "was at %d",
+        p.tensor, p.index, now, op.op(), op.version_after()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duration wait,
+                                    const std::function<bool()>& still_valid,
+                                    PushResponse* response) {
+  common::EnableFlushToZero();
+  response->set_incarnation(incarnation_);
+  response->set_duplicate(false);
+  RETURN_IF_ERROR(CheckWorker(request.worker));
+  if (request.clock < 0 || request.clock > kMaxClock) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "clock %d is not in [0, %d]", request.clock, kMaxClock));
+  }
+  const size_t num_parts = request.parts.size();
+  if (request.replicated.size() < num_parts ||
+      (num_parts == 0 && request.replicated.empty())) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a forwarded push needs one replicated op per part: %d parts, %d ops",
+        num_parts, request.replicated.size()));
+  }
+  std::vector<DecodedPart> parts;
+  if (num_parts > 0) {
+    ASSIGN_OR_RETURN(parts, DecodePush(request));
+  }
+  const auto timed_out = [&](const Partition& p, int64_t op) {
+    return absl::UnavailableError(absl::StrFormat(
+        "%s/%d: operation %d is not next here (the chain changed, or an "
+        "earlier forward is missing); retry",
+        p.tensor, p.index, op));
+  };
+  int64_t max_staleness = 0;
+  bool progressed = false;
+  for (const DecodedPart& part : parts) {
+    const ReplicatedOp& op = request.replicated[part.request_index];
+    Partition& p = *part.partition;
+    if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
+    if (p.ops > op.op()) {  // applied by an earlier copy of this forward
+      p.mu.Unlock();
+      continue;
+    }
+    int64_t staleness = 0;
+    const absl::Status applied = ApplyForwardedPart(p, part, op, request.worker, &staleness);
+    p.mu.Unlock();
+    if (!applied.ok()) {
+      LOG(ERROR) << applied;
+      return applied;
+    }
+    max_staleness = std::max(max_staleness, staleness);
+    progressed = true;
+  }
+  for (size_t i = num_parts; i < request.replicated.size(); ++i) {
+    const ReplicatedOp& op = request.replicated[i];
+    if (!op.has_close()) {
+      return absl::InvalidArgumentError("a replicated op beyond the parts must close a step");
+    }
+    ASSIGN_OR_RETURN(Partition * found, store_.Find(op.close()));
+    Partition& p = *found;
+    if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
+    if (p.ops == op.op()) {
+      MaybeFinishStep(p, /*close=*/true);
+      ++p.ops;
+      progressed = true;
+    }
+    p.mu.Unlock();
+  }
+  response->set_max_staleness(max_staleness);
+  if (num_parts > 0) {
+    // The replica's push log and membership follow the head's.
+    if (request.sequence != 0) {
+      PushLog& log = LogOf(parts.front().partition->group, request.worker);
+      absl::MutexLock lock(&log.mu);
+      RecordSequence(log, request.worker_incarnation, request.sequence, max_staleness);
+    }
+    metrics_->gradients_received().Increment(static_cast<double>(num_parts));
+    const Membership::UpdateResult update =
+        membership_.Update(static_cast<int>(request.worker), request.worker_incarnation,
+                           request.clock, false, absl::Now(), RejoinStep());
+    CountJoin(update.join);
+    UpdateMembershipMetrics();
+  }
+  if (progressed) NotifyProgress();
+  return absl::OkStatus();
+}
+
+GroupStateResponse Shard::ExportGroup(int group) const {
+  GroupStateResponse state;
+  for (const Partition* part : store_.All()) {
+    if (part->group != group) continue;
+    CheckpointRecord& record = *state.add_records();
+    *record.mutable_spec() = *part->spec;
+    record.set_partition(static_cast<uint32_t>(part->index));
+    absl::ReaderMutexLock lock(&part->mu);
+    record.set_version(part->version.load());
+    common::EncodeDense(part->params, DTYPE_F32, record.mutable_params());
+    for (const std::vector<float>& slot : part->slots) {
+      common::EncodeDense(slot, DTYPE_F32, record.add_slots());
+    }
+    record.set_ops(part->ops);
+    if (part->contributions > 0) {
+      common::EncodeDense(part->accum, DTYPE_F32, record.mutable_accum());
+      for (size_t w = 0; w < part->contributed.size(); ++w) {
+        if (part->contributed[w]) record.add_contributors(static_cast<uint32_t>(w));
+      }
+    }
+  }
+  if (group < 0 || group >= static_cast<int>(group_slot_.size()) ||
+      group_slot_[group] < 0) {
+    return state;
+  }
+  for (int w = 0; w < options_.num_workers; ++w) {
+    PushLog& log = LogOf(group, static_cast<uint32_t>(w));
+    absl::MutexLock lock(&log.mu);
+    if (log.applied.empty()) continue;
+    PushLogState& out = *state.add_push_logs();
+    out.set_worker(static_cast<uint32_t>(w));
+    out.set_incarnation(log.incarnation);
+    out.set_highest(log.highest);
+    const uint64_t window = static_cast<uint64_t>(kPushWindow);
+    const uint64_t lowest = log.highest >= window ? log.highest - window + 1 : 1;
+    for (uint64_t s = lowest; s <= log.highest; ++s) {
+      const int64_t staleness = log.applied[s % window];
+      if (staleness < 0) continue;
+      out.add_sequences(s);
+      out.add_staleness(staleness);
+    }
+  }
+  return state;
+}
+
+absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
+  if (group < 0 || group >= static_cast<int>(group_slot_.size()) ||
+      group_slot_[group] < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shard %d does not hold group %d", options_.shard_index, group));
+  }
+  for (const CheckpointRecord& record : state.records()) {
+    RETURN_IF_ERROR(store_.Register(record.spec()).status());
+    ASSIGN_OR_RETURN(Partition * found,
+                     store_.Find(record.spec().name(), record.partition()));
+    Partition& part = *found;
+    if (part.group != group) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s/%d is in group %d, not %d", part.tensor, part.index, part.group, group));
+    }
+    absl::MutexLock lock(&part.mu);
+    if (record.slots_size() != static_cast<int>(part.slots.size())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "state of %s/%d has %d optimizer slots; optimizer %s needs %d", part.tensor,
+          part.index, record.slots_size(), optimizer_->options().name, part.slots.size()));
+    }
+    RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.params(),
+                                        absl::MakeSpan(part.params)));
+    for (int s = 0; s < record.slots_size(); ++s) {
+      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.slots(s),
+                                          absl::MakeSpan(part.slots[s])));
+    }
+    std::fill(part.contributed.begin(), part.contributed.end(), false);
+    part.contributions = 0;
+    part.accum.clear();
+    if (!record.accum().empty()) {
+      part.accum.assign(part.params.size(), 0.0f);
+      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.accum(),
+                                          absl::MakeSpan(part.accum)));
+      for (uint32_t w : record.contributors()) {
+        if (w >= part.contributed.size()) {
+          return absl::InvalidArgumentError(absl::StrFormat("contributor %d out of range", w));
+        }
+        if (!part.contributed[w]) ++part.contributions;
+        part.contributed[w] = true;
+      }
+    }
+    part.ops = record.ops();
+    part.resuming = false;
+    part.version.store(record.version(), std::memory_order_release);
+    NoteVersion(record.version());
+    if (part.version_gauge != nullptr) {
+      part.version_gauge->Set(static_cast<double>(record.version()));
+    }
+  }
+  for (const PushLogState& in : state.push_logs()) {
+    if (in.worker() >= static_cast<uint32_t>(options_.num_workers) ||
+        in.sequences_size() != in.staleness_size()) {
+      return absl::InvalidArgumentError("malformed push log in group state");
+    }
+    PushLog& log = LogOf(group, in.worker());
+    absl::MutexLock lock(&log.mu);
+    log.incarnation = in.incarnation();
+    log.highest = in.highest();
+    log.applied.assign(kPushWindow, -1);
+    for (int i = 0; i < in.sequences_size(); ++i) {
+      log.applied[in.sequences(i) % kPushWindow] = in.staleness(i);
+    }
+  }
+  NotifyProgress();
+  return absl::OkStatus();
+}
+
+int64_t Shard::GroupOps(int group) const {
+  int64_t ops = 0;
+  for (const Partition* part : store_.All()) {
+    if (part->group != group) continue;
+    absl::ReaderMutexLock lock(&part->mu);
+    ops += part->ops;
+  }
+  return ops;
+}
+
+}  // namespace shardtrain::server
