@@ -97,6 +97,8 @@ absl::Status EtcdProcess::Spawn() {
       "--listen-peer-urls", Url(peer_port_),
       "--initial-advertise-peer-urls", Url(peer_port_),
       "--initial-cluster", absl::StrCat("t=", Url(peer_port_)),
+      // Fast elections let leases as short as 1 s be granted.
+      "--heartbeat-interval", "25", "--election-timeout", "250",
   };
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
