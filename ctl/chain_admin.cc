@@ -172,7 +172,7 @@ std::string FormatChains(const ChainsView& view) {
   for (const auto& [shard, note] : view.drained) shards.insert(shard);
 
   if (!shards.empty()) {
-    absl::StrAppendFormat(&out, "\n%-5s %-5s %-21s %-11s %-22s %s\n", "SHARD", "LIVE",
+    absl::StrAppendFormat(&out, "\n%-5s %-5s %-21s %-11s %-26s %s\n", "SHARD", "LIVE",
                           "ADDRESS", "INCARNATION", "CHAINS", "DRAINED");
   }
   std::vector<int> live, drained, down;
@@ -195,7 +195,7 @@ std::string FormatChains(const ChainsView& view) {
     (is_live ? live : down).push_back(shard);
     if (drained_it != view.drained.end()) drained.push_back(shard);
     absl::StrAppendFormat(
-        &out, "%-5d %-5s %-21s %-11s %-22s %s\n", shard, is_live ? "live" : "-",
+        &out, "%-5d %-5s %-21s %-11s %-26s %s\n", shard, is_live ? "live" : "-",
         is_live ? live_it->second.address : "-",
         is_live ? absl::StrFormat("%08x", static_cast<uint32_t>(
                                               live_it->second.incarnation >> 32))
