@@ -271,8 +271,11 @@ absl::StatusOr<DrainResult> DrainShard(etcd::EtcdClient& etcd, absl::string_view
     for (const ChainConfig& chain : view.chains) {
       if (!chain.Contains(shard)) continue;
       any = true;
-      ASSIGN_OR_RETURN(etcd::KeyValue kv, etcd.Get(common::ChainKey(job, chain.group)));
-      status = RemoveFromChain(etcd, chain.group, shard, std::move(kv), options, &result);
+      absl::StatusOr<etcd::KeyValue> kv = etcd.Get(common::ChainKey(job, chain.group));
+      if (absl::IsNotFound(kv.status())) continue;  // deleted since: nothing to remove
+      status = kv.ok() ? RemoveFromChain(etcd, chain.group, shard, *std::move(kv), options,
+                                         &result)
+                       : kv.status();
       if (!status.ok()) break;
     }
     if (!any || !status.ok()) break;
