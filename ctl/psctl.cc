@@ -3,6 +3,19 @@
 //   psctl status --servers=host:7000,host:7001     shards, workers, staleness
 //   psctl checkpoint --servers=host:7000,...       checkpoint every shard now
 //   psctl health --server=host:7000                exit 0 iff SERVING
+//
+// A replicated job (shards run with --replicas > 1) keeps its chains in etcd:
+//   psctl chains --etcd_endpoints=host:2379 --job=NAME
+//       every replica group's chain, its shards' liveness and drained marks;
+//       exit 0 iff every chain has all its replicas
+//   psctl drain SHARD --etcd_endpoints=... --job=NAME
+//       take SHARD out of every chain (e.g. before maintenance); it stays out
+//       until undrained. Refused when SHARD holds a group's last copy.
+//   psctl undrain SHARD --etcd_endpoints=... --job=NAME
+//       let SHARD rejoin its groups (as tail, copying their state)
+#include <pwd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
@@ -15,15 +28,20 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/channels.h"
 #include "client/cluster_status.h"
 #include "common/client_security_flags.h"
+#include "common/etcd/etcd_client.h"
 #include "common/flags_usage.h"
 #include "common/metrics.h"
+#include "ctl/chain_admin.h"
 #include "ctl/status_table.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/shardtrain.pb.h"
@@ -36,6 +54,12 @@ ABSL_FLAG(int, max_partitions, 20,
           "status: list at most this many partitions per shard (0: none; the "
           "summary always covers every partition)");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message psctl receives, in MiB");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "chains, drain, undrain: etcd's client endpoints host:port, comma-separated "
+          "(as the shards' --etcd_endpoints)");
+ABSL_FLAG(std::string, job, "shardtrain",
+          "chains, drain, undrain: the job's name (as the shards' --job); its keys "
+          "live under /shardtrain/<job>/ in etcd");
 
 namespace {
 
@@ -148,16 +172,131 @@ int Health() {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
+// The etcd the shards coordinate through; exits with status 2 without
+// --etcd_endpoints and 1 when it cannot be reached.
+std::unique_ptr<etcd::EtcdClient> Etcd(absl::string_view command) {
+  etcd::EtcdClient::Options options;
+  options.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  if (options.endpoints.empty()) {
+    std::cerr << command << " needs --etcd_endpoints (and --job unless it is "
+              << absl::GetFlag(FLAGS_job) << ")\n";
+    std::exit(2);
+  }
+  options.rpc_timeout = Timeout();
+  options.connect_timeout = std::min(Timeout(), absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd = etcd::EtcdClient::Create(options);
+  if (!etcd.ok()) {
+    std::cerr << "etcd at " << options.endpoints << ": " << etcd.status().message() << "\n";
+    std::exit(1);
+  }
+  return *std::move(etcd);
+}
+
+// The SHARD argument of drain and undrain; exits with status 2 without one.
+int ShardArgument(const std::vector<char*>& args) {
+  int shard = -1;
+  if (args.size() != 3 || !absl::SimpleAtoi(args[2], &shard) || shard < 0) {
+    std::cerr << "usage: psctl " << args[1]
+              << " SHARD --etcd_endpoints=host:2379 [--job=NAME] (SHARD: a shard index)\n";
+    std::exit(2);
+  }
+  return shard;
+}
+
+// Who drains, from where and when: the drained key's value.
+std::string DrainNote() {
+  const char* user = std::getenv("USER");
+  if (user == nullptr || *user == '\0') {
+    const struct passwd* entry = getpwuid(getuid());
+    user = entry != nullptr ? entry->pw_name : nullptr;
+  }
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat("drained by ", user != nullptr && *user != '\0' ? user : "?", "@",
+                      *host != '\0' ? host : "?", " at ",
+                      absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone()),
+                      " (psctl drain)");
+}
+
+// Prints the job's chains; 0 when every chain has all its replicas.
+int PrintChains(etcd::EtcdClient& etcd) {
+  const std::string job = absl::GetFlag(FLAGS_job);
+  absl::StatusOr<ctl::ChainsView> view = ctl::ReadChains(etcd, job);
+  if (!view.ok()) {
+    std::cerr << "reading job " << job << " from etcd: " << view.status() << "\n";
+    return 1;
+  }
+  std::cout << ctl::FormatChains(*view);
+  const bool healthy =
+      !view->chains.empty() && view->bad_keys.empty() &&
+      std::none_of(view->chains.begin(), view->chains.end(), ctl::Degraded);
+  return healthy ? 0 : 1;
+}
+
+int Chains() { return PrintChains(*Etcd("chains")); }
+
+int Drain(const std::vector<char*>& args) {
+  const int shard = ShardArgument(args);
+  std::unique_ptr<etcd::EtcdClient> etcd = Etcd("drain");
+  const std::string job = absl::GetFlag(FLAGS_job);
+  ctl::DrainOptions options;
+  options.note = DrainNote();
+  absl::StatusOr<ctl::DrainResult> result = ctl::DrainShard(*etcd, job, shard, options);
+  if (!result.ok()) {
+    std::cerr << "psctl drain " << shard << ": " << result.status() << "\n";
+    return 1;
+  }
+  std::cout << absl::StrFormat("shard %d %s\n", shard,
+                               result->already_drained ? "was already drained"
+                                                       : "is drained");
+  for (const ctl::ChainChange& change : result->changes) {
+    std::vector<std::string> before, after;
+    for (const auto& member : change.before.members) before.push_back(absl::StrCat(member.shard));
+    for (const auto& member : change.after.members) after.push_back(absl::StrCat(member.shard));
+    std::cout << absl::StrFormat("group %d: epoch %d -> %d, chain %s -> %s\n",
+                                 change.after.group, change.before.epoch, change.after.epoch,
+                                 absl::StrJoin(before, ","), absl::StrJoin(after, ","));
+  }
+  if (result->changes.empty()) {
+    std::cout << absl::StrFormat("shard %d was in no chain\n", shard);
+  }
+  std::cout << "\n";
+  PrintChains(*etcd);
+  return 0;
+}
+
+int Undrain(const std::vector<char*>& args) {
+  const int shard = ShardArgument(args);
+  std::unique_ptr<etcd::EtcdClient> etcd = Etcd("undrain");
+  absl::StatusOr<bool> existed = ctl::UndrainShard(*etcd, absl::GetFlag(FLAGS_job), shard);
+  if (!existed.ok()) {
+    std::cerr << "psctl undrain " << shard << ": " << existed.status() << "\n";
+    return 1;
+  }
+  if (*existed) {
+    std::cout << absl::StrFormat(
+        "shard %d is undrained: it rejoins its groups as tail by itself, copying their "
+        "state (watch with psctl chains)\n", shard);
+  } else {
+    std::cout << absl::StrFormat("shard %d was not drained; nothing changed\n", shard);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<char*> args = common::ParseFlags(
       argc, argv,
-      "psctl status|checkpoint --servers=a:7000,b:7000 | psctl health --server=a:7000");
+      "psctl status|checkpoint --servers=a:7000,b:7000 | psctl health --server=a:7000 |\n"
+      "  psctl chains | drain SHARD | undrain SHARD --etcd_endpoints=a:2379 --job=NAME");
   const std::string command = args.size() > 1 ? args[1] : "";
   if (command == "status") return Status();
   if (command == "checkpoint") return Checkpoint();
   if (command == "health") return Health();
+  if (command == "chains") return Chains();
+  if (command == "drain") return Drain(args);
+  if (command == "undrain") return Undrain(args);
   std::cerr << "usage: " << absl::ProgramUsageMessage() << "\n";
   return 2;
 }

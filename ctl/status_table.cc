@@ -117,6 +117,70 @@ std::string FormatAge(double seconds) {
   return absl::StrFormat("%dh%02dm", whole / 3600, whole % 3600 / 60);
 }
 
+std::string FormatChainStates(const std::vector<std::string>& addresses,
+                              const std::vector<StatusResponse>& statuses) {
+  int replicas = 0;
+  for (const StatusResponse& status : statuses) {
+    if (Answered(status)) replicas = std::max(replicas, status.replicas());
+  }
+  if (replicas <= 1) return "";
+  std::string out = absl::StrFormat("\nchains (replicas %d):\n", replicas);
+  absl::StrAppendFormat(&out, "%-5s %-21s %5s %6s %-12s %-8s %9s %7s %s\n", "SHARD",
+                        "ADDRESS", "GROUP", "EPOCH", "MEMBERS", "POSITION", "APPLIED",
+                        "LAG", "CATCHUP");
+  struct GroupView {
+    int64_t epoch = 0;  // the newest any shard reports
+    int members = 0;    // in that epoch
+    std::map<int64_t, std::vector<uint32_t>> shards_by_epoch;
+  };
+  std::map<int32_t, GroupView> groups;
+  for (size_t s = 0; s < statuses.size(); ++s) {
+    const StatusResponse& status = statuses[s];
+    if (!Answered(status)) continue;
+    for (const ChainState& chain : status.chains()) {
+      const int size = chain.members_size();
+      std::string position = "-";  // not a member
+      if (chain.position() >= 0 && chain.position() < size) {
+        position = size == 1                      ? "only"
+                   : chain.position() == 0        ? "head"
+                   : chain.position() == size - 1 ? "tail"
+                                                  : absl::StrCat("#", chain.position());
+      }
+      // The tail's acknowledgements are counted at the head.
+      const std::string lag = chain.position() == 0 && size > 1
+                                  ? Count(chain.applied_ops() - chain.acked_ops())
+                                  : std::string("-");
+      absl::StrAppendFormat(&out, "%-5d %-21s %5d %6d %-12s %-8s %9s %7s %s\n",
+                            status.shard(), addresses[s], chain.group(), chain.epoch(),
+                            absl::StrJoin(chain.members(), ","), position,
+                            Count(chain.applied_ops()), lag,
+                            chain.catching_up() ? "yes" : "-");
+      GroupView& group = groups[chain.group()];
+      group.shards_by_epoch[chain.epoch()].push_back(status.shard());
+      if (chain.epoch() >= group.epoch) {
+        group.epoch = chain.epoch();
+        group.members = size;
+      }
+    }
+  }
+  for (const auto& [index, group] : groups) {
+    if (group.members < replicas) {
+      absl::StrAppendFormat(&out, "group %d DEGRADED: %d of %d replicas at epoch %d\n",
+                            index, group.members, replicas, group.epoch);
+    }
+    if (group.shards_by_epoch.size() > 1) {
+      std::vector<std::string> views;
+      for (const auto& [epoch, shards] : group.shards_by_epoch) {
+        views.push_back(absl::StrCat("epoch ", epoch, " at shard ",
+                                     absl::StrJoin(shards, ",")));
+      }
+      absl::StrAppendFormat(&out, "group %d: shards disagree (%s)\n", index,
+                            absl::StrJoin(views, "; "));
+    }
+  }
+  return out;
+}
+
 std::string FormatClusterStatus(const std::vector<std::string>& addresses,
                                 const std::vector<StatusResponse>& statuses,
                                 int max_partitions_shown) {
@@ -254,6 +318,7 @@ std::string FormatClusterStatus(const std::vector<std::string>& addresses,
                           fastest - slowest);
   }
   out += "\n";
+  out += FormatChainStates(addresses, statuses);
 
   bool any_partition = false;
   for (const StatusResponse& status : statuses) {

@@ -21,10 +21,20 @@ namespace shardtrain::ctl {
 //  - a summary: expected vs live workers, and which workers are missing:
 //    in sync mode for which step (the slowest partition's version) and for
 //    how long; the staleness spread;
+//  - with replicas > 1, the chains each shard serves (FormatChainStates);
 //  - the first `max_partitions_shown` listed partitions of each shard.
 std::string FormatClusterStatus(const std::vector<std::string>& addresses,
                                 const std::vector<StatusResponse>& statuses,
                                 int max_partitions_shown = 0);
+
+// The chains section of psctl status, empty when no answering shard runs
+// with replicas > 1: one line per shard and group it serves (epoch, members
+// head..tail, its position, pushes applied, at the head the lag = applied
+// minus acknowledged by the tail, and whether it is catching up), then a
+// line for each group with fewer members than replicas (DEGRADED) and each
+// group whose shards disagree on the epoch (a change not seen everywhere yet).
+std::string FormatChainStates(const std::vector<std::string>& addresses,
+                              const std::vector<StatusResponse>& statuses);
 
 // "950ms", "12.3s", "4m05s", "2h03m".
 std::string FormatAge(double seconds);

@@ -1,5 +1,9 @@
 #include "ctl/status_table.h"
 
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -7,6 +11,7 @@ namespace shardtrain::ctl {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 StatusResponse Shard(uint32_t index, int64_t version) {
   StatusResponse status;
@@ -140,6 +145,80 @@ TEST(StatusTableTest, DoneWorkersAndEveryonePushed) {
   const std::string table = FormatClusterStatus({"a:7000"}, {status});
   EXPECT_THAT(table, HasSubstr("workers: 2 expected, 1 live, 1 done, 0 missing"));
   EXPECT_THAT(table, HasSubstr("sync step 41: every worker has pushed it"));
+}
+
+void AddChain(StatusResponse* status, int group, int64_t epoch, std::vector<int> members,
+              int64_t applied, int64_t acked, bool catching_up = false) {
+  ChainState* chain = status->add_chains();
+  chain->set_group(group);
+  chain->set_epoch(epoch);
+  int position = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    chain->add_members(members[i]);
+    if (members[i] == static_cast<int>(status->shard())) position = static_cast<int>(i);
+  }
+  chain->set_position(position);
+  chain->set_applied_ops(applied);
+  chain->set_acked_ops(acked);
+  chain->set_catching_up(catching_up);
+}
+
+// Two shards, R = 2: group 0 is 0 -> 1 with 7 pushes not yet acknowledged;
+// group 1 lost shard 0, which shard 1 has seen (epoch 4) and shard 0 not.
+std::vector<StatusResponse> ReplicatedShards() {
+  std::vector<StatusResponse> statuses = {Shard(0, 40), Shard(1, 41)};
+  for (StatusResponse& status : statuses) status.set_replicas(2);
+  AddChain(&statuses[0], 0, 2, {0, 1}, 1007, 1000);
+  AddChain(&statuses[0], 1, 3, {1, 0}, 900, 0, /*catching_up=*/true);
+  AddChain(&statuses[1], 0, 2, {0, 1}, 1000, 0);
+  AddChain(&statuses[1], 1, 4, {1}, 905, 905);
+  return statuses;
+}
+
+TEST(StatusTableTest, ReplicatedShardsShowTheirChains) {
+  const std::vector<StatusResponse> statuses = ReplicatedShards();
+  const std::string table =
+      FormatClusterStatus({"10.0.0.1:7000", "10.0.0.2:7000"}, statuses);
+  EXPECT_THAT(table, HasSubstr("chains (replicas 2):"));
+  const std::vector<std::string> lines = absl::StrSplit(table, '\n');
+  auto has_line = [&](const std::vector<std::string>& words) {
+    for (const std::string& line : lines) {
+      if (std::vector<std::string>(absl::StrSplit(line, ' ', absl::SkipEmpty())) == words) {
+        return true;
+      }
+    }
+    return false;
+  };
+  // shard, address, group, epoch, members, position, applied, lag, catching up
+  EXPECT_TRUE(has_line({"0", "10.0.0.1:7000", "0", "2", "0,1", "head", "1007", "7", "-"}))
+      << table;
+  EXPECT_TRUE(has_line({"0", "10.0.0.1:7000", "1", "3", "1,0", "tail", "900", "-", "yes"}))
+      << table;
+  EXPECT_TRUE(has_line({"1", "10.0.0.2:7000", "0", "2", "0,1", "tail", "1000", "-", "-"}))
+      << table;
+  // Alone in its chain: head and tail, nothing to wait for.
+  EXPECT_TRUE(has_line({"1", "10.0.0.2:7000", "1", "4", "1", "only", "905", "-", "-"}))
+      << table;
+  EXPECT_THAT(table, HasSubstr("group 1 DEGRADED: 1 of 2 replicas at epoch 4\n"));
+  EXPECT_THAT(table, HasSubstr("group 1: shards disagree (epoch 3 at shard 0; epoch 4 at shard 1)"));
+  EXPECT_THAT(table, Not(HasSubstr("group 0 DEGRADED")));
+}
+
+TEST(StatusTableTest, UnreplicatedOrDownShardsShowNoChains) {
+  std::vector<StatusResponse> statuses = ReplicatedShards();
+  for (StatusResponse& status : statuses) status.set_replicas(1);
+  EXPECT_EQ(FormatChainStates({"a:1", "b:1"}, statuses), "");
+  EXPECT_THAT(FormatClusterStatus({"a:1", "b:1"}, statuses), Not(HasSubstr("chains")));
+  // Only a shard that answered counts.
+  statuses = ReplicatedShards();
+  statuses[0].set_mode("DOWN");
+  statuses[1].set_replicas(1);
+  EXPECT_EQ(FormatChainStates({"a:1", "b:1"}, statuses), "");
+  statuses[1].set_replicas(2);
+  const std::string chains = FormatChainStates({"a:1", "b:1"}, statuses);
+  EXPECT_THAT(chains, HasSubstr("group 1 DEGRADED"));
+  EXPECT_THAT(chains, Not(HasSubstr("disagree")));
+  EXPECT_THAT(chains, Not(HasSubstr("a:1")));
 }
 
 TEST(StatusTableTest, Ages) {

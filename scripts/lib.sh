@@ -54,3 +54,71 @@ wait_for_file() {
     sleep 0.1
   done
 }
+
+# The etcd binary (Debian's etcd-server) for replicated runs.
+ETCD_BIN="${ETCD_BIN:-etcd}"
+
+# Prints a TCP port no socket on this machine uses now, below the kernel's
+# ephemeral range so that a port the kernel hands out meanwhile (a shard's
+# --port 0) is not it. Nothing holds it: bind it soon, and retry on a clash.
+free_port() {
+  local used port
+  used=$(awk 'FNR > 1 { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null || true)
+  for _ in $(seq 200); do
+    port=$((20000 + RANDOM % 12000))
+    grep -qx "$(printf '%04X' "$port")" <<<"$used" || { echo "$port"; return 0; }
+  done
+  return 1
+}
+
+# Whether etcd's client port $1 answers (it has a leader and serves).
+etcd_answers() {
+  if command -v curl >/dev/null; then
+    curl -sf --max-time 1 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+  fi
+}
+
+# Starts a single-member etcd on 127.0.0.1 with its data in directory $1 and
+# its log appended to $2, on client and peer ports picked free now (another
+# pair when etcd exits, e.g. because a port was taken before it bound it),
+# with heartbeats and elections fast enough for 1 s leases. Sets etcd_pid
+# as soon as etcd runs (so the caller's cleanup can stop it) and, once etcd
+# answers, etcd_endpoint (127.0.0.1:PORT). Fails when it does not answer
+# within 30 s or exits 5 times; its log then ends in $2.
+start_etcd() {
+  local data=$1 log_file=$2 client peer deadline
+  etcd_pid="" etcd_endpoint=""
+  for _ in 1 2 3 4 5; do
+    client=$(free_port) && peer=$(free_port) || return 1
+    [ "$client" != "$peer" ] || continue
+    rm -rf "$data"
+    "$ETCD_BIN" --name=local --data-dir="$data" \
+      --listen-client-urls="http://127.0.0.1:$client" \
+      --advertise-client-urls="http://127.0.0.1:$client" \
+      --listen-peer-urls="http://127.0.0.1:$peer" \
+      --initial-advertise-peer-urls="http://127.0.0.1:$peer" \
+      --initial-cluster="local=http://127.0.0.1:$peer" \
+      --heartbeat-interval=25 --election-timeout=250 >>"$log_file" 2>&1 &
+    etcd_pid=$!
+    deadline=$((SECONDS + 30))
+    while kill -0 "$etcd_pid" 2>/dev/null; do
+      if etcd_answers "$client"; then
+        etcd_endpoint="127.0.0.1:$client"
+        return 0
+      fi
+      if [ $SECONDS -ge $deadline ]; then
+        echo "etcd did not answer on 127.0.0.1:$client within 30 s; its log ($log_file):" >&2
+        tail -n 20 "$log_file" >&2
+        return 1
+      fi
+      sleep 0.1
+    done
+    wait "$etcd_pid" 2>/dev/null || true
+    etcd_pid=""
+  done
+  echo "etcd did not start; its log ($log_file):" >&2
+  tail -n 20 "$log_file" >&2
+  return 1
+}

@@ -12,8 +12,8 @@
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
 #       [--checkpoint-dir DIR [--checkpoint-every N]] [--resume DIR]
-#       [--secure] [--topk RATIO] [--results FILE] [--logs DIR] [--no-build]
-#       [-- extra ps-server flags]
+#       [--secure] [--topk RATIO] [--replicas N] [--results FILE] [--logs DIR]
+#       [--no-build] [-- extra ps-server flags]
 #
 #   --checkpoint-dir DIR  shards checkpoint into DIR (sync: every N steps, at
 #                         the same step on every shard; async: every N s);
@@ -26,6 +26,10 @@
 #                         can act as a worker (claim a worker index, push
 #                         gradients, mark workers done); the shards here listen
 #                         on 127.0.0.1 only
+#   --replicas N          keep every partition on N shards (1..3, at most
+#                         --shards; default 1: no replication). N > 1 starts a
+#                         local etcd (Debian's etcd-server) for the chains; see
+#                         them with the psctl command the run prints
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -33,9 +37,10 @@ mode=async workers=2 shards=2 epochs=10 optimizer=adam lr=0.001 batch=64
 max_staleness=4 schedule=cosine model=mlp:784-256-128-10 overlap=auto
 stages=1 microbatches=1 pipe_schedule=1f1b device=cpu gemm_precision=fp32
 results="" logs="" build=1 secure=0 topk=0 checkpoint_dir="" resume=0
-checkpoint_every=""
+checkpoint_every="" replicas=1
 server_extra=()
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+# The comment block at the top of this file.
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --mode) mode=$2; shift 2 ;;
@@ -59,6 +64,7 @@ while [ $# -gt 0 ]; do
     --no-build) build=0; shift ;;
     --secure) secure=1; shift ;;
     --topk) topk=$2; shift 2 ;;
+    --replicas) replicas=$2; shift 2 ;;
     --checkpoint-dir) checkpoint_dir=$2; shift 2 ;;
     --checkpoint-every) checkpoint_every=$2; shift 2 ;;
     --resume) checkpoint_dir=$2; resume=1; shift 2 ;;
@@ -72,6 +78,9 @@ case "$overlap" in auto|on|off) ;; *) echo "--overlap must be auto, on or off" >
 for n in "$workers" "$shards" "$epochs" "$batch" ${checkpoint_every:+"$checkpoint_every"}; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
 done
+[[ "$replicas" =~ ^[1-3]$ ]] || { echo "--replicas must be 1, 2 or 3" >&2; exit 2; }
+[ "$replicas" -le "$shards" ] || {
+  echo "--replicas $replicas needs at least $replicas shards (--shards $shards)" >&2; exit 2; }
 checkpoint_flags=()
 if [ -n "$checkpoint_dir" ]; then
   if [ "$resume" = 1 ]; then
@@ -97,20 +106,29 @@ if [ "$build" = 1 ]; then
   build_targets ps-server ps-worker
 fi
 bin="$BUILD_DIR/bin"
+if [ "$replicas" -gt 1 ] && ! command -v "$ETCD_BIN" >/dev/null; then
+  echo "--replicas $replicas needs etcd ($ETCD_BIN not found; Debian package etcd-server)" >&2
+  exit 2
+fi
 
 run_dir=$(mktemp -d -t shardtrain-run.XXXXXX)
 [ -n "$logs" ] || logs="$run_dir"
 mkdir -p "$logs"
-pids=()
+pids=() etcd_pid=""
 cleanup() {
   local status=$?
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # etcd last: the shards do not see it go.
+  if [ -n "$etcd_pid" ]; then
+    kill "$etcd_pid" 2>/dev/null || true
+    wait "$etcd_pid" 2>/dev/null || true
+  fi
   # The run's directory goes; without --logs it holds the logs, which are
   # kept only when the run failed.
   if [ "$logs" = "$run_dir" ] && [ "$status" != 0 ]; then
-    rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out"
+    rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out" "$run_dir/etcd"
     echo "logs kept in $run_dir" >&2
   else
     rm -rf "$run_dir"
@@ -141,6 +159,19 @@ if [ "$secure" = 1 ]; then
   log "secure: mutual TLS and an auth token (certificates in $certs)"
 fi
 
+# --replicas N > 1: the chains live in an etcd of this run, under a job name
+# of this run; 1 s leases, so a dead shard leaves its chains within ~1 s.
+server_replication=() worker_replication=()
+if [ "$replicas" -gt 1 ]; then
+  start_etcd "$run_dir/etcd" "$logs/etcd.log" || exit 1
+  job="local-${run_dir##*.}"
+  server_replication=(--replicas="$replicas" --etcd_endpoints="$etcd_endpoint"
+                      --job="$job" --lease_ttl_s=1)
+  worker_replication=(--replicas="$replicas" --etcd_endpoints="$etcd_endpoint" --job="$job")
+  log "etcd on $etcd_endpoint (log $logs/etcd.log); chains of $replicas replicas:" \
+    "psctl chains --etcd_endpoints=$etcd_endpoint --job=$job"
+fi
+
 mkdir -p "$run_dir/ports"
 for ((s = 0; s < shards; s++)); do
   "$bin/ps-server" --shard_index="$s" --num_shards="$shards" \
@@ -148,7 +179,7 @@ for ((s = 0; s < shards; s++)); do
     --lr="$lr" --max_staleness="$max_staleness" \
     --lr_schedule="$schedule" --lr_total_steps="$total_updates" \
     --port_file="$run_dir/ports/shard$s" "${server_security[@]}" \
-    "${checkpoint_flags[@]}" "${server_extra[@]}" \
+    "${server_replication[@]}" "${checkpoint_flags[@]}" "${server_extra[@]}" \
     2>"$logs/shard$s.log" &
   pids+=($!)
 done
@@ -175,7 +206,8 @@ for ((w = 0; w < workers; w++)); do
         --device="$device" --gemm_precision="$gemm_precision" --topk_ratio="$topk"
         --overlap="$overlap" --pipeline_stages="$stages"
         --microbatches="$microbatches" --schedule="$pipe_schedule"
-        --port_file="$run_dir/ports/worker$w" "${client_security[@]}")
+        --port_file="$run_dir/ports/worker$w" "${client_security[@]}"
+        "${worker_replication[@]}")
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then
     # The chief's report goes to the terminal and to chief.out, which is

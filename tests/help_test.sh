@@ -22,7 +22,8 @@ expect_help() {  # binary flag...
 
 expect_help ps-server listen num_workers mode checkpoint_dir tls_cert auth_token_file
 expect_help ps-worker servers worker_index epochs rpc_timeout_s tls_ca tls_cert auth_token_file
-expect_help psctl servers server timeout_s tls_ca tls_cert tls_key auth_token_file
+expect_help psctl servers server timeout_s tls_ca tls_cert tls_key auth_token_file \
+  etcd_endpoints job
 
 rc=0
 "$bin/psctl" --no_such_flag status >/dev/null 2>&1 || rc=$?

@@ -16,11 +16,12 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # Every process run-local.sh started writes to a log under $1; none may still
-# hold one open.
+# hold one open. (find fails whenever a process ends while it looks, so its
+# status says nothing; with pipefail a `find | grep -q .` never matched.)
 expect_no_processes() {
-  if find /proc/[0-9]*/fd -lname "$1/*" 2>/dev/null | grep -q .; then
-    fail "processes started by run-local.sh are still running"
-  fi
+  local open
+  open=$(find /proc/[0-9]*/fd -lname "$1/*" 2>/dev/null || true)
+  [ -z "$open" ] || fail "processes started by run-local.sh are still running: $open"
 }
 mkdir -p "$out/tmp" "$out/tmp2"
 
