@@ -18,7 +18,13 @@ PsClientMetrics::PsClientMetrics(prometheus::Registry& registry)
                         .Help("Partition updates this worker had seen that a "
                               "restarted shard no longer has (not in its "
                               "checkpoint), by shard")
-                        .Register(registry)) {}
+                        .Register(registry)),
+      chain_changes_(prometheus::BuildCounter()
+                         .Name("shardtrain_worker_chain_changes_total")
+                         .Help("Changes of a replica group's chain (members died "
+                               "or joined) this worker saw in etcd and routed "
+                               "by, by group")
+                         .Register(registry)) {}
 
 prometheus::Counter& PsClientMetrics::retries(const std::string& method) {
   return retries_.Add({{"method", method}});
@@ -30,6 +36,10 @@ prometheus::Counter& PsClientMetrics::shard_restarts(int shard) {
 
 prometheus::Counter& PsClientMetrics::lost_updates(int shard) {
   return lost_updates_.Add({{"shard", std::to_string(shard)}});
+}
+
+prometheus::Counter& PsClientMetrics::chain_changes(int group) {
+  return chain_changes_.Add({{"group", std::to_string(group)}});
 }
 
 }  // namespace shardtrain::client

@@ -1,6 +1,7 @@
 // PsClientMetrics: the fault metrics of a parameter-server client
-// (client/ps_client.h): retried attempts, shard restarts it noticed and the
-// updates those restarts lost. Thread-safe.
+// (client/ps_client.h): retried attempts, shard restarts it noticed, the
+// updates those restarts lost and, with replicated shards, the chain
+// changes it routed by. Thread-safe.
 //
 //   prometheus::Registry registry;
 //   client::PsClientMetrics metrics(registry);
@@ -27,11 +28,15 @@ class PsClientMetrics {
   prometheus::Counter& shard_restarts(int shard);
   // Updates this worker knew of that `shard` lost in a restart.
   prometheus::Counter& lost_updates(int shard);
+  // Times replica group `group`'s chain changed members (head, tail or
+  // order) while this worker routed by it.
+  prometheus::Counter& chain_changes(int group);
 
  private:
   prometheus::Family<prometheus::Counter>& retries_;
   prometheus::Family<prometheus::Counter>& shard_restarts_;
   prometheus::Family<prometheus::Counter>& lost_updates_;
+  prometheus::Family<prometheus::Counter>& chain_changes_;
 };
 
 }  // namespace shardtrain::client

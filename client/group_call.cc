@@ -21,7 +21,8 @@ GroupCall::GroupCall(const GroupContext* context, ShardChannel* channel, int con
     : context_(context),
       channel_(channel),
       connection_(connection),
-      requests_(std::move(requests)) {}
+      requests_(std::move(requests)),
+      answered_by_(channel) {}
 
 void GroupCall::StartPush(std::function<void(absl::Status)> done) {
   Start(Kind::kPush, std::move(done));
@@ -41,28 +42,34 @@ void GroupCall::Start(Kind kind, std::function<void(absl::Status)> done) {
   const int k = static_cast<int>(kind);
   ShardRpc rpc;
   rpc.method = kNames[k];
+  // Replicated shards: a push enters its group's chain at the head, a pull
+  // is answered by the tail (PsClient splits a PushPull in two there).
+  rpc.role = kind == Kind::kPull ? ChainRole::kTail : ChainRole::kHead;
   rpc.attempt_timeout = kind == Kind::kPush ? context_->push_timeout : context_->pull_timeout;
   rpc.reconnect_timeout = context_->retry_for;
-  rpc.start = [this, kind, k](grpc::ClientContext* context, uint64_t incarnation,
+  rpc.start = [this, kind, k](const ShardAttempt& attempt,
                               std::function<void(grpc::Status)> attempt_done) {
-    // Re-encoded for every attempt: the shard incarnation, and in async
-    // mode the versions, may have changed since the last one.
+    // Re-encoded for every attempt: the shard incarnation or chain epoch,
+    // and in async mode the versions, may have changed since the last one.
     const VersionTable* clamp = context_->sync ? nullptr : context_->versions;
+    requests_->set_chain_epoch(attempt.chain_epoch);
     switch (kind) {
       case Kind::kPush:
-        requests_->EncodePush(incarnation, clamp, &request_);
+        requests_->EncodePush(attempt.shard_incarnation, clamp, &request_);
         break;
       case Kind::kPull:
-        requests_->EncodePull(incarnation, &request_);
+        requests_->EncodePull(attempt.shard_incarnation, &request_);
         break;
       case Kind::kPushPull:
-        requests_->EncodePushPull(incarnation, clamp, &request_);
+        requests_->EncodePushPull(attempt.shard_incarnation, clamp, &request_);
         break;
     }
     response_.Clear();
     const absl::Time start = absl::Now();
-    channel_->generic(connection_)
-        ->UnaryCall(context, kMethods[k], grpc::StubOptions(), &request_, &response_,
+    answered_by_ = attempt.target;
+    ShardChannel* target = attempt.target;
+    target->generic(connection_ % target->num_connections())
+        ->UnaryCall(attempt.context, kMethods[k], grpc::StubOptions(), &request_, &response_,
                     [this, k, start, attempt_done = std::move(attempt_done)](
                         grpc::Status status) {
                       if (context_->recorder) {
@@ -99,12 +106,16 @@ absl::Status GroupCall::Decode(Kind kind) {
   }
   response_.Clear();
   if (status.ok()) return status;
+  const char* name = kind == Kind::kPull ? "Pull" : kind == Kind::kPush ? "Push" : "PushPull";
+  if (channel_->routed()) {
+    return absl::Status(status.code(),
+                        absl::StrFormat("%s answer of shard %d (%s) for group %d: %s", name,
+                                        answered_by_->index(), answered_by_->address(),
+                                        shard(), status.message()));
+  }
   return absl::Status(status.code(),
-                      absl::StrFormat("%s answer of shard %d (%s): %s",
-                                      kind == Kind::kPull ? "Pull"
-                                      : kind == Kind::kPush ? "Push"
-                                                            : "PushPull",
-                                      shard(), channel_->address(), status.message()));
+                      absl::StrFormat("%s answer of shard %d (%s): %s", name, shard(),
+                                      channel_->address(), status.message()));
 }
 
 absl::Status GroupCall::Release(absl::Time deadline) {

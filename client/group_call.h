@@ -1,6 +1,7 @@
 // GroupCall: the data-path RPCs (Push, Pull, PushPull) of one group of
-// partitions that live on one shard, sent over one of that shard's
-// connections. The blocking PsClient calls and the overlapped exchange both
+// partitions that live on one shard (with replicated shards: in one replica
+// group, whose pushes go to its chain's head and pulls to its tail), sent
+// over one of that shard's connections. The blocking PsClient calls and the overlapped exchange both
 // start their RPCs here: the requests come from the group's WireRequests
 // (client/wire_requests.h), each goes through the shard's ShardChannel
 // (client/shard_call.h) as raw bytes on grpc::GenericStub, and the answer is
@@ -67,9 +68,12 @@ class GroupCall {
 
   WireRequests& requests() { return *requests_; }
   const WireRequests& requests() const { return *requests_; }
+  // The shard index of the group's channel; with replicated shards, the
+  // replica group (the shard each attempt went to may differ).
   int shard() const { return channel_->index(); }
   int connection() const { return connection_; }
-  // The next push sequence number of this group's shard.
+  // The next push sequence number of this group's shard (replica group:
+  // numbered per group, so that a new head recognises a retried push).
   uint64_t NextSequence() { return channel_->NextSequence(); }
 
   // Each sends what requests() was last set to, with retries, and calls
@@ -98,6 +102,8 @@ class GroupCall {
   ShardChannel* const channel_;
   const int connection_;
   const std::unique_ptr<WireRequests> requests_;
+  // The shard the last attempt went to, for error messages.
+  ShardChannel* answered_by_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   PushResult push_result_;

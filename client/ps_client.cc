@@ -14,7 +14,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/grpc_status.h"
+#include "common/partition.h"
 #include "common/payload.h"
+#include "common/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {
@@ -70,6 +72,18 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         "timeouts must be positive (the reconnect timeout and keepalive may be "
         "0) and the maximum backoff at least the initial one");
   }
+  const int num_shards = static_cast<int>(options.servers.size());
+  RETURN_IF_ERROR(common::ValidateReplicas(num_shards, options.replicas));
+  if (options.replicas > 1) {
+    if (options.etcd_endpoints.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%d replicas need the etcd endpoints that hold the chains", options.replicas));
+    }
+    RETURN_IF_ERROR(common::ValidateJobName(options.job));
+    if (options.member_timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("the member timeout must be positive");
+    }
+  }
   ChannelOptions channel_options;
   channel_options.max_message_bytes = options.max_message_bytes;
   channel_options.keepalive_time = options.keepalive_time;
@@ -97,11 +111,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
                                                 std::move(connections), policy,
                                                 fault_metrics);
     PsClient* self = client.get();
-    shard->set_resync([self](ShardChannel* channel, std::function<void(absl::Status)> done) {
-      self->Resync(channel, std::move(done));
-    });
+    // Replicated shards keep no per-shard state to resynchronise.
+    if (options.replicas == 1) {
+      shard->set_resync([self](ShardChannel* channel, std::function<void(absl::Status)> done) {
+        self->Resync(channel, std::move(done));
+      });
+    }
     client->channels_.push_back(std::move(shard));
   }
+  if (options.replicas > 1) RETURN_IF_ERROR(client->StartRouting());
   PsClient* self = client.get();
   GroupContext& context = client->group_context_;
   context.versions = &client->versions_;
@@ -126,27 +144,41 @@ absl::Status PsClient::CallAllShards(const char* method,
                                      absl::Duration attempt_timeout,
                                      absl::Duration retry_for,
                                      const StartFn& start) {
-  const int n = num_shards();
+  std::vector<int> shards(num_shards());
+  for (int s = 0; s < num_shards(); ++s) shards[s] = s;
+  absl::Status first;
+  for (const absl::Status& status :
+       CallShards(shards, method, attempt_timeout, retry_for, start)) {
+    KeepFirstError(&first, status);
+  }
+  return first;
+}
+
+std::vector<absl::Status> PsClient::CallShards(const std::vector<int>& shards,
+                                               const char* method,
+                                               absl::Duration attempt_timeout,
+                                               absl::Duration retry_for,
+                                               const StartFn& start) {
+  const int n = static_cast<int>(shards.size());
   std::vector<absl::Status> statuses(n);
   absl::BlockingCounter pending(n);
-  for (int s = 0; s < n; ++s) {
+  for (int i = 0; i < n; ++i) {
+    const int s = shards[i];
     ShardRpc rpc;
     rpc.method = method;
     rpc.attempt_timeout = attempt_timeout;
     rpc.reconnect_timeout = retry_for;
-    rpc.start = [&start, s](grpc::ClientContext* context, uint64_t incarnation,
+    rpc.start = [&start, s](const ShardAttempt& attempt,
                             std::function<void(grpc::Status)> done) {
-      start(s, context, incarnation, std::move(done));
+      start(s, attempt.context, attempt.shard_incarnation, std::move(done));
     };
-    channels_[s]->Call(std::move(rpc), [&statuses, &pending, s](absl::Status status) {
-      statuses[s] = std::move(status);
+    channels_[s]->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
+      statuses[i] = std::move(status);
       pending.DecrementCount();
     });
   }
   pending.Wait();
-  absl::Status first;
-  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
-  return first;
+  return statuses;
 }
 
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
@@ -156,14 +188,22 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   request.set_num_workers(options_.num_workers);
   request.set_worker_incarnation(worker_incarnation_);
   std::vector<RegisterResponse> responses(channels_.size());
-  RETURN_IF_ERROR(RegisterOnEveryShard(request, &responses));
+  // By group (= shard index): the shard whose answer gives its versions.
+  std::vector<int> source(channels_.size());
+  if (router_ == nullptr) {
+    RETURN_IF_ERROR(RegisterOnEveryShard(request, &responses));
+    for (size_t s = 0; s < source.size(); ++s) source[s] = static_cast<int>(s);
+  } else {
+    RETURN_IF_ERROR(RegisterOnMembers(request, &responses, &source));
+  }
   Layout layout = PlanLayout(tensors);
   // Every shard must hold exactly the partitions this worker places there,
   // checked before anything of the client changes.
-  for (size_t s = 0; s < channels_.size(); ++s) {
-    RETURN_IF_ERROR(
-        MatchPartitions(static_cast<int>(s), layout.partition_index[s], responses[s])
-            .status());
+  std::vector<std::vector<std::pair<size_t, int64_t>>> taken(channels_.size());
+  for (size_t g = 0; g < channels_.size(); ++g) {
+    ASSIGN_OR_RETURN(taken[g], MatchPartitions(static_cast<int>(g), source[g],
+                                               layout.partition_index[g],
+                                               responses[source[g]]));
   }
   std::unique_ptr<common::TopKCompressor> topk;
   if (options_.topk_ratio > 0) {
@@ -190,7 +230,11 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   // The shards' versions and this worker's clock say where the job is.
   registered_worker_clock_ = 0;
   for (size_t s = 0; s < channels_.size(); ++s) {
-    RETURN_IF_ERROR(TakeShardState(static_cast<int>(s), responses[s], /*restarted=*/false));
+    if (router_ == nullptr) {
+      RETURN_IF_ERROR(TakeShardState(static_cast<int>(s), responses[s], /*restarted=*/false));
+    } else {
+      for (const auto& [i, version] : taken[s]) versions_[i].store(version);
+    }
     registered_worker_clock_ =
         std::max(registered_worker_clock_, responses[s].worker_clock());
   }
@@ -280,7 +324,8 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
 
 void PsClient::BuildCalls(const Layout& layout) {
   group_context_.sync = sync_;
-  group_context_.replay = sync_ ? &replay_ : nullptr;
+  // Replicated shards need no replay: the chain keeps what a member acked.
+  group_context_.replay = sync_ && router_ == nullptr ? &replay_ : nullptr;
   groups_per_shard_.assign(channels_.size(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     const size_t before = shard_groups_.size();
@@ -304,16 +349,29 @@ void PsClient::BuildCalls(const Layout& layout) {
 }
 
 absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchPartitions(
-    int shard, const PartitionIndex& index, const RegisterResponse& response) const {
+    int group, int shard, const PartitionIndex& index,
+    const RegisterResponse& response) const {
   const ShardChannel& channel = *channels_[shard];
-  if (response.partitions_size() != static_cast<int>(index.size())) {
+  // A replica holds the partitions of every group whose chain it is in.
+  std::vector<const PartitionInfo*> infos;
+  for (const PartitionInfo& info : response.partitions()) {
+    if (router_ != nullptr &&
+        common::ReplicaGroupFor(info.tensor(), info.partition(), num_shards()) != group) {
+      continue;
+    }
+    infos.push_back(&info);
+  }
+  const std::string of_group =
+      router_ == nullptr ? "" : absl::StrFormat(" of group %d", group);
+  if (infos.size() != index.size()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "shard %d (%s) holds %d partitions of these tensors but this worker "
+        "shard %d (%s) holds %d partitions%s of these tensors but this worker "
         "expects %d: do --max_partition_elements and the shard count match?",
-        shard, channel.address(), response.partitions_size(), index.size()));
+        shard, channel.address(), infos.size(), of_group, index.size()));
   }
   std::vector<std::pair<size_t, int64_t>> matched;
-  for (const PartitionInfo& info : response.partitions()) {
+  for (const PartitionInfo* info_ptr : infos) {
+    const PartitionInfo& info = *info_ptr;
     auto it = index.find({info.tensor(), info.partition()});
     if (it == index.end()) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -330,7 +388,7 @@ absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& respons
                                       bool restarted) {
   ShardChannel& channel = *channels_[shard];
   ASSIGN_OR_RETURN(const auto taken,
-                   MatchPartitions(shard, partition_index_[shard], response));
+                   MatchPartitions(shard, shard, partition_index_[shard], response));
   int64_t lost = 0;
   for (const auto& [i, version] : taken) {
     const int64_t known = versions_[i].load();
@@ -360,12 +418,12 @@ void PsClient::Resync(ShardChannel* channel, std::function<void(absl::Status)> d
   ShardRpc rpc;
   rpc.method = "Register";
   rpc.attempt_timeout = options_.rpc_timeout;
-  rpc.start = [this, channel, response](grpc::ClientContext* context, uint64_t,
+  rpc.start = [this, channel, response](const ShardAttempt& attempt,
                                         std::function<void(grpc::Status)> attempt_done) {
     const absl::Time start = absl::Now();
     response->Clear();
     channel->stub()->async()->Register(
-        context, &register_request_, response.get(),
+        attempt.context, &register_request_, response.get(),
         [this, response, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
           RecordRpc("Register", status, register_request_.ByteSizeLong(),
                     response->ByteSizeLong(), start);
@@ -421,11 +479,11 @@ void PsClient::ReplayPushes(ShardChannel* channel,
     rpc.attempt_timeout = options_.rpc_timeout;
     // shard_incarnation stays 0: an ABORTED here would wait for the resync
     // that is sending it.
-    rpc.start = [this, channel, replay, i](grpc::ClientContext* context, uint64_t,
+    rpc.start = [this, channel, replay, i](const ShardAttempt& attempt,
                                            std::function<void(grpc::Status)> attempt_done) {
       const absl::Time start = absl::Now();
       channel->stub()->async()->Push(
-          context, &replay->pushes[i], &replay->responses[i],
+          attempt.context, &replay->pushes[i], &replay->responses[i],
           [this, replay, i, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
             RecordRpc("Push", status, replay->pushes[i].ByteSizeLong(),
                       replay->responses[i].ByteSizeLong(), start);
@@ -526,6 +584,10 @@ absl::Status PsClient::AdvanceClock(int64_t clock) {
   request.set_worker(options_.worker_index);
   request.set_clock(clock);
   request.set_worker_incarnation(worker_incarnation_);
+  // Replicated: the clock matters wherever the group's pushes and pulls go.
+  if (router_ != nullptr) {
+    return HeartbeatMembers(request, absl::InfiniteDuration()).status();
+  }
   std::vector<HeartbeatResponse> responses(channels_.size());
   std::vector<absl::Status> statuses(shards.size());
   absl::BlockingCounter pending(static_cast<int>(shards.size()));
@@ -534,12 +596,12 @@ absl::Status PsClient::AdvanceClock(int64_t clock) {
     ShardRpc rpc;
     rpc.method = "Heartbeat";
     rpc.attempt_timeout = options_.rpc_timeout;
-    rpc.start = [this, s, &request, &responses](grpc::ClientContext* context, uint64_t,
+    rpc.start = [this, s, &request, &responses](const ShardAttempt& attempt,
                                                 std::function<void(grpc::Status)> done) {
       const absl::Time start = absl::Now();
       responses[s].Clear();
       channels_[s]->stub()->async()->Heartbeat(
-          context, &request, &responses[s],
+          attempt.context, &request, &responses[s],
           [this, s, &request, &responses, start, done = std::move(done)](grpc::Status status) {
             RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
                       start);
@@ -642,6 +704,11 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                                 PushStats* push_stats, PullStats* pull_stats) {
   RETURN_IF_ERROR(CheckGrads(grads));
   RETURN_IF_ERROR(CheckParams(params));
+  if (router_ != nullptr) {
+    // A chain's head applies pushes, its tail answers pulls: two RPCs.
+    RETURN_IF_ERROR(Push(clock, grads, push_stats));
+    return Pull(clock, min_version, params, pull_stats);
+  }
   SetPushes(clock, grads);
   SetPulls(clock, min_version, params);
   RETURN_IF_ERROR(RunGroups(
@@ -673,6 +740,7 @@ absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done,
   request.set_clock(clock);
   request.set_done(done);
   request.set_worker_incarnation(worker_incarnation_);
+  if (router_ != nullptr) return HeartbeatMembers(request, retry_for);
   std::vector<HeartbeatResponse> responses(channels_.size());
   RETURN_IF_ERROR(CallAllShards(
       "Heartbeat", options_.rpc_timeout, retry_for,
@@ -691,7 +759,10 @@ absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done,
   return responses[0];
 }
 
-absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus() {
+absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus(
+    std::vector<int>* unreachable) {
+  if (unreachable != nullptr) unreachable->clear();
+  if (router_ != nullptr) return ReachableStatus(unreachable);
   StatusRequest request;
   std::vector<StatusResponse> responses(channels_.size());
   RETURN_IF_ERROR(CallAllShards(

@@ -44,6 +44,19 @@
 // in sync mode a push keeps its step; in async mode its versions become
 // min(computed from, the shard's now).
 //
+// Replicated shards (replicas > 1). Each partition lives on the chain of
+// its replica group g (the shard index common::ShardFor gives; the client's
+// per-shard groups are exactly these), kept in etcd (ChainRouter,
+// client/chain_router.h). A group's pushes go to its chain's head, its pulls
+// to its tail, stamped with the chain's epoch; a refused or failed call
+// re-reads the chain and retries where it now says (ShardChannel). A
+// PushPull is a Push then a Pull there. Register goes to every shard that is
+// a member of some chain and takes each group's versions from its tail;
+// Heartbeat goes to every member. A member that cannot be reached within
+// member_timeout is skipped with a warning (its chain drops it within the
+// shards' lease TTL), so one dead shard never stops the worker. No restart
+// resync and no sync replay: the chain keeps the state of a dead member.
+//
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
 #ifndef SHARDTRAIN_CLIENT_PS_CLIENT_H_
@@ -60,8 +73,10 @@
 #include <grpcpp/support/client_interceptor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/chain_router.h"
 #include "client/channels.h"
 #include "client/client_metrics.h"
 #include "client/group_call.h"
@@ -117,6 +132,16 @@ struct PsClientOptions {
   // 0: send gradients dense. In (0, 1]: send the top ratio of each
   // partition's entries with error feedback (common/topk_compressor.h).
   double topk_ratio = 0;
+  // Copies of every partition, on a chain of shards (1..3, at most the
+  // number of shards). 1: no replication, no etcd.
+  int replicas = 1;
+  // With replicas > 1: the etcd endpoints (host:port,...) holding the
+  // chains, and the job's namespace there (/shardtrain/<job>/).
+  std::string etcd_endpoints;
+  std::string job = "shardtrain";
+  // With replicas > 1: how long a control RPC (Register, Heartbeat,
+  // Status) retries one shard before skipping it as dead.
+  absl::Duration member_timeout = absl::Seconds(5);
   // Tests only: interceptors for the channels to shard `shard`.
   std::function<std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>(int shard)>
@@ -192,13 +217,18 @@ class PsClient {
   absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
 
   // Tells every shard this worker is alive at `clock` (or done). Returns
-  // the membership seen by shard 0. An unreachable shard is retried for at
-  // most `retry_for` (and reconnect_timeout).
+  // the membership seen by shard 0 (replicated: by the first member that
+  // answered). An unreachable shard is retried for at most `retry_for` (and
+  // reconnect_timeout; replicated: member_timeout, then skipped while
+  // another answered).
   absl::StatusOr<HeartbeatResponse> Heartbeat(
       int64_t clock, bool done, absl::Duration retry_for = absl::InfiniteDuration());
 
-  // Status of every shard, in shard order.
-  absl::StatusOr<std::vector<StatusResponse>> ClusterStatus();
+  // Status of every shard, in shard order. Replicated: of the shards that
+  // answered within member_timeout (an error when none did); the others
+  // are named in a warning and in `*unreachable` if not null.
+  absl::StatusOr<std::vector<StatusResponse>> ClusterStatus(
+      std::vector<int>* unreachable = nullptr);
 
   // Smallest and largest partition version this client knows (as
   // registered, pulled, or taken from a restarted shard); {0, 0} before
@@ -210,6 +240,8 @@ class PsClient {
   uint64_t worker_incarnation() const { return worker_incarnation_; }
 
   int num_shards() const { return static_cast<int>(channels_.size()); }
+  // Replicated shards: the chains this client routes by; null otherwise.
+  ChainRouter* router() const { return router_.get(); }
   const PsClientOptions& options() const { return options_; }
 
   // Tests: slices of sent requests that still reference gradients, over
@@ -240,17 +272,27 @@ class PsClient {
   // partition (changes nothing); the calls over the adopted layout.
   absl::Status RegisterOnEveryShard(const RegisterRequest& request,
                                     std::vector<RegisterResponse>* responses);
+  // Replicated: reads the chains from etcd (waiting up to reconnect_timeout
+  // for every group's) and routes every channel through them.
+  absl::Status StartRouting();
+  // Replicated: Register on every chain member until each group's tail has
+  // answered; (*source)[g] is that tail.
+  absl::Status RegisterOnMembers(const RegisterRequest& request,
+                                 std::vector<RegisterResponse>* responses,
+                                 std::vector<int>* source);
   Layout PlanLayout(const std::vector<TensorSpec>& tensors) const;
   // Groups for `slices` of shard `shard`, split over its connections
   // starting at connection `first`.
   void AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
                  std::vector<std::unique_ptr<GroupCall>>* out);
   void BuildCalls(const Layout& layout);
-  // Pairs each partition `response` reports with its index in `index`;
-  // FAILED_PRECONDITION if the shard holds other partitions than this
-  // worker places there.
+  // Pairs each partition of group `group` that shard `shard`'s `response`
+  // reports with its index in `index`; FAILED_PRECONDITION if the shard
+  // holds other partitions than this worker places there. Replicated: the
+  // response's partitions of other groups are left out.
   absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchPartitions(
-      int shard, const PartitionIndex& index, const RegisterResponse& response) const;
+      int group, int shard, const PartitionIndex& index,
+      const RegisterResponse& response) const;
   // Runs one control RPC per shard at once through the shards' channels
   // and waits for all; returns the first error (any other before a
   // FAILED_PRECONDITION). `start(s, ...)` is ShardRpc::start for shard s.
@@ -259,6 +301,24 @@ class PsClient {
                                      std::function<void(grpc::Status)> done)>;
   absl::Status CallAllShards(const char* method, absl::Duration attempt_timeout,
                              absl::Duration retry_for, const StartFn& start);
+  // The same for `shards`; each one's outcome, in order.
+  std::vector<absl::Status> CallShards(const std::vector<int>& shards, const char* method,
+                                       absl::Duration attempt_timeout,
+                                       absl::Duration retry_for, const StartFn& start);
+  // Replicated: CallShards on `shards`, each retried for at most
+  // member_timeout (and retry_for); one still unreachable then is skipped
+  // with a warning. (*answered)[i]: shards[i] answered OK. The first error
+  // a shard answered with, if any.
+  absl::Status CallReachable(const std::vector<int>& shards, const char* method,
+                             absl::Duration retry_for, const StartFn& start,
+                             std::vector<bool>* answered);
+  // Replicated: a heartbeat to every member shard, until one answered or
+  // `retry_for` (and reconnect_timeout) passed.
+  absl::StatusOr<HeartbeatResponse> HeartbeatMembers(const HeartbeatRequest& request,
+                                                     absl::Duration retry_for);
+  absl::StatusOr<std::vector<StatusResponse>> ReachableStatus(std::vector<int>* unreachable);
+  // Logs that `shard` was skipped, at most every 30 s per shard.
+  void WarnSkipped(int shard, const char* method, const absl::Status& status);
   // Starts `start(group, done)` for every blocking-call group, waits for
   // all, then for gRPC to release the gradients; the first error.
   absl::Status RunGroups(
@@ -297,6 +357,11 @@ class PsClient {
   const uint64_t worker_incarnation_;
   bool sync_ = false;
   std::vector<std::unique_ptr<ShardChannel>> channels_;
+  // Replicated shards only; the channels route through it. After the
+  // channels, so it goes first.
+  std::unique_ptr<ChainRouter> router_;
+  absl::Mutex warn_mu_;
+  std::vector<absl::Time> skip_warned_ ABSL_GUARDED_BY(warn_mu_);  // by shard
   std::vector<TensorSpec> tensors_;
   std::vector<std::string> tensor_names_;
   std::vector<int64_t> tensor_sizes_;

@@ -51,6 +51,13 @@ bool IsRetryable(const grpc::Status& status) {
   }
 }
 
+bool IsChainRefusal(const grpc::Status& status) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const std::string& message = status.error_message();
+  return absl::StartsWith(message, "stale chain epoch") ||
+         absl::StartsWith(message, "not serving group");
+}
+
 struct ShardChannel::PendingCall {
   ShardRpc rpc;
   std::function<void(absl::Status)> done;
@@ -61,6 +68,11 @@ struct ShardChannel::PendingCall {
   absl::Time first_failure = absl::InfinitePast();
   int retries = 0;
   uint64_t sent_incarnation = 0;
+  // Routed by the chain of the channel's replica group (ShardRpc::role).
+  bool routed = false;
+  // The shard the last attempt went to; null when a routed attempt found
+  // no chain configuration.
+  ShardChannel* target = nullptr;
   grpc::Status last_error;
 };
 
@@ -81,6 +93,7 @@ ShardChannel::ShardChannel(int index, std::string address,
 void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
   auto* call = new PendingCall;
   call->reconnect_timeout = std::min(rpc.reconnect_timeout, policy_.reconnect_timeout);
+  call->routed = routes_ != nullptr && rpc.role != ChainRole::kNone;
   call->rpc = std::move(rpc);
   call->done = std::move(done);
   StartAttempt(call);
@@ -91,14 +104,39 @@ void ShardChannel::StartAttempt(PendingCall* call) {
   const absl::Time now = absl::Now();
   call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
       now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));
-  // The first attempt fails fast when the channel is known to be down, so
-  // the outage clock starts; retries wait for the reconnect.
-  if (call->retries > 0) call->context->set_wait_for_ready(true);
-  call->sent_incarnation = incarnation_.load();
-  call->rpc.start(call->context.get(), call->sent_incarnation,
-                  [this, call](grpc::Status status) {
-                    OnAttemptDone(call, std::move(status));
-                  });
+  ShardAttempt attempt;
+  attempt.context = call->context.get();
+  if (call->routed) {
+    // No shard_incarnation (the chain carries the state across restarts)
+    // and no wait_for_ready: a retry must not wait for a dead member to come
+    // back when the chain has moved on without it.
+    call->sent_incarnation = 0;
+    const absl::StatusOr<ChainRoute> route = routes_->Route(index_, call->rpc.role);
+    if (!route.ok() || route->shard < 0 ||
+        route->shard >= static_cast<int>(peers_.size()) || peers_[route->shard] == nullptr) {
+      call->target = nullptr;
+      OnAttemptDone(call, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                       route.ok() ? absl::StrFormat(
+                                                        "the chain names shard %d, which "
+                                                        "this client does not know",
+                                                        route->shard)
+                                                  : std::string(route.status().message())));
+      return;
+    }
+    call->target = peers_[route->shard];
+    attempt.chain_epoch = route->epoch;
+  } else {
+    call->target = this;
+    // The first attempt fails fast when the channel is known to be down,
+    // so the outage clock starts; retries wait for the reconnect.
+    if (call->retries > 0) call->context->set_wait_for_ready(true);
+    call->sent_incarnation = incarnation_.load();
+  }
+  attempt.shard_incarnation = call->sent_incarnation;
+  attempt.target = call->target;
+  call->rpc.start(attempt, [this, call](grpc::Status status) {
+    OnAttemptDone(call, std::move(status));
+  });
 }
 
 void ShardChannel::Finish(PendingCall* call, absl::Status status) {
@@ -107,21 +145,34 @@ void ShardChannel::Finish(PendingCall* call, absl::Status status) {
   done(std::move(status));
 }
 
+std::string ShardChannel::Describe(const PendingCall& call) const {
+  if (!call.routed) {
+    return absl::StrFormat("%s to shard %d (%s)", call.rpc.method, index_, address_);
+  }
+  if (call.target == nullptr) {
+    return absl::StrFormat("%s of group %d", call.rpc.method, index_);
+  }
+  return absl::StrFormat("%s of group %d to shard %d (%s)", call.rpc.method, index_,
+                         call.target->index(), call.target->address());
+}
+
 void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
+  ShardChannel* const target = call->target;
   if (status.ok()) {
-    NoteAnswer();
+    target->NoteAnswer();
     Finish(call, absl::OkStatus());
     return;
   }
-  const bool aborted = status.error_code() == grpc::StatusCode::ABORTED;
+  // A routed call never resynchronises: its ABORTED is an answer like any other.
+  const bool aborted = !call->routed && status.error_code() == grpc::StatusCode::ABORTED;
   if (!aborted && !IsRetryable(status)) {
     // The shard answered: it is reachable, the request is what failed.
-    if (status.error_code() != grpc::StatusCode::CANCELLED) NoteAnswer();
+    if (status.error_code() != grpc::StatusCode::CANCELLED && target != nullptr) {
+      target->NoteAnswer();
+    }
     const absl::Status error = common::FromGrpcStatus(status);
-    Finish(call, absl::Status(error.code(),
-                              absl::StrFormat("%s to shard %d (%s): %s",
-                                              call->rpc.method, index_, address_,
-                                              error.message())));
+    Finish(call, absl::Status(error.code(), absl::StrFormat("%s: %s", Describe(*call),
+                                                            error.message())));
     return;
   }
   const absl::Time now = absl::Now();
@@ -130,9 +181,9 @@ void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
   if (now - call->first_failure >= call->reconnect_timeout) {
     Finish(call, absl::Status(
                      static_cast<absl::StatusCode>(status.error_code()),
-                     absl::StrFormat("%s to shard %d (%s) failed for %s (%d "
+                     absl::StrFormat("%s failed for %s (%d "
                                      "retries, giving up after %s): %s",
-                                     call->rpc.method, index_, address_,
+                                     Describe(*call),
                                      absl::FormatDuration(absl::Trunc(
                                          now - call->first_failure, absl::Milliseconds(1))),
                                      call->retries,
@@ -151,8 +202,26 @@ void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
     });
     return;
   }
-  NoteFailure(call->rpc.method, status, call->reconnect_timeout);
-  ScheduleRetry(call);
+  if (target != nullptr) {
+    if (IsChainRefusal(status)) {
+      // The shard is alive; this client's chain configuration was old.
+      target->NoteAnswer();
+      VLOG(1) << Describe(*call) << " refused: " << status.error_message();
+    } else {
+      target->NoteFailure(call->rpc.method, status, call->reconnect_timeout);
+    }
+  }
+  Retry(call);
+}
+
+void ShardChannel::Retry(PendingCall* call) {
+  if (!call->routed) {
+    ScheduleRetry(call);
+    return;
+  }
+  // The chain may have changed (a member died or joined): the retry goes
+  // where the configuration read now says.
+  routes_->Refresh(index_, [this, call] { ScheduleRetry(call); });
 }
 
 absl::Duration ShardChannel::Jitter(int retry) {
@@ -170,9 +239,8 @@ void ShardChannel::ScheduleRetry(PendingCall* call) {
   call->alarm = std::make_unique<grpc::Alarm>();
   call->alarm->Set(absl::ToChronoTime(now + wait), [this, call](bool fired) {
     if (!fired) {
-      Finish(call, absl::CancelledError(absl::StrFormat(
-                       "%s to shard %d (%s): retry cancelled", call->rpc.method,
-                       index_, address_)));
+      Finish(call, absl::CancelledError(
+                       absl::StrFormat("%s: retry cancelled", Describe(*call))));
       return;
     }
     StartAttempt(call);

@@ -20,11 +20,23 @@
 // the control RPCs use the first through stub(), the data path any of them
 // through generic(connection); retries and resyncs are the shard's, shared.
 //
+// Replicated shards (--replicas > 1, set_chain). The channel of shard index
+// g then also stands for replica group g: a call with a ChainRole goes to
+// the shard that plays that role in g's chain now (pushes to the head,
+// pulls to the tail, ChainRoutes), over that shard's own connections, and
+// carries the chain's epoch. A retryable failure, including a shard's
+// refusal of a stale epoch ("stale chain epoch", "not serving group", both
+// UNAVAILABLE), re-reads the chain before the retry, which may go to
+// another shard. No resync: the chain keeps the state across shard
+// failures, so a routed call sends shard_incarnation 0. Calls without a
+// role (the control RPCs) always go to the channel's own shard.
+//
 //   ShardRpc rpc;
 //   rpc.method = "Heartbeat";
 //   rpc.attempt_timeout = absl::Seconds(30);
-//   rpc.start = [&](grpc::ClientContext* context, uint64_t incarnation, auto done) {
-//     channel.stub()->async()->Heartbeat(context, &request, &response, std::move(done));
+//   rpc.start = [&](const ShardAttempt& attempt, auto done) {
+//     attempt.target->stub()->async()->Heartbeat(attempt.context, &request, &response,
+//                                                 std::move(done));
 //   };
 //   channel.Call(std::move(rpc), [](absl::Status status) { ... });
 //
@@ -47,6 +59,7 @@
 #include "absl/random/bit_gen_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/client_metrics.h"
@@ -76,19 +89,69 @@ absl::Time AttemptDeadline(absl::Time now, absl::Duration attempt_timeout,
 // code ("Stream removed", "Socket closed", "Connection reset").
 bool IsRetryable(const grpc::Status& status);
 
+// A shard's refusal of a call routed by an outdated chain configuration:
+// UNAVAILABLE whose message starts with "stale chain epoch" or "not serving
+// group". The shard is alive; the client re-reads the chain and retries.
+bool IsChainRefusal(const grpc::Status& status);
+
+class ShardChannel;
+
+// The member of a replica group's chain a call goes to.
+enum class ChainRole {
+  kNone,  // not routed: the channel's own shard (control RPCs; replicas 1)
+  kHead,  // Push, PushPull: the chain's first member
+  kTail,  // Pull: the chain's last member
+};
+
+// Where a routed call goes for one attempt.
+struct ChainRoute {
+  int shard = -1;      // shard index
+  uint64_t epoch = 0;  // the chain configuration's epoch, sent on the request
+};
+
+// The chains of a replicated job as the client knows them (ChainRouter,
+// client/chain_router.h). Implementations are thread-safe.
+class ChainRoutes {
+ public:
+  virtual ~ChainRoutes() = default;
+  // The shard playing `role` (kHead or kTail) in `group`'s chain now.
+  // UNAVAILABLE while the group has no configuration.
+  virtual absl::StatusOr<ChainRoute> Route(int group, ChainRole role) const = 0;
+  // Re-reads `group`'s chain (rate-limited; a failed read keeps the last
+  // one), then calls `then` once, on any thread.
+  virtual void Refresh(int group, std::function<void()> then) = 0;
+};
+
+// One attempt of a ShardRpc, as ShardRpc::start receives it.
+struct ShardAttempt {
+  // Fresh for every attempt; its deadline and wait_for_ready are set.
+  grpc::ClientContext* context = nullptr;
+  // For the request's shard_incarnation: the shard's incarnation as last
+  // learned (0 when unknown, and always for a routed call).
+  uint64_t shard_incarnation = 0;
+  // For the request's chain_epoch: the routed chain's epoch; 0 unrouted.
+  uint64_t chain_epoch = 0;
+  // The shard to send to, whose connections to use: the called channel
+  // itself unless the call was routed. Use connection
+  // `c % target->num_connections()`.
+  ShardChannel* target = nullptr;
+};
+
 // One RPC as ShardChannel::Call runs it.
 struct ShardRpc {
   const char* method = "";
+  // kHead/kTail: routed to that member of the channel's replica group when
+  // the channel has chain routes (set_chain); otherwise ignored.
+  ChainRole role = ChainRole::kNone;
   absl::Duration attempt_timeout = absl::Seconds(30);
   // The call gives up this long after its first failure; capped by the
   // channel's RetryPolicy::reconnect_timeout.
   absl::Duration reconnect_timeout = absl::InfiniteDuration();
-  // Starts one attempt on `context`: sets the request's shard_incarnation
-  // to `shard_incarnation` (the shard's incarnation as last learned; 0 when
-  // unknown) where it has one, and calls `done` when the RPC ends. Called
-  // again, with a fresh context, for every retry.
-  std::function<void(grpc::ClientContext* context, uint64_t shard_incarnation,
-                     std::function<void(grpc::Status)> done)>
+  // Starts one attempt (see ShardAttempt: stamp its incarnation and epoch
+  // on the request, send on its target over attempt.context) and calls
+  // `done` when the RPC ends. Called again, with a fresh attempt, for
+  // every retry.
+  std::function<void(const ShardAttempt& attempt, std::function<void(grpc::Status)> done)>
       start;
 };
 
@@ -116,6 +179,14 @@ class ShardChannel {
 
   // Runs `resync` on ABORTED. Set before the first call.
   void set_resync(ResyncFn resync) { resync_ = std::move(resync); }
+  // Replicated shards: routes the calls with a ChainRole through `routes`
+  // as calls of replica group index(); `peers[s]` is shard s's channel.
+  // Not owned; they must outlive this. Set before the first call.
+  void set_chain(ChainRoutes* routes, std::vector<ShardChannel*> peers) {
+    routes_ = routes;
+    peers_ = std::move(peers);
+  }
+  bool routed() const { return routes_ != nullptr; }
 
   // The shard's incarnation as last learned (0: unknown).
   uint64_t incarnation() const { return incarnation_.load(); }
@@ -137,8 +208,13 @@ class ShardChannel {
 
   void StartAttempt(PendingCall* call);
   void OnAttemptDone(PendingCall* call, grpc::Status status);
+  // Before a retry: re-reads the chain of a routed call, then ScheduleRetry.
+  void Retry(PendingCall* call);
   void ScheduleRetry(PendingCall* call);
   static void Finish(PendingCall* call, absl::Status status);
+  // "Push to shard 2 (host:port)" or, routed, "Push of group 1 to shard 2
+  // (host:port)": the shard the last attempt went to.
+  std::string Describe(const PendingCall& call) const;
   // Runs `then` once the shard has been resynchronised since an attempt
   // sent with `sent_incarnation` was refused.
   void RequestResync(uint64_t sent_incarnation, std::function<void(absl::Status)> then);
@@ -154,6 +230,8 @@ class ShardChannel {
   const RetryPolicy policy_;
   PsClientMetrics* const metrics_;
   ResyncFn resync_;
+  ChainRoutes* routes_ = nullptr;
+  std::vector<ShardChannel*> peers_;  // by shard index; with routes_
   std::atomic<uint64_t> incarnation_{0};
   std::atomic<uint64_t> next_sequence_{0};
 

@@ -96,6 +96,11 @@ void WireRequests::SetPull(int64_t clock, int64_t min_version,
   }
 }
 
+void WireRequests::set_chain_epoch(uint64_t epoch) {
+  header_.chain_epoch = epoch;
+  pull_.set_chain_epoch(epoch);
+}
+
 void WireRequests::PrepareAttempt(uint64_t shard_incarnation, const VersionTable* clamp) {
   header_.shard_incarnation = shard_incarnation;
   if (clamp == nullptr) return;

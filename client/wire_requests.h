@@ -121,6 +121,10 @@ class WireRequests {
   void SetPull(int64_t clock, int64_t min_version,
                absl::FunctionRef<absl::Span<float>(int tensor)> params_of);
 
+  // Replicated shards: the chain epoch the next encoded requests carry
+  // (PushRequest/PullRequest.chain_epoch); 0, the default, is not sent.
+  void set_chain_epoch(uint64_t epoch);
+
   // One attempt's request. `clamp` (async mode) lowers each part's version
   // to the version now in it, if smaller (a shard that restarted and lost
   // updates). Replaces `*out`.
