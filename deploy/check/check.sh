@@ -2,19 +2,21 @@
 # One offline check of deploy/; ctest runs each as a test (deploy/CMakeLists.txt).
 # usage: check.sh CHECK [DEPLOY_DIR]
 #   yamllint        every YAML file: syntax, duplicate keys, indentation, ...
-#   compose-config  docker-compose (v1) config of the file and of file + GPU override
-#   compose-schema  compose-spec JSON schema + volume / depends_on / healthcheck references
+#   compose-config  docker-compose (v1) config of the file, file + GPU override, file + replicated override
+#   compose-schema  compose-spec JSON schema + volume / depends_on / healthcheck references (same pairs)
 #   dockerfile      dockerfile-utils diagnostics + stage refs, exec-form JSON, USER, HEALTHCHECK
 #   runtime-libs    the runtime stage installs the packages the built binaries load
-#   k8s-cpu|k8s-gpu kubectl kustomize of the overlay -> schema, unknown fields (incl. CRDs), references
-#   flag-parity     compose, compose+gpu and both overlays run the same flags
+#   k8s-OVERLAY     kubectl kustomize of overlays/OVERLAY (cpu, gpu, cpu-tls, replicated) -> schema,
+#                   unknown fields (incl. CRDs), references (incl. NetworkPolicies on the flags' connections)
+#   flag-parity     compose, compose+gpu, compose+replicated and the cpu, gpu, replicated overlays run the
+#                   same flags, replication flags consistent with etcd; all exist in the built binaries
 #   prom-config     promtool check config
 #   prom-rules      promtool check rules
 #   prom-tests      promtool test rules (each alert: a firing and a quiet case)
 #   rules-sync      k8s PrometheusRule = prometheus/alerts.yml
 #   dashboard       Grafana dashboard types, panel options, datasource uids, PromQL of every target
 # env: DEPLOY_CHECK_TOOLS  validators + node_modules staged by setup.sh (default: this folder)
-#      SHARDTRAIN_BIN_DIR  built binaries (runtime-libs)
+#      SHARDTRAIN_BIN_DIR  built binaries (runtime-libs, flag-parity)
 set -euo pipefail
 check=${1:?usage: check.sh CHECK [DEPLOY_DIR]}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -30,9 +32,11 @@ case $check in
   compose-config)
     docker-compose -p shardtrain -f "$deploy/docker-compose.yml" config -q
     docker-compose -p shardtrain -f "$deploy/docker-compose.yml" -f "$deploy/docker-compose.gpu.yml" config -q
-    echo "ok   docker-compose config (with and without the GPU override)" ;;
+    docker-compose -p shardtrain -f "$deploy/docker-compose.yml" -f "$deploy/docker-compose.replicated.yml" config -q
+    echo "ok   docker-compose config (alone, with the GPU override, with the replicated override)" ;;
   compose-schema)
-    node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" ;;
+    node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml"
+    node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.replicated.yml" ;;
   dockerfile)
     node "$tools/lint-dockerfile.mjs" "$deploy/Dockerfile" ;;
   runtime-libs)
@@ -49,9 +53,9 @@ case $check in
     node "$tools/k8s-refs.mjs" "$work/k8s-$overlay.yaml" || status=1
     exit $status ;;
   flag-parity)
-    render cpu; render gpu
+    render cpu; render gpu; render replicated
     node "$tools/flag-parity.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" \
-      "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" ;;
+      "$deploy/docker-compose.replicated.yml" "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" "$work/k8s-replicated.yaml" ;;
   prom-config)
     promtool check config "$deploy/prometheus/prometheus.yml" ;;
   prom-rules)

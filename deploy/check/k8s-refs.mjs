@@ -14,7 +14,21 @@
 //     volumeClaimTemplate), or a file flag (--tls_cert,
 //     --tls_key, --tls_ca, --tls_client_ca, --auth_token_file) in a
 //     container's command, args or exec probes whose path lies under none of
-//     that container's mounts (the process then fails at start).
+//     that container's mounts (the process then fails at start);
+//   - one image repository run with different tags (a component's containers
+//     missed the overlay's `images:` tag: etcd or an init container from
+//     another build than the shards);
+//   - a connection that a flag names (--servers, --etcd_endpoints, etcd's
+//     --initial-cluster: from this pod; --advertise_address, etcd's
+//     --initial-advertise-peer-urls: from the other pods of its StatefulSet)
+//     to a pod of this render, on a port that pod does not declare or that
+//     the NetworkPolicies selecting that pod do not admit from the caller
+//     (the call then times out at run time, only where the CNI enforces
+//     NetworkPolicy); and an own-address flag (--advertise_address, etcd's
+//     --advertise-client-urls / --initial-advertise-peer-urls) that does not
+//     name the pod itself, evaluated for every pod of a StatefulSet with
+//     $(VARS) expanded from the ConfigMaps and the downward API. Hosts of no rendered Service (an
+//     external etcd) are not checked.
 // usage: node k8s-refs.mjs rendered.yaml
 import fs from 'node:fs';
 import YAML from 'yaml';
@@ -101,11 +115,105 @@ for (const p of pods) {
   }
 }
 
+// One tag per image repository.
+const tags = new Map();
+for (const p of pods) for (const c of [...(p.spec.initContainers ?? []), ...p.spec.containers]) {
+  const [, repo, tag] = c.image.match(/^(.*?)(?::([\w.-]+))?(?:@.*)?$/);
+  if (!tags.has(repo)) tags.set(repo, new Map());
+  tags.get(repo).set(tag ?? '(none, i.e. latest)', `${id(p.owner)} container ${c.name}`);
+}
+for (const [repo, t] of tags) if (t.size > 1) errs.push(`image ${repo} runs with ${t.size} tags (an images: tag that missed some containers?): ${[...t].map(([k, w]) => `${k} (${w})`).join(', ')}`);
+
+// Connections named by flags, and the NetworkPolicies on their way.
+const services = objs.filter(o => o.kind === 'Service');
+const portNumber = (p, port) => {  // a container port of pod template p, by name or number
+  for (const c of p.spec.containers) for (const q of c.ports ?? []) if (q.name === port || q.containerPort === Number(port)) return q;
+  return null;
+};
+// host:port -> {pod, port (container port object), index (StatefulSet pod) } or null when not in this render.
+const resolve = addr => {
+  const m = addr.replace(/^[a-z]+:\/\//, '').match(/^([^:/]+):(\d+)\/?$/);
+  if (!m) return { error: `"${addr}" is not host:port` };
+  const [, host, port] = m;
+  const parts = host.split('.');
+  const ns = i => parts.length === i || (parts[i] === objs.find(o => o.kind === 'Namespace')?.metadata.name
+    && (parts.length === i + 1 || parts.slice(i + 1).join('.').match(/^svc(\.cluster\.local)?$/)));
+  // pod-N.service[.namespace[.svc[.cluster.local]]]: one pod of the StatefulSet governed by that headless Service.
+  const sts = objs.find(o => o.kind === 'StatefulSet' && o.spec.serviceName === parts[1] && parts[0].startsWith(o.metadata.name + '-'));
+  if (sts && ns(2)) {
+    const index = Number(parts[0].slice(sts.metadata.name.length + 1));
+    const p = pods.find(q => q.owner === sts);
+    if (!(index >= 0 && index < (sts.spec.replicas ?? 1))) return { error: `${host}: ${id(sts)} has no pod ${parts[0]} (replicas ${sts.spec.replicas})` };
+    return { pods: [p], port: Number(port), index, owner: sts };
+  }
+  // service[.namespace...]: the pods it selects, on its targetPort (a headless Service's DNS names the pods: the port is theirs).
+  const svc = services.find(o => o.metadata.name === parts[0]);
+  if (svc && ns(1)) {
+    const sp = svc.spec.clusterIP === 'None' ? null : (svc.spec.ports ?? []).find(q => q.port === Number(port));
+    if (svc.spec.clusterIP !== 'None' && !sp) return { error: `${host}: ${id(svc)} has no port ${port}` };
+    return { pods: selected(svc.spec.selector), port: sp ? sp.targetPort ?? sp.port : Number(port), owner: svc };
+  }
+  return null;
+};
+const admits = (target, source, port) => {  // NetworkPolicy semantics for one namespace, matchLabels selectors
+  const pols = objs.filter(o => o.kind === 'NetworkPolicy' && matches(o.spec.podSelector?.matchLabels ?? {}, target.labels)
+    && (o.spec.policyTypes ?? ['Ingress']).includes('Ingress'));
+  if (!pols.length) return true;
+  return pols.some(o => (o.spec.ingress ?? []).some(rule =>
+    (!rule.from?.length || rule.from.some(peer => peer.podSelector && !peer.namespaceSelector && !peer.ipBlock
+      && matches(peer.podSelector.matchLabels ?? {}, source.labels)))
+    && (!rule.ports?.length || rule.ports.some(q => (q.protocol ?? 'TCP') === (port.protocol ?? 'TCP')
+      && (q.port === undefined || q.port === port.name || q.port === port.containerPort
+          || (q.endPort !== undefined && port.containerPort >= q.port && port.containerPort <= q.endPort))))));
+};
+const CONNECT = ['servers', 'etcd_endpoints', 'initial-cluster'];   // this pod calls these
+const SELF = ['advertise_address', 'initial-advertise-peer-urls', 'advertise-client-urls'];  // this pod's own address
+const PEERS = ['advertise_address', 'initial-advertise-peer-urls'];  // ... which its StatefulSet peers call
+const once = new Set();
+const report = e => { if (!once.has(e)) { once.add(e); errs.push(e); } };
+for (const p of pods) for (let i = 0; i < (p.owner.kind === 'StatefulSet' ? p.owner.spec.replicas ?? 1 : 1); i++) {
+  // Pod i of a StatefulSet (its name and pod-index label from the downward API), or one pod of a Job.
+  const podName = p.owner.kind === 'StatefulSet' ? `${p.owner.metadata.name}-${i}` : `${p.owner.metadata.name}-${i}-x`;
+  for (const c of p.spec.containers) {
+    const where = `${id(p.owner)} container ${c.name}`;
+    const env = {};
+    for (const e of c.envFrom ?? []) Object.entries(configMaps.get(e.configMapRef?.name) ?? {}).forEach(([k, v]) => { env[(e.prefix ?? '') + k] = v; });
+    for (const e of c.env ?? []) {
+      const f = e.valueFrom?.fieldRef?.fieldPath;
+      env[e.name] = e.value ?? (f === 'metadata.name' ? podName : f?.includes('pod-index') ? String(i) : undefined);
+    }
+    if (p.owner.kind === 'Job') env.JOB_COMPLETION_INDEX ??= String(i);
+    for (const a of [...(c.command ?? []), ...(c.args ?? [])]) {
+      const m = a.replace(/(?<!\$)\$\(([A-Za-z_]\w*)\)/g, (x, v) => env[v] ?? x).match(/^--([\w-]+)=(.*)$/);
+      if (!m || ![...CONNECT, ...SELF].includes(m[1])) continue;
+      const [, flag, value] = m;
+      for (const item of value.split(',')) {
+        const addr = flag === 'initial-cluster' ? item.slice(item.indexOf('=') + 1) : item;
+        const r = resolve(addr);
+        if (r?.error) { report(`${where}: --${flag}: ${r.error}`); continue; }
+        if (!r) { if (SELF.includes(flag)) report(`${where}: --${flag}=${value} names no pod of this render`); continue; }
+        if (SELF.includes(flag) && (r.owner !== p.owner || r.index !== i)) {
+          report(`${where}: --${flag}=${value} is not the pod's own address (for pod ${podName} it names ${r.index === undefined ? id(r.owner) : `${r.owner.metadata.name}-${r.index}`})`);
+          continue;
+        }
+        const sources = SELF.includes(flag) && !PEERS.includes(flag) ? [] : [p];
+        for (const t of r.pods) {
+          const port = portNumber(t, r.port);
+          if (!port) { report(`${where}: --${flag}=${item}: port ${r.port} is not a container port of ${id(t.owner)}`); continue; }
+          for (const src of sources) if (!admits(t, src, port)) {
+            report(`${where}: --${flag}=${item}: no NetworkPolicy admits ${id(src.owner)} pods to ${id(t.owner)} on port ${port.containerPort}`);
+          }
+        }
+      }
+    }
+  }
+}
+
 for (const o of objs.filter(o => o.kind === 'StatefulSet')) {
   const svc = objs.find(s => s.kind === 'Service' && s.metadata.name === o.spec.serviceName);
   if (!svc || svc.spec.clusterIP !== 'None') errs.push(`${id(o)}: serviceName "${o.spec.serviceName}" is not a headless Service`);
 }
 
-console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps, $(VARS), volumes and file flags resolve`);
+console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps, $(VARS), volumes and file flags resolve; one tag per image; the flags' connections pass the NetworkPolicies`);
 errs.forEach(e => console.log(`     ${e}`));
 process.exit(errs.length ? 1 : 0);

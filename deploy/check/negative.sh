@@ -39,6 +39,23 @@ case $name in
     '  value: {name: tls, mountPath' '  value: {name: certs, mountPath' 'volumeMount "certs" names no volume of the pod') ;;
   k8s-tls-path-outside-mount) c=(k8s-cpu-tls k8s/components/tls/workers-tls.yaml
     '  value: --tls_ca=/etc/shardtrain/tls/ca.pem' '  value: --tls_ca=/etc/shardtrain/ca.pem' 'container ps-worker: --tls_ca=/etc/shardtrain/ca.pem is under none') ;;
+  compose-replicated-etcd-no-healthcheck) c=(compose-schema docker-compose.replicated.yml
+    $'    healthcheck:\n      test: ["CMD", "etcdctl"' '    x-healthcheck:\n      test: ["CMD", "etcdctl"' 'waits for service_healthy but etcd has no healthcheck') ;;
+  k8s-networkpolicy-no-etcd) c=(k8s-replicated k8s/components/etcd/etcd.yaml
+    $'        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: ps-server\n' ''
+    'etcd_endpoints=etcd-0.etcd:2379: no NetworkPolicy admits StatefulSet/ps-server pods to StatefulSet/etcd on port 2379') ;;
+  k8s-shards-not-admitted-to-each-other) c=(k8s-replicated k8s/components/replicated/networkpolicy-replicated.yaml
+    'app.kubernetes.io/name: ps-server' 'app.kubernetes.io/name: ps-worker'
+    'advertise_address=ps-server-0.ps-server:7000: no NetworkPolicy admits StatefulSet/ps-server pods to StatefulSet/ps-server on port 7000') ;;
+  k8s-advertise-not-own-address) c=(k8s-replicated k8s/components/replicated/shards-replicated.yaml
+    '--advertise_address=$(POD_NAME).ps-server:7000' '--advertise_address=ps-server-0.ps-server:7000' "is not the pod's own address \(for pod ps-server-1") ;;
+  k8s-component-image-tag) c=(k8s-replicated k8s/overlays/replicated/kustomization.yaml
+    $'images:\n  - name: shardtrain\n    newTag: latest\n' '' 'image shardtrain runs with 2 tags') ;;
+  flag-parity-replicas-without-etcd) c=(flag-parity docker-compose.replicated.yml
+    $'      - --etcd_endpoints=etcd:2379\n      - --job=fashion-mnist\n      - --lease_ttl_s=1\n      - --advertise_address=shard-0:7000'
+    $'      - --job=fashion-mnist\n      - --lease_ttl_s=1\n      - --advertise_address=shard-0:7000' 'shard-0: --replicas=2 needs --etcd_endpoints') ;;
+  flag-parity-lease-below-etcd-minimum) c=(flag-parity docker-compose.replicated.yml
+    $'      - --heartbeat-interval=25\n      - --election-timeout=250\n' '' "lease_ttl_s=1 is below etcd's shortest lease 2 s") ;;
   flag-parity-epochs) c=(flag-parity k8s/base/training.env
     'EPOCHS=10' 'EPOCHS=20' 'worker flags: compose vs .*--epochs is 10 vs 20') ;;
   prom-config-duration) c=(prom-config prometheus/prometheus.yml

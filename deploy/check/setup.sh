@@ -2,7 +2,8 @@
 # Installs what the deploy checks need and stages the validators in TOOLS_DIR
 # (a build-tree folder, so the source tree stays clean and two build trees do
 # not share one node_modules):
-#   Debian: docker-compose prometheus (promtool) yamllint gnuplot-nox jq curl
+#   Debian: docker-compose prometheus (promtool) yamllint gnuplot-nox jq curl, etcd-server etcd-client
+#     (flag-parity checks the etcd / etcdctl flags of compose and k8s against their --help)
 #   npm (package-lock.json): kubernetes-models, prometheus-operator models,
 #     grafana-foundation-sdk, typescript, ajv, dclint (compose schema),
 #     dockerfile-utils, yaml
@@ -13,7 +14,7 @@ tools=${1:?usage: setup.sh TOOLS_DIR}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 need=()
-for p in docker-compose prometheus yamllint gnuplot-nox jq curl; do
+for p in docker-compose prometheus yamllint gnuplot-nox jq curl etcd-server etcd-client; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -23,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
   "${sudo[@]}" apt-get update -qq
   "${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-for c in node npm kubectl promtool prometheus yamllint docker-compose gnuplot jq curl; do
+for c in node npm kubectl promtool prometheus yamllint docker-compose gnuplot jq curl etcd etcdctl; do
   command -v "$c" >/dev/null || { echo "missing: $c" >&2; exit 1; }
 done
 kubectl kustomize --help >/dev/null
