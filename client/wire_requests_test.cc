@@ -276,5 +276,26 @@ TEST_F(WireRequestsTest, PushPullCarriesBothHalvesAndDecodesBoth) {
   EXPECT_EQ(b[47], 3);
 }
 
+TEST_F(WireRequestsTest, EveryRequestCarriesTheChainEpochOnceSet) {
+  WireRequests requests(WireOptions(), Slices(), &names_);
+  std::vector<float> a(100), b(48);
+  requests.SetPush(3, 9, [&](int t) { return GradOf(t); }, versions_);
+  requests.SetPull(3, 2, [&](int t) { return t == 0 ? absl::MakeSpan(a) : absl::MakeSpan(b); });
+  grpc::ByteBuffer request;
+  requests.EncodePush(0, nullptr, &request);
+  EXPECT_EQ(Parse<PushRequest>(request).chain_epoch(), 0u);  // unreplicated
+  requests.set_chain_epoch(12);
+  requests.EncodePush(0, nullptr, &request);
+  EXPECT_EQ(Parse<PushRequest>(request).chain_epoch(), 12u);
+  requests.EncodePull(0, &request);
+  EXPECT_EQ(Parse<PullRequest>(request).chain_epoch(), 12u);
+  requests.set_chain_epoch(13);
+  requests.EncodePushPull(0, nullptr, &request);
+  const PushPullRequest both = Parse<PushPullRequest>(request);
+  EXPECT_EQ(both.push().chain_epoch(), 13u);
+  EXPECT_EQ(both.pull().chain_epoch(), 13u);
+  EXPECT_EQ(both.push().sequence(), 9u);
+}
+
 }  // namespace
 }  // namespace shardtrain::client

@@ -2,6 +2,10 @@
 //
 //   ps-worker --servers=127.0.0.1:7000,127.0.0.1:7001 --worker_index=0
 //             --num_workers=2 --model=mlp:784-256-128-10 --epochs=10
+//   # replicated shards (each partition on 2 of the 3 shards):
+//   ps-worker --servers=a:7000,b:7000,c:7000 --replicas=2
+//             --etcd_endpoints=etcd:2379 --job=mnist ...
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -24,6 +28,8 @@
 #include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
+#include "common/partition.h"
+#include "common/replication_keys.h"
 #include "common/status_macros.h"
 #include "worker/data/dataset.h"
 #include "worker/device/device_options.h"
@@ -90,6 +96,16 @@ ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
 ABSL_FLAG(int, channels_per_shard, 4,
           "TCP connections to each shard; a push's or pull's partitions on one "
           "shard are split over them");
+ABSL_FLAG(int, replicas, 1,
+          "Copies of every partition on a chain of shards (1..3, at most the "
+          "number of shards); must match the shards' --replicas. 1: no "
+          "replication, no etcd");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "With --replicas > 1: etcd host:port[,host:port] holding the chains "
+          "(required then)");
+ABSL_FLAG(std::string, job, "shardtrain",
+          "With --replicas > 1: the job's etcd namespace /shardtrain/<job>/, "
+          "as the shards' --job");
 ABSL_FLAG(double, linger_s, 0,
           "Keep serving metrics this long after training, so a last scrape "
           "sees the final values");
@@ -159,6 +175,29 @@ absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
   return exposer;
 }
 
+// --replicas, --etcd_endpoints, --job into `options` (servers set).
+absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
+  const int replicas = absl::GetFlag(FLAGS_replicas);
+  const int num_shards = static_cast<int>(options->servers.size());
+  if (num_shards > 0) {
+    const absl::Status valid = common::ValidateReplicas(num_shards, replicas);
+    if (!valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--replicas: ", valid.message()));
+    }
+  }
+  options->replicas = replicas;
+  options->etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  options->job = absl::GetFlag(FLAGS_job);
+  if (replicas > 1 && options->etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--etcd_endpoints is required with --replicas=", replicas,
+        ": the worker routes by the chains kept there"));
+  }
+  const absl::Status job = common::ValidateJobName(options->job);
+  if (!job.ok()) return absl::InvalidArgumentError(absl::StrCat("--job: ", job.message()));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client::PsClientOptions client_options;
   client_options.servers =
@@ -181,18 +220,28 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client_options.security = common::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
+  RETURN_IF_ERROR(ReplicationFromFlags(&client_options));
   return client_options;
 }
 
-// Each server must be the shard its place in --servers says.
+// Each server must be the shard its place in --servers says. `shards` are
+// the answers in shard order of every shard but those in `unreachable`
+// (replicated shards: dead ones are skipped).
 absl::Status CheckShardOrder(const std::vector<StatusResponse>& shards,
+                             const std::vector<int>& unreachable,
                              const std::vector<std::string>& servers) {
-  for (size_t s = 0; s < shards.size(); ++s) {
-    if (shards[s].shard() != s || shards[s].num_shards() != shards.size()) {
+  size_t next = 0;
+  for (size_t s = 0; s < servers.size(); ++s) {
+    if (std::find(unreachable.begin(), unreachable.end(), static_cast<int>(s)) !=
+        unreachable.end()) {
+      continue;
+    }
+    if (next >= shards.size()) break;
+    const StatusResponse& shard = shards[next++];
+    if (shard.shard() != s || shard.num_shards() != servers.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "server ", servers[s], " is shard ", shards[s].shard(), " of ",
-          shards[s].num_shards(), ", but is listed as shard ", s, " of ",
-          shards.size()));
+          "server ", servers[s], " is shard ", shard.shard(), " of ", shard.num_shards(),
+          ", but is listed as shard ", s, " of ", servers.size()));
     }
   }
   return absl::OkStatus();
@@ -242,7 +291,8 @@ absl::StatusOr<TrainingData> LoadTrainingData(bool chief) {
 // (sync, 2 shards, optimizer sgd)".
 std::string DescribeRun(const worker::TrainerOptions& options,
                         const worker::ModelOptions& model_options,
-                        const std::vector<StatusResponse>& shards) {
+                        const std::vector<StatusResponse>& shards,
+                        const client::PsClientOptions& client_options) {
   std::string pipeline;
   if (model_options.pipeline_stages > 1) {
     pipeline = absl::StrCat(
@@ -253,15 +303,19 @@ std::string DescribeRun(const worker::TrainerOptions& options,
   return absl::StrCat("worker ", options.worker_index, "/", options.num_workers,
                       " training ", model_options.spec.ToString(), " on ",
                       worker::DeviceKindName(model_options.device), pipeline,
-                      " (", shards[0].mode(), ", ", shards.size(),
-                      " shards, optimizer ", shards[0].optimizer(), ")");
+                      " (", shards[0].mode(), ", ", client_options.servers.size(),
+                      " shards, ",
+                      client_options.replicas > 1
+                          ? absl::StrCat(client_options.replicas, " replicas, ")
+                          : "",
+                      "optimizer ", shards[0].optimizer(), ")");
 }
 
 // The chief's report: the final accuracy on stdout and, with --results, the
 // results file.
 absl::Status ReportResults(const worker::TrainerOptions& options,
                            const worker::ModelSpec& spec,
-                           const std::vector<StatusResponse>& shards,
+                           const std::vector<StatusResponse>& shards, int num_shards,
                            const worker::TrainResult& result) {
   std::cout << absl::StrFormat("final test accuracy: %.4f",
                                result.final_test_accuracy)
@@ -273,7 +327,7 @@ absl::Status ReportResults(const worker::TrainerOptions& options,
   run.model = spec.ToString();
   run.optimizer = shards[0].optimizer();
   run.workers = options.num_workers;
-  run.shards = static_cast<int>(shards.size());
+  run.shards = num_shards;
   run.batch = options.batch;
   run.epochs = options.epochs;
   return worker::WriteResults(results, run, result);
@@ -292,8 +346,9 @@ absl::Status RunWorker() {
   ASSIGN_OR_RETURN(auto client, client::PsClient::Create(client_options, &rpc_metrics,
                                                          &client_metrics));
   // The shards own the consistency mode; ask rather than trust a flag.
-  ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus());
-  RETURN_IF_ERROR(CheckShardOrder(shards, client_options.servers));
+  std::vector<int> unreachable;
+  ASSIGN_OR_RETURN(std::vector<StatusResponse> shards, client->ClusterStatus(&unreachable));
+  RETURN_IF_ERROR(CheckShardOrder(shards, unreachable, client_options.servers));
   ASSIGN_OR_RETURN(const worker::TrainerOptions options,
                    TrainerOptionsFromFlags(shards[0], model_options.device));
   ASSIGN_OR_RETURN(const TrainingData data, LoadTrainingData(options.chief));
@@ -302,7 +357,8 @@ absl::Status RunWorker() {
                    worker::Trainer::Create(options, make_model, client.get(),
                                            &worker_metrics));
   RETURN_IF_ERROR(trainer->Initialize());
-  LOG(INFO) << DescribeRun(options, model_options, shards) << ", metrics on port "
+  LOG(INFO) << DescribeRun(options, model_options, shards, client_options)
+            << ", metrics on port "
             << exposer->port();
   ASSIGN_OR_RETURN(
       worker::TrainResult result,
@@ -314,7 +370,8 @@ absl::Status RunWorker() {
                      }
                    }));
   if (options.chief) {
-    RETURN_IF_ERROR(ReportResults(options, model_options.spec, shards, result));
+    RETURN_IF_ERROR(ReportResults(options, model_options.spec, shards,
+                                  static_cast<int>(client_options.servers.size()), result));
   }
   LOG(INFO) << "worker " << options.worker_index << " finished "
             << result.steps << " steps in " << result.wall_seconds << " s";
