@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 
@@ -169,11 +170,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
   PushResponse push_response;
-  absl::Status status = message.Take(*request);
-  if (status.ok()) {
-    status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
-                        "shardtrain.PushRequest", shard_metrics_);
-  }
+  absl::Status status = ParsePushRequest(*request, &message, &push);
   if (status.ok() && replicator_ != nullptr) {
     // Answered once the chain's tail has the push (maybe on another thread).
     const size_t request_bytes = request->Length();
@@ -188,6 +185,14 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   if (status.ok()) status = shard_->Push(push, &push_response);
   FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
   return reactor;
+}
+
+absl::Status ParameterServerService::ParsePushRequest(const grpc::ByteBuffer& request,
+                                                      wire::ReceivedMessage* message,
+                                                      wire::PushView* push) {
+  RETURN_IF_ERROR(message->Take(request));
+  return PushParsed(wire::ParsePush(*message, push, MaxParts()), "shardtrain.PushRequest",
+                    shard_metrics_);
 }
 
 void ParameterServerService::FinishPush(grpc::ServerUnaryReactor* reactor,
@@ -218,11 +223,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Replicate(
   }
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
-  absl::Status status = message.Take(*request);
-  if (status.ok()) {
-    status = PushParsed(wire::ParsePush(message, &push, MaxParts()),
-                        "shardtrain.PushRequest", shard_metrics_);
-  }
+  const absl::Status status = ParsePushRequest(*request, &message, &push);
   if (!status.ok()) {
     FinishRaw(reactor, "Replicate", status, start, request->Length(), *response);
     return reactor;

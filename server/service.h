@@ -26,6 +26,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
+#include "common/wire/message_views.h"
 #include "server/replication/replicator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -126,6 +127,10 @@ class ParameterServerService final : public ParameterServerBase {
               const absl::Status& status, absl::Time start,
               const google::protobuf::Message& request,
               const google::protobuf::Message& response);
+  // Parses a raw PushRequest (Push, Replicate) into `push`, which views
+  // `message`'s slices.
+  absl::Status ParsePushRequest(const grpc::ByteBuffer& request,
+                                wire::ReceivedMessage* message, wire::PushView* push);
   // Serializes `push_response` into `response` and finishes a push.
   void FinishPush(grpc::ServerUnaryReactor* reactor, const char* method,
                   absl::Status status, absl::Time start, size_t request_bytes,

@@ -88,6 +88,10 @@ class Shard {
   // group), or as Find for an unknown part.
   absl::StatusOr<int> GroupOf(const wire::PushView& request) const;
   absl::StatusOr<int> GroupOf(const PullRequest& request) const;
+  absl::StatusOr<int> GroupOf(const PartitionKey& key) const;
+  // Push with the request's group already known (GroupOf(request)).
+  absl::Status Push(const wire::PushView& request, int group, PushResponse* response,
+                    Applied* applied);
 
   // Applies a push forwarded down `request`'s group chain: part i at
   // operation request.replicated[i].op of its partition, waiting up to

@@ -6,6 +6,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/float_env.h"
 #include "common/payload.h"
@@ -34,43 +35,66 @@ absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) 
   return Push(request, response, nullptr);
 }
 
-absl::StatusOr<int> Shard::GroupOf(const wire::PushView& request) const {
-  if (request.parts.empty()) {
-    return absl::InvalidArgumentError("push carries no gradients");
-  }
+namespace {
+
+// The one replica group of every key `key_of(i)`, i < n, names (`what`: the
+// request, for messages).
+template <typename KeyOf>
+absl::StatusOr<int> CommonGroup(const TensorStore& store, size_t n, KeyOf key_of,
+                                const char* what) {
+  if (n == 0) return absl::InvalidArgumentError(absl::StrCat(what, " names no partitions"));
   int group = -1;
-  for (const wire::GradientPartView& part : request.parts) {
-    ASSIGN_OR_RETURN(const Partition* p, store_.Find(part.key.tensor, part.key.partition));
+  for (size_t i = 0; i < n; ++i) {
+    const auto [tensor, partition] = key_of(i);
+    ASSIGN_OR_RETURN(const Partition* p, store.Find(tensor, partition));
     if (group >= 0 && p->group != group) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "a replicated push names partitions of replica groups %d and %d; "
-          "send one push per group",
-          group, p->group));
+          "a replicated %s names partitions of replica groups %d and %d; send one "
+          "per group",
+          what, group, p->group));
     }
     group = p->group;
   }
   return group;
+}
+
+}  // namespace
+
+absl::StatusOr<int> Shard::GroupOf(const wire::PushView& request) const {
+  return CommonGroup(
+      store_, request.parts.size(),
+      [&](size_t i) {
+        const wire::KeyView& key = request.parts[i].key;
+        return std::pair<absl::string_view, uint32_t>(key.tensor, key.partition);
+      },
+      "push");
 }
 
 absl::StatusOr<int> Shard::GroupOf(const PullRequest& request) const {
-  if (request.parts().empty()) {
-    return absl::InvalidArgumentError("pull names no partitions");
-  }
-  int group = -1;
-  for (const PartitionKey& key : request.parts()) {
-    ASSIGN_OR_RETURN(const Partition* p, store_.Find(key));
-    if (group >= 0 && p->group != group) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "a replicated pull names partitions of replica groups %d and %d; "
-          "send one pull per group",
-          group, p->group));
-    }
-    group = p->group;
-  }
-  return group;
+  return CommonGroup(
+      store_, static_cast<size_t>(request.parts_size()),
+      [&](size_t i) {
+        const PartitionKey& key = request.parts(static_cast<int>(i));
+        return std::pair<absl::string_view, uint32_t>(key.tensor(), key.partition());
+      },
+      "pull");
+}
+
+absl::StatusOr<int> Shard::GroupOf(const PartitionKey& key) const {
+  ASSIGN_OR_RETURN(const Partition* p, store_.Find(key));
+  return p->group;
 }
 
 absl::Status Shard::Push(const wire::PushView& request, PushResponse* response,
+                         Applied* applied) {
+  int group = options_.shard_index;
+  if (groups_.size() > 1 && request.sequence != 0) {
+    ASSIGN_OR_RETURN(group, GroupOf(request));
+  }
+  return Push(request, group, response, applied);
+}
+
+absl::Status Shard::Push(const wire::PushView& request, int group, PushResponse* response,
                          Applied* applied) {
   response->set_incarnation(incarnation_);
   response->set_duplicate(false);
@@ -85,10 +109,6 @@ absl::Status Shard::Push(const wire::PushView& request, PushResponse* response,
     RETURN_IF_ERROR(ApplyPush(request, response, applied));
     NotifyProgress();
     return absl::OkStatus();
-  }
-  int group = options_.shard_index;
-  if (groups_.size() > 1) {
-    ASSIGN_OR_RETURN(group, GroupOf(request));
   }
   RETURN_IF_ERROR(DedupedPush(request, group, response, applied));
   if (!response->duplicate()) NotifyProgress();

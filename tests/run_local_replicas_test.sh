@@ -14,21 +14,7 @@ root=$1
 command -v etcd >/dev/null || { echo "SKIP: etcd is not installed (Debian's etcd-server)"; exit 77; }
 command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
 out=$(mktemp -d -t shardtrain-run-local-replicas-test.XXXXXX)
-run_pid=""
-cleanup() {
-  if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
-  [ -n "${KEEP:-}" ] || rm -rf "$out"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# The open files of processes that have $1 open. find fails whenever a
-# process ends while it looks, so its status says nothing.
-holders() { find /proc/[0-9]*/fd -lname "$1" 2>/dev/null || true; }
-expect_no_processes() {  # every process run-local.sh started wrote a log under $1
-  local open
-  open=$(holders "$1/*")
-  [ -z "$open" ] || fail "processes started by run-local.sh still run: $open"
-}
+source "$(dirname "$0")/run_local_test_lib.sh"
 
 # The stand-ins. A shard writes one argument per line to $RECORD/shard<i>,
 # notes whether the etcd it was given answers, writes its port file and

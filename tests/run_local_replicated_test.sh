@@ -4,31 +4,13 @@
 # starts for them) reaches the accuracy of an unreplicated run and leaves
 # nothing behind; then a shard killed after the first epoch of a second run
 # costs no data: the job finishes on the other replicas without a restart.
-# Exits 77 (skipped) until ps-server takes --replicas, or without etcd.
+# Exits 77 (skipped) without etcd.
 set -euo pipefail
 root=$1
 build_dir=$2
 command -v etcd >/dev/null || { echo "SKIP: etcd is not installed (Debian's etcd-server)"; exit 77; }
-if ! "$build_dir/bin/ps-server" --help 2>&1 | grep -q -- "^ *--replicas "; then
-  echo "SKIP: ps-server has no --replicas"
-  exit 77
-fi
 out=$(mktemp -d -t shardtrain-run-local-replicated-test.XXXXXX)
-run_pid=""
-cleanup() {
-  if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
-  rm -rf "$out"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Every process run-local.sh started (etcd included) writes to a log under
-# $1; none may still hold one open. find fails whenever a process ends while
-# it looks, so its status says nothing.
-expect_no_processes() {
-  local open
-  open=$(find /proc/[0-9]*/fd -lname "$1/*" 2>/dev/null || true)
-  [ -z "$open" ] || fail "processes started by run-local.sh are still running: $open"
-}
+source "$(dirname "$0")/run_local_test_lib.sh"
 mkdir -p "$out/tmp1"
 TMPDIR="$out/tmp1" BUILD_DIR="$build_dir" "$root/scripts/run-local.sh" --no-build --epochs 1 \
   --shards 3 --replicas 2 --logs "$out/logs1" >"$out/stdout1" 2>"$out/stderr1" ||

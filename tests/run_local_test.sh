@@ -8,21 +8,7 @@ set -euo pipefail
 root=$1
 build_dir=$2
 out=$(mktemp -d -t shardtrain-run-local-test.XXXXXX)
-run_pid=""
-cleanup() {
-  if [ -n "$run_pid" ]; then kill "$run_pid" 2>/dev/null || true; wait "$run_pid" 2>/dev/null || true; fi
-  rm -rf "$out"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Every process run-local.sh started writes to a log under $1; none may still
-# hold one open. (find fails whenever a process ends while it looks, so its
-# status says nothing; with pipefail a `find | grep -q .` never matched.)
-expect_no_processes() {
-  local open
-  open=$(find /proc/[0-9]*/fd -lname "$1/*" 2>/dev/null || true)
-  [ -z "$open" ] || fail "processes started by run-local.sh are still running: $open"
-}
+source "$(dirname "$0")/run_local_test_lib.sh"
 mkdir -p "$out/tmp" "$out/tmp2"
 
 TMPDIR="$out/tmp" BUILD_DIR="$build_dir" "$root/scripts/run-local.sh" --no-build --epochs 1 \

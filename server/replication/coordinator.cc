@@ -96,7 +96,7 @@ absl::Status Coordinator::TakeLease() {
   absl::MutexLock lock(&mu_);
   lease_ = lease;
   keeper_ = etcd_->KeepLeaseAlive(lease, [this](absl::Status why) { OnLeaseLost(why); });
-  lease_problem_.clear();
+  lease_problem_ = LeaseProblem::kNone;
   metrics_->lease_alive().Set(1);
   LOG(INFO) << "shard " << me.shard << ": etcd lease " << lease.id << " (ttl "
             << lease.ttl << ") at " << etcd_->endpoint();
@@ -114,7 +114,7 @@ void Coordinator::OnLeaseLost(absl::Status why) {
                  << why << "); serving the current chains until etcd is back";
   }
   absl::MutexLock lock(&mu_);
-  lease_problem_ = expired ? "expired" : "unreachable";
+  lease_problem_ = expired ? LeaseProblem::kExpired : LeaseProblem::kUnreachable;
   wake_ = true;
 }
 
@@ -125,20 +125,40 @@ void Coordinator::Wake() {
 
 void Coordinator::Ticker() {
   while (true) {
+    table_->Tick(absl::Now());
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      const absl::Time now = absl::Now();
-      table_->Tick(now);
+      LiftPauseFence();
     }
     absl::SleepFor(kTick);
   }
 }
 
+void Coordinator::LiftPauseFence() {
+  if (!table_->Fenced()) {
+    fenced_at_refreshes_ = -1;
+    return;
+  }
+  if (keeper_ == nullptr || lease_problem_ != LeaseProblem::kNone) return;
+  const int64_t refreshes = keeper_->refreshes();
+  if (fenced_at_refreshes_ < 0) {
+    fenced_at_refreshes_ = refreshes;
+  } else if (refreshes > fenced_at_refreshes_) {
+    // A refresh after the pause succeeded: the lease never expired, so no
+    // chain dropped this shard.
+    table_->Unfence();
+    fenced_at_refreshes_ = -1;
+    metrics_->lease_alive().Set(1);
+  }
+}
+
 void Coordinator::Loop() {
-  const absl::Duration period = std::max(absl::Milliseconds(100), options_.lease_ttl / 4);
+  // The watches wake this loop on every change; the timer only catches up
+  // on what they may have missed (etcd restarts), once per lease ttl.
+  const absl::Duration period = std::max(absl::Seconds(1), options_.lease_ttl);
   while (true) {
-    std::string problem;
+    LeaseProblem problem;
     {
       absl::MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
@@ -147,19 +167,19 @@ void Coordinator::Loop() {
       wake_ = false;
       problem = lease_problem_;
     }
-    if (problem == "expired") {
+    if (problem == LeaseProblem::kExpired) {
       const absl::Status taken = TakeLease();
       if (!taken.ok()) {
         LOG_EVERY_N(WARNING, 20) << "re-taking the etcd lease: " << taken;
         continue;
       }
       table_->Unfence();  // outside every chain now: it rejoins as a tail
-    } else if (problem == "unreachable") {
+    } else if (problem == LeaseProblem::kUnreachable) {
       // Keep the same lease once etcd answers again (it renews leases on
       // restart); if it expired meanwhile the new keeper says so.
       absl::MutexLock lock(&mu_);
       keeper_ = etcd_->KeepLeaseAlive(lease_, [this](absl::Status why) { OnLeaseLost(why); });
-      lease_problem_.clear();
+      lease_problem_ = LeaseProblem::kNone;
       fenced_at_refreshes_ = -1;
     }
     Reconcile();
@@ -167,24 +187,6 @@ void Coordinator::Loop() {
 }
 
 void Coordinator::Reconcile() {
-  // Lifts a pause's fence once the lease is confirmed alive.
-  {
-    absl::MutexLock lock(&mu_);
-    if (!table_->Fenced()) {
-      fenced_at_refreshes_ = -1;
-    } else if (keeper_ != nullptr && lease_problem_.empty()) {
-      const int64_t refreshes = keeper_->refreshes();
-      if (fenced_at_refreshes_ < 0) {
-        fenced_at_refreshes_ = refreshes;
-      } else if (refreshes > fenced_at_refreshes_) {
-        // A refresh after the pause succeeded: the lease never expired, so
-        // no chain dropped this shard.
-        table_->Unfence();
-        fenced_at_refreshes_ = -1;
-        metrics_->lease_alive().Set(1);
-      }
-    }
-  }
   absl::StatusOr<etcd::RangeResult> members =
       etcd_->GetPrefix(common::MembersPrefix(options_.job));
   absl::StatusOr<etcd::RangeResult> chains =
@@ -198,11 +200,11 @@ void Coordinator::Reconcile() {
                              << "); chains unchanged";
     return;
   }
-  std::map<int, uint64_t> live;
+  std::map<int, common::ChainConfig::Member> live;
   for (const etcd::KeyValue& kv : members->kvs) {
     absl::StatusOr<common::ChainConfig::Member> member =
         common::DecodeChainMember(kv.value);
-    if (member.ok()) live[member->shard] = member->incarnation;
+    if (member.ok()) live[member->shard] = *std::move(member);
   }
   std::map<int, etcd::KeyValue> by_group;
   for (const etcd::KeyValue& kv : chains->kvs) {
@@ -217,14 +219,15 @@ void Coordinator::Reconcile() {
   }
 }
 
-void Coordinator::ReconcileGroup(int group, const std::map<int, uint64_t>& live,
+void Coordinator::ReconcileGroup(int group,
+                                 const std::map<int, common::ChainConfig::Member>& live,
                                  bool drained, std::optional<etcd::KeyValue> chain) {
   const int me = table_->shard();
   const uint64_t incarnation = table_->incarnation();
   const common::ChainConfig::Member self{me, options_.advertise_address, incarnation};
   auto alive = [&](const common::ChainConfig::Member& m) {
     auto it = live.find(m.shard);
-    return it != live.end() && it->second == m.incarnation;
+    return it != live.end() && it->second.incarnation == m.incarnation;
   };
   if (!chain) {
     if (group != me || drained) return;  // the initial head forms the chain
@@ -235,23 +238,11 @@ void Coordinator::ReconcileGroup(int group, const std::map<int, uint64_t>& live,
         members.push_back(self);
         continue;
       }
-      if (live.count(shard) == 0) {
+      auto it = live.find(shard);
+      if (it == live.end()) {
         all_up = false;
-        continue;
-      }
-      // Its address comes from its liveness key: read it.
-      absl::StatusOr<etcd::KeyValue> kv =
-          etcd_->Get(common::MemberKey(options_.job, shard));
-      if (!kv.ok()) {
-        all_up = false;
-        continue;
-      }
-      absl::StatusOr<common::ChainConfig::Member> member =
-          common::DecodeChainMember(kv->value);
-      if (member.ok()) {
-        members.push_back(*member);
       } else {
-        all_up = false;
+        members.push_back(it->second);  // its address is in its liveness key
       }
     }
     if (!all_up && absl::Now() - start_ < options_.form_timeout) return;

@@ -78,10 +78,15 @@ class Coordinator {
   absl::Status TakeLease();
   void OnLeaseLost(absl::Status why);
   void Ticker();
+  // After a pause (ChainTable fencing): serve again once a lease refresh
+  // sent after it succeeded.
+  void LiftPauseFence() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
   // One pass over every served group; errors (etcd down) are logged.
   void Reconcile();
-  void ReconcileGroup(int group, const std::map<int, uint64_t>& live, bool drained,
+  // `live`: the liveness keys read this pass, by shard.
+  void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
+                      bool drained,
                       std::optional<etcd::KeyValue> chain);
   // Compare-and-swap of `group`'s chain from `kv` (nullopt: absent) to
   // `next`; adopts it on success.
@@ -101,8 +106,10 @@ class Coordinator {
   absl::Mutex mu_;
   etcd::Lease lease_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<etcd::LeaseKeeper> keeper_ ABSL_GUARDED_BY(mu_);
-  // The keeper reported a loss: "expired" (rejoin) or "unreachable".
-  std::string lease_problem_ ABSL_GUARDED_BY(mu_);
+  // What the keeper last reported: nothing, an expired lease (rejoin as a
+  // tail) or etcd unreachable (keep the lease, refresh once etcd is back).
+  enum class LeaseProblem { kNone, kExpired, kUnreachable };
+  LeaseProblem lease_problem_ ABSL_GUARDED_BY(mu_) = LeaseProblem::kNone;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Fenced after a pause at this many lease refreshes.

@@ -51,7 +51,7 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
     status = table_->Check(*group, view.chain_epoch, ChainTable::Role::kHead);
   }
   Shard::Applied applied;
-  if (status.ok()) status = shard_->Push(view, &response, &applied);
+  if (status.ok()) status = shard_->Push(view, *group, &response, &applied);
   if (!status.ok()) {
     done(status, response);
     return;
@@ -88,11 +88,7 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
     status = found.status();
     if (found.ok()) group = *found;
   } else if (!view.replicated.empty() && view.replicated.front().has_close()) {
-    absl::StatusOr<int> found = shard_->GroupOf([&] {
-      PullRequest keys;
-      *keys.add_parts() = view.replicated.front().close();
-      return keys;
-    }());
+    absl::StatusOr<int> found = shard_->GroupOf(view.replicated.front().close());
     status = found.status();
     if (found.ok()) group = *found;
   } else {
