@@ -83,12 +83,13 @@ class Shard {
   absl::Status Push(const wire::PushView& request, PushResponse* response,
                     Applied* applied);
 
-  // The replica group all parts of a push (or pull) belong to:
+  // The replica group all parts of a push (or pull) belong to, from the
+  // placement alone (the tensor need not be registered here):
   // INVALID_ARGUMENT when they span groups (a replicated request names one
-  // group), or as Find for an unknown part.
+  // group) or name none.
   absl::StatusOr<int> GroupOf(const wire::PushView& request) const;
   absl::StatusOr<int> GroupOf(const PullRequest& request) const;
-  absl::StatusOr<int> GroupOf(const PartitionKey& key) const;
+  int GroupOf(const PartitionKey& key) const;
   // Push with the request's group already known (GroupOf(request)).
   absl::Status Push(const wire::PushView& request, int group, PushResponse* response,
                     Applied* applied);

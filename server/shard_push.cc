@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/float_env.h"
+#include "common/partition.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
 #include "common/wire/payload_pieces.h"
@@ -37,23 +38,24 @@ absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) 
 
 namespace {
 
-// The one replica group of every key `key_of(i)`, i < n, names (`what`: the
-// request, for messages).
+// The one replica group every key `key_of(i)`, i < n, names (`what`: the
+// request, for messages). Placement is a pure function of the key, so this
+// needs no lookup: a shard that has not registered the tensor yet (a tail
+// still copying the group's state) still knows which group is asked for.
 template <typename KeyOf>
-absl::StatusOr<int> CommonGroup(const TensorStore& store, size_t n, KeyOf key_of,
-                                const char* what) {
+absl::StatusOr<int> CommonGroup(int num_shards, size_t n, KeyOf key_of, const char* what) {
   if (n == 0) return absl::InvalidArgumentError(absl::StrCat(what, " names no partitions"));
   int group = -1;
   for (size_t i = 0; i < n; ++i) {
     const auto [tensor, partition] = key_of(i);
-    ASSIGN_OR_RETURN(const Partition* p, store.Find(tensor, partition));
-    if (group >= 0 && p->group != group) {
+    const int of = common::ReplicaGroupFor(tensor, partition, num_shards);
+    if (group >= 0 && of != group) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "a replicated %s names partitions of replica groups %d and %d; send one "
           "per group",
-          what, group, p->group));
+          what, group, of));
     }
-    group = p->group;
+    group = of;
   }
   return group;
 }
@@ -62,7 +64,7 @@ absl::StatusOr<int> CommonGroup(const TensorStore& store, size_t n, KeyOf key_of
 
 absl::StatusOr<int> Shard::GroupOf(const wire::PushView& request) const {
   return CommonGroup(
-      store_, request.parts.size(),
+      options_.partitioning.num_shards, request.parts.size(),
       [&](size_t i) {
         const wire::KeyView& key = request.parts[i].key;
         return std::pair<absl::string_view, uint32_t>(key.tensor, key.partition);
@@ -72,7 +74,7 @@ absl::StatusOr<int> Shard::GroupOf(const wire::PushView& request) const {
 
 absl::StatusOr<int> Shard::GroupOf(const PullRequest& request) const {
   return CommonGroup(
-      store_, static_cast<size_t>(request.parts_size()),
+      options_.partitioning.num_shards, static_cast<size_t>(request.parts_size()),
       [&](size_t i) {
         const PartitionKey& key = request.parts(static_cast<int>(i));
         return std::pair<absl::string_view, uint32_t>(key.tensor(), key.partition());
@@ -80,9 +82,9 @@ absl::StatusOr<int> Shard::GroupOf(const PullRequest& request) const {
       "pull");
 }
 
-absl::StatusOr<int> Shard::GroupOf(const PartitionKey& key) const {
-  ASSIGN_OR_RETURN(const Partition* p, store_.Find(key));
-  return p->group;
+int Shard::GroupOf(const PartitionKey& key) const {
+  return common::ReplicaGroupFor(key.tensor(), key.partition(),
+                                 options_.partitioning.num_shards);
 }
 
 absl::Status Shard::Push(const wire::PushView& request, PushResponse* response,

@@ -284,6 +284,14 @@ TEST_P(ShardKillRestart, WorkersContinueAndAccuracyHolds) {
   ASSERT_TRUE(WaitForSteps(group, cluster, 0, total / 3 + 30).ok());
 
   constexpr int kVictim = 1;
+  // The premise: the victim has a checkpoint to come back from (async ones
+  // are timed, and a fast run can reach the step above before the first).
+  const absl::Time checkpointed_by = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < checkpointed_by) {
+    const std::optional<std::string> body = Scrape(cluster.shard_metrics_ports[kVictim]);
+    if (body && Sample(*body, "shardtrain_checkpoints_total{result=\"ok\"}") >= 1) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   ASSERT_TRUE(group.Signal(cluster.shards[kVictim], SIGKILL).ok());
   ASSERT_TRUE(group.Wait(cluster.shards[kVictim], absl::Seconds(10)).ok());
   const absl::Time killed = absl::Now();

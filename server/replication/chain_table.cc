@@ -79,6 +79,11 @@ absl::Status ChainTable::Refuse(std::string message) const {
 }
 
 absl::Status ChainTable::Check(int group, uint64_t epoch, Role role) const {
+  if (!Serves(group)) {
+    // No configuration routes this group here: the sender is wrong, not late.
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shard %d does not hold replica group %d", shard_, group));
+  }
   absl::MutexLock lock(&mu_);
   if (!fenced_.empty()) {
     return Refuse(absl::StrFormat("not serving group %d: shard %d is fenced (%s)", group,

@@ -61,7 +61,8 @@ class ChainTable {
   std::optional<common::ChainConfig> Get(int group) const;
 
   // OK when a request for `group` naming `epoch` may be served here in
-  // `role` now (see the file comment); UNAVAILABLE saying why otherwise.
+  // `role` now (see the file comment); UNAVAILABLE saying why otherwise,
+  // INVALID_ARGUMENT for a group this shard never holds.
   absl::Status Check(int group, uint64_t epoch, Role role) const;
   // True while this process (this incarnation) is a member of `group`'s
   // newest chain at `epoch`.

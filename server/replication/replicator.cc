@@ -88,9 +88,7 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
     status = found.status();
     if (found.ok()) group = *found;
   } else if (!view.replicated.empty() && view.replicated.front().has_close()) {
-    absl::StatusOr<int> found = shard_->GroupOf(view.replicated.front().close());
-    status = found.status();
-    if (found.ok()) group = *found;
+    group = shard_->GroupOf(view.replicated.front().close());
   } else {
     status = absl::InvalidArgumentError("a forwarded push names no partition");
   }

@@ -1,0 +1,113 @@
+#include "server/replication/replicator.h"
+
+#include <memory>
+
+#include <grpcpp/support/proto_buffer_writer.h>
+#include <prometheus/registry.h>
+
+#include "common/partition.h"
+#include "common/testing/status_matchers.h"
+#include "common/wire/message_views.h"
+#include "gtest/gtest.h"
+
+namespace shardtrain::server {
+namespace {
+
+constexpr int kShards = 3;
+constexpr int kGroup = 0;
+
+// Shard 1 of 3 with --replicas 2 (groups 1 and 0), a member of group 0's
+// chain behind shard 0, and a push of group 0 forwarded to it.
+class ReplicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ShardOptions options;
+    options.shard_index = 1;
+    options.partitioning.num_shards = kShards;
+    options.partitioning.max_partition_elements = 4;
+    options.replicas = 2;
+    shard_metrics_ = std::make_unique<ShardMetrics>(registry_);
+    ASSERT_OK_AND_ASSIGN(shard_, Shard::Create(options, shard_metrics_.get()));
+    metrics_ = std::make_unique<ReplicationMetrics>(registry_, 2);
+    table_ = std::make_unique<ChainTable>(1, shard_->incarnation(), shard_->groups(),
+                                          absl::Seconds(60), metrics_.get());
+    ASSERT_OK_AND_ASSIGN(
+        common::ChainConfig config,
+        common::MakeChainConfig(kGroup, 2,
+                                {{0, "127.0.0.1:1", 7}, {1, "127.0.0.1:2", shard_->incarnation()}}));
+    ASSERT_TRUE(table_->Update(config));
+    forwarder_ = std::make_unique<Forwarder>(table_.get(), grpc::InsecureChannelCredentials(),
+                                             grpc::ChannelArguments(), metrics_.get());
+    replicator_ = std::make_unique<Replicator>(shard_.get(), table_.get(), forwarder_.get(),
+                                               metrics_.get(), absl::Seconds(5));
+    // A partition of group 0 of a tensor this shard has not registered.
+    push_.set_worker(0);
+    push_.set_clock(1);
+    push_.set_chain_epoch(1);
+    for (uint32_t p = 0; p < kShards; ++p) {
+      if (common::ReplicaGroupFor("w", p, kShards) != kGroup) continue;
+      GradientPart& part = *push_.add_parts();
+      part.mutable_key()->set_tensor("w");
+      part.mutable_key()->set_partition(p);
+      part.mutable_grad()->set_dtype(DTYPE_F32);
+      part.mutable_grad()->set_data(std::string(16, '\0'));
+      ReplicatedOp& op = *push_.add_replicated();
+      op.set_op(0);
+      op.set_version_after(1);
+      break;
+    }
+    ASSERT_EQ(push_.parts_size(), 1);
+  }
+
+  absl::Status Replicate() {
+    grpc::ByteBuffer bytes;
+    bool own = false;
+    const grpc::Status serialized =
+        grpc::GenericSerialize<grpc::ProtoBufferWriter, PushRequest>(push_, &bytes, &own);
+    EXPECT_TRUE(serialized.ok());
+    absl::Status result = absl::InternalError("done not called");
+    replicator_->Replicate(bytes, wire::ViewOf(push_),
+                           [&](absl::Status status, const PushResponse&) { result = status; });
+    return result;
+  }
+
+  prometheus::Registry registry_;
+  std::unique_ptr<ShardMetrics> shard_metrics_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ReplicationMetrics> metrics_;
+  std::unique_ptr<ChainTable> table_;
+  std::unique_ptr<Forwarder> forwarder_;
+  std::unique_ptr<Replicator> replicator_;
+  PushRequest push_;
+};
+
+// A joining tail still copying the group's state has not registered its
+// tensors: a forward must be refused as retryable (UNAVAILABLE), never as
+// NOT_FOUND, which would fail the worker's push.
+TEST_F(ReplicatorTest, ForwardToATailStillCopyingIsRetryable) {
+  table_->SetCatchingUp(kGroup, true);
+  const absl::Status status = Replicate();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("copying"), absl::string_view::npos) << status;
+}
+
+TEST_F(ReplicatorTest, ForwardAtAnotherEpochIsRetryable) {
+  push_.set_chain_epoch(2);
+  const absl::Status status = Replicate();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("stale chain epoch"), absl::string_view::npos) << status;
+}
+
+TEST_F(ReplicatorTest, AGroupThisShardNeverHoldsIsABadRequest) {
+  push_.mutable_parts(0)->mutable_key()->set_tensor("x");
+  for (uint32_t p = 0; p < kShards; ++p) {
+    if (common::ReplicaGroupFor("x", p, kShards) == 2) {
+      push_.mutable_parts(0)->mutable_key()->set_partition(p);
+    }
+  }
+  const absl::Status status = Replicate();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+}
+
+}  // namespace
+}  // namespace shardtrain::server
