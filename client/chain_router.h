@@ -98,9 +98,10 @@ class ChainRouter final : public ChainRoutes {
   // read is due). A failed read is logged (rate-limited) and keeps the
   // cached configuration.
   void Refresh(int group, std::function<void()> then) override;
-  // Refresh and wait for it.
+  // Refresh and wait for it. REQUIRES: not called from a Refresh callback
+  // (they run on the thread that would have to read).
   void Refresh(int group);
-  // Refresh of every group, waited for.
+  // Refresh of every group, waited for. REQUIRES: as Refresh(group).
   void RefreshAll();
 
   // Waits until groups 0..num_groups-1 all have a configuration.
