@@ -42,7 +42,8 @@ constexpr int kTrainExamples = 9600;
 constexpr int kStepsPerEpoch = kTrainExamples / kWorkers / kBatch;  // 300
 
 LocalClusterOptions Job(const std::string& mode, const std::string& job,
-                        const EtcdProcess& etcd, int epochs) {
+                        const EtcdProcess& etcd, int epochs, int replicas = 2,
+                        double heartbeat_timeout_s = 30) {
   LocalClusterOptions options;
   options.bin_dir = SHARDTRAIN_BIN_DIR;
   options.mode = mode;
@@ -50,9 +51,10 @@ LocalClusterOptions Job(const std::string& mode, const std::string& job,
   options.workers = kWorkers;
   options.fixed_ports = true;  // a restarted shard keeps its address
   const std::vector<std::string> replication = {
-      "--replicas=2", "--etcd_endpoints=" + etcd.endpoint(), "--job=" + job};
+      absl::StrCat("--replicas=", replicas), "--etcd_endpoints=" + etcd.endpoint(),
+      "--job=" + job};
   options.server_flags = {"--optimizer=adam", "--lr=0.002", "--lease_ttl_s=1",
-                          "--heartbeat_timeout_s=30"};
+                          absl::StrCat("--heartbeat_timeout_s=", heartbeat_timeout_s)};
   options.server_flags.insert(options.server_flags.end(), replication.begin(),
                               replication.end());
   options.worker_flags = {absl::StrCat("--epochs=", epochs), absl::StrCat("--batch=", kBatch),
@@ -95,6 +97,31 @@ bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
   return false;
 }
 
+// Group `group`'s partitions as shard `shard` holds them: "tensor/partition"
+// -> version, parameters and optimizer state.
+std::map<std::string, std::string> GroupState(const LocalCluster& cluster, int shard, int group,
+                                              std::map<std::string, int64_t>* versions) {
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.servers[shard], grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  GroupStateRequest request;
+  request.set_group(group);
+  GroupStateResponse state;
+  const grpc::Status status = stub->FetchGroupState(&context, request, &state);
+  EXPECT_TRUE(status.ok()) << "shard " << shard << " group " << group << ": "
+                           << status.error_message();
+  std::map<std::string, std::string> model;
+  for (const CheckpointRecord& record : state.records()) {
+    const std::string key = absl::StrCat(record.spec().name(), "/", record.partition());
+    std::string bytes = absl::StrCat(record.version(), ":", record.params());
+    for (const std::string& slot : record.slots()) bytes += slot;
+    model[key] = std::move(bytes);
+    if (versions != nullptr) (*versions)[key] = record.version();
+  }
+  return model;
+}
+
 // Every partition's version, parameters and optimizer state, read from the
 // tail of its group: "tensor/partition" -> bytes.
 std::map<std::string, std::string> Model(etcd::EtcdClient& client, const std::string& job,
@@ -105,22 +132,7 @@ std::map<std::string, std::string> Model(etcd::EtcdClient& client, const std::st
     absl::StatusOr<common::ChainConfig> chain = Chain(client, job, g);
     EXPECT_TRUE(chain.ok()) << chain.status();
     if (!chain.ok()) continue;
-    auto stub = ParameterServer::NewStub(grpc::CreateChannel(
-        cluster.servers[chain->tail().shard], grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    GroupStateRequest request;
-    request.set_group(g);
-    GroupStateResponse state;
-    const grpc::Status status = stub->FetchGroupState(&context, request, &state);
-    EXPECT_TRUE(status.ok()) << status.error_message();
-    for (const CheckpointRecord& record : state.records()) {
-      const std::string key = absl::StrCat(record.spec().name(), "/", record.partition());
-      std::string bytes = absl::StrCat(record.version(), ":", record.params());
-      for (const std::string& slot : record.slots()) bytes += slot;
-      model[key] = std::move(bytes);
-      if (versions != nullptr) (*versions)[key] = record.version();
-    }
+    model.merge(GroupState(cluster, chain->tail().shard, g, versions));
   }
   return model;
 }
@@ -243,6 +255,78 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
     EXPECT_EQ(version, pushes) << key << ": updates lost or applied twice";
   }
   EXPECT_GT(accuracy, 0.78);
+}
+
+// Async, R=3: the head of every group's chain, then a second shard, are
+// SIGKILLed; the last copy carries the job to the end with every
+// acknowledged push in it.
+TEST_F(ReplicationTest, ThreeReplicasSurviveTwoKills) {
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("async", "three", *etcd_, 2, /*replicas=*/3));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(WaitForChains(
+      *client_, "three", [](const common::ChainConfig& c) { return c.members.size() == 3; },
+      absl::Seconds(10)))
+      << "the chains did not form with 3 members";
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  for (int victim : {0, 1}) {
+    ASSERT_TRUE(group.Signal(cluster->shards[victim], SIGKILL).ok());
+    (void)group.Wait(cluster->shards[victim], absl::Seconds(10));
+    ASSERT_TRUE(WaitForChains(
+        *client_, "three",
+        [victim](const common::ChainConfig& c) { return !c.Contains(victim); },
+        absl::Seconds(10)))
+        << "shard " << victim << " was not dropped from its chains";
+    const int64_t at = WorkerSteps(*cluster, 0);
+    EXPECT_LT(at, 2 * kStepsPerEpoch) << "the job ended before kill " << victim;
+    WaitForSteps(*cluster, 0, at + 50);
+  }
+  const double accuracy = Finish(group, *cluster);
+  std::map<std::string, int64_t> versions;
+  Model(*client_, "three", *cluster, &versions);
+  ASSERT_FALSE(versions.empty());
+  for (const auto& [key, version] : versions) {
+    EXPECT_EQ(version, int64_t{kWorkers} * 2 * kStepsPerEpoch)
+        << key << ": updates lost or applied twice";
+  }
+  EXPECT_GT(accuracy, 0.78);
+}
+
+// Sync, R=2: worker 1 is stopped past the heartbeat timeout, so the heads
+// close steps without it (close operations forwarded down the chains),
+// then continued: it rejoins, the job finishes, and every group's head and
+// tail hold bit-identical state.
+TEST_F(ReplicationTest, SyncDepartedWorkerReplicasAgree) {
+  constexpr double kHeartbeatS = 2;
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("sync", "departed", *etcd_, 4, /*replicas=*/2, kHeartbeatS));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  ASSERT_TRUE(group.Signal(cluster->workers[1], SIGSTOP).ok());
+  const int64_t stopped_at = WorkerSteps(*cluster, 0);
+  absl::SleepFor(absl::Seconds(kHeartbeatS + 2));
+  const int64_t now_at = WorkerSteps(*cluster, 0);
+  ASSERT_GE(now_at, 0) << "worker 0 exited while worker 1 was stopped";
+  const int64_t alone = now_at - stopped_at;
+  ASSERT_TRUE(group.Signal(cluster->workers[1], SIGCONT).ok());
+  EXPECT_GT(alone, 20) << "worker 0 did not go on without worker 1";
+  Finish(group, *cluster);
+  int compared = 0;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "departed", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_EQ(chain->members.size(), 2u);
+    const auto head = GroupState(*cluster, chain->head().shard, g, nullptr);
+    const auto tail = GroupState(*cluster, chain->tail().shard, g, nullptr);
+    ASSERT_FALSE(head.empty());
+    EXPECT_TRUE(head == tail) << "group " << g << ": head shard " << chain->head().shard
+                              << " and tail shard " << chain->tail().shard << " differ";
+    compared += static_cast<int>(head.size());
+  }
+  std::printf("DEPARTED: worker 0 made %lld steps alone; %d partitions identical on head and tail\n",
+              static_cast<long long>(alone), compared);
 }
 
 // A shard SIGSTOPped past its lease is dropped; once SIGCONTed it refuses
