@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Training throughput with replicated shards against the same job
+# unreplicated: scripts/run-local.sh with --replicas 1, 2 and 3 in
+# interleaved rounds (1,2,3,1,2,3,...), so machine drift hits every setting
+# alike. Per setting: the median round's samples/s (the chief's results
+# JSON, all epochs), its ratio to R=1, and the CPU seconds (user + sys of
+# every process of the run: shards, workers, etcd) per 1000 samples, with
+# its ratio to R=1. On a machine whose cores are all busy, samples/s falls
+# with the CPU per sample; with cores to spare it falls only with latency.
+#
+#   bench/replication_train_ratio.sh [--build DIR] [--rounds N] [--shards N]
+#       [--workers N] [--epochs N] [--replicas "1 2 3"] [--out FILE]
+#
+# Needs ps-server and ps-worker in --build DIR/bin (default build/bin),
+# etcd (Debian etcd-server) and the dataset run-local.sh uses.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build" rounds=3 shards=3 workers=2 epochs=10 replicas="1 2 3" out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) build=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --shards) shards=$2; shift 2 ;;
+    --workers) workers=$2; shift 2 ;;
+    --epochs) epochs=$2; shift 2 ;;
+    --replicas) replicas=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+for b in ps-server ps-worker; do
+  [ -x "$build/bin/$b" ] || { echo "missing $build/bin/$b (build it first)" >&2; exit 1; }
+done
+tmp=$(mktemp -d -t replication_ratio.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+# One run: prints "samples/s cpu_seconds accuracy".
+run_once() {
+  local r=$1 json="$tmp/results-$1.json"
+  rm -f "$json"
+  /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$build" "$root/scripts/run-local.sh" \
+    --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --replicas "$r" \
+    --results "$json" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
+  local sps acc cpu
+  sps=$(sed -n 's/.*"samples_per_second": *\([0-9.]*\).*/\1/p' "$json" | head -1)
+  acc=$(sed -n 's/.*"test_accuracy": *\([0-9.]*\).*/\1/p' "$json" | tail -1)
+  cpu=$(awk '{ print $1 + $2 }' "$tmp/time")
+  [ -n "$sps" ] || { echo "no samples_per_second in $json" >&2; cat "$tmp/run-$r.txt" >&2; exit 1; }
+  echo "$sps $cpu ${acc:-0}"
+}
+
+samples=$((60000 / workers * workers * epochs))  # every worker's share of the epoch, every epoch
+for ((i = 1; i <= rounds; i++)); do
+  for r in $replicas; do
+    read -r sps cpu acc < <(run_once "$r")
+    printf 'round %d  R=%d  samples/s %8.0f  cpu %6.1f s  accuracy %s\n' "$i" "$r" "$sps" "$cpu" "$acc" >&2
+    echo "$r $sps $cpu $acc" >>"$tmp/rows"
+  done
+done
+
+report=$(sort -k1,1n -k2,2n "$tmp/rows" | awk -v rounds="$rounds" -v samples="$samples" '
+{ n[$1]++; sps[$1, n[$1]] = $2; cpu[$1, n[$1]] = $3; acc[$1, n[$1]] = $4 }
+END {
+  mid = int((rounds + 1) / 2)
+  base_sps = sps[1, mid]; base_cpu = cpu[1, mid] * 1000 / samples
+  printf "%-3s %12s %8s %16s %8s %9s\n", "R", "samples/s", "vs R=1", "CPU-s/1k samples", "vs R=1", "accuracy"
+  for (r = 1; r <= 3; r++) {
+    if (!(r in n)) continue
+    c = cpu[r, mid] * 1000 / samples
+    printf "%-3d %12.0f %8.2f %16.3f %8.2f %9s\n", r, sps[r, mid], (base_sps ? sps[r, mid] / base_sps : 0),
+      c, (base_cpu ? c / base_cpu : 0), acc[r, mid]
+  }
+}')
+header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --replicas R
+# $rounds interleaved rounds, median round per R (by samples/s); CPU = user+sys of every process of the run
+# date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)
+# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+printf '%s\n%s\n' "$header" "$report"
+[ -z "$out" ] || { printf '%s\n%s\n' "$header" "$report" >"$out"; echo "wrote $out"; }
