@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes what a secured shardtrain cluster needs, in DIR: a private CA
 # (ca.pem, ca.key), a shard certificate (server.pem, server.key) for
-# 127.0.0.1, localhost and any NAMES given, a worker/psctl client
+# 127.0.0.1, localhost and any NAMES given (usable as a client certificate
+# too, for the shards' forwards to each other), a worker/psctl client
 # certificate (client.pem, client.key) and a random auth token (token).
 # For trying TLS locally and for the tests; a production cluster would use
 # certificates from its own CA (e.g. cert-manager).
@@ -33,7 +34,9 @@ sign() {
 
 san="IP:127.0.0.1,DNS:localhost"
 for name in "$@"; do san="$san,DNS:$name"; done
-sign server serverAuth "$san"
+# serverAuth and clientAuth: with --replicas > 1 a shard presents this same
+# certificate as a client when it forwards to the next shard of its chain.
+sign server serverAuth,clientAuth "$san"
 sign client clientAuth "DNS:shardtrain-client"
 rm -f ca.srl
 openssl rand -hex 32 >token

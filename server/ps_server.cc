@@ -13,6 +13,7 @@
 #include "common/float_env.h"
 #include "common/status_macros.h"
 #include "server/bad_body_interceptor.h"
+#include "server/replication/peer_tls_check.h"
 
 namespace shardtrain::server {
 namespace {
@@ -114,6 +115,14 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
             "--advertise_address (host:port the other shards reach this one at)");
       }
       coordination.advertise_address = absl::StrCat(host, ":", server->port_);
+    }
+    if (options.peer_security.tls()) {
+      const std::string host =
+          options.listen_address.substr(0, options.listen_address.rfind(':'));
+      const bool wildcard = host == "0.0.0.0" || host == "[::]" || host.empty();
+      RETURN_IF_ERROR(CheckPeerTls(
+          options.peer_security, absl::StrCat(wildcard ? "127.0.0.1" : host, ":", server->port_),
+          coordination.advertise_address, absl::Seconds(10)));
     }
     ASSIGN_OR_RETURN(server->coordinator_,
                      Coordinator::Start(coordination, server->shard_.get(),

@@ -8,6 +8,7 @@
 // Every process is stopped when the test ends, pass or fail.
 #include <signal.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,7 +16,9 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/chain_config.h"
@@ -97,13 +100,29 @@ bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
   return false;
 }
 
-// Group `group`'s partitions as shard `shard` holds them: "tensor/partition"
+// Mutual TLS credentials from PEM files.
+std::shared_ptr<grpc::ChannelCredentials> TlsCredentials(const std::string& ca,
+                                                         const std::string& cert,
+                                                         const std::string& key) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = testutil::ReadFile(ca);
+  ssl.pem_cert_chain = testutil::ReadFile(cert);
+  ssl.pem_private_key = testutil::ReadFile(key);
+  return grpc::SslCredentials(ssl);
+}
+
+// Group `group`'s partitions as shard `shard` holds them (over `credentials`,
+// with `token` as the bearer token if not empty): "tensor/partition"
 // -> version, parameters and optimizer state.
-std::map<std::string, std::string> GroupState(const LocalCluster& cluster, int shard, int group,
-                                              std::map<std::string, int64_t>* versions) {
-  auto stub = ParameterServer::NewStub(
-      grpc::CreateChannel(cluster.servers[shard], grpc::InsecureChannelCredentials()));
+std::map<std::string, std::string> GroupState(
+    const LocalCluster& cluster, int shard, int group, std::map<std::string, int64_t>* versions,
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials(),
+    const std::string& token = "") {
+  auto stub = ParameterServer::NewStub(grpc::CreateChannel(cluster.servers[shard], credentials));
   grpc::ClientContext context;
+  if (!token.empty()) {
+    context.AddMetadata("authorization", "Bearer " + std::string(absl::StripAsciiWhitespace(token)));
+  }
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   GroupStateRequest request;
   request.set_group(group);
@@ -327,6 +346,50 @@ TEST_F(ReplicationTest, SyncDepartedWorkerReplicasAgree) {
   }
   std::printf("DEPARTED: worker 0 made %lld steps alone; %d partitions identical on head and tail\n",
               static_cast<long long>(alone), compared);
+}
+
+// Async, R=2 over mutual TLS with an auth token: the shards forward to each
+// other with their own certificates (scripts/make-certs.sh's shard
+// certificate), the workers with theirs; a shard is SIGKILLed and nothing
+// is lost.
+TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
+  const std::string certs = testutil::MakeTempDir("shardtrain-replication-certs-");
+  const std::string make = absl::StrCat(SHARDTRAIN_SOURCE_DIR, "/scripts/make-certs.sh ", certs,
+                                        " >/dev/null");
+  ASSERT_EQ(std::system(make.c_str()), 0) << make;
+  LocalClusterOptions options = Job("async", "mtls", *etcd_, 1);
+  for (const std::string& flag :
+       {"--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
+        "--tls_client_ca=" + certs + "/ca.pem", "--auth_token_file=" + certs + "/token"}) {
+    options.server_flags.push_back(flag);
+  }
+  for (const std::string& flag :
+       {"--tls_ca=" + certs + "/ca.pem", "--tls_cert=" + certs + "/client.pem",
+        "--tls_key=" + certs + "/client.key", "--auth_token_file=" + certs + "/token"}) {
+    options.worker_flags.push_back(flag);
+  }
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  ASSERT_TRUE(group.Signal(cluster->shards[1], SIGKILL).ok());
+  (void)group.Wait(cluster->shards[1], absl::Seconds(10));
+  Finish(group, *cluster);
+  // The replicas' state, read the way the workers do: over mutual TLS.
+  std::map<std::string, int64_t> versions;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "mtls", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    EXPECT_FALSE(chain->Contains(1));
+    GroupState(*cluster, chain->tail().shard, g, &versions,
+               TlsCredentials(certs + "/ca.pem", certs + "/client.pem", certs + "/client.key"),
+               testutil::ReadFile(certs + "/token"));
+  }
+  std::filesystem::remove_all(certs);
+  ASSERT_FALSE(versions.empty());
+  for (const auto& [key, version] : versions) {
+    EXPECT_EQ(version, int64_t{kWorkers} * kStepsPerEpoch) << key;
+  }
 }
 
 // A shard SIGSTOPped past its lease is dropped; once SIGCONTed it refuses
