@@ -19,6 +19,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/chain_config.h"
@@ -390,6 +391,70 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   for (const auto& [key, version] : versions) {
     EXPECT_EQ(version, int64_t{kWorkers} * kStepsPerEpoch) << key;
   }
+}
+
+// Sync, R=2, with checkpoints: every shard and worker is SIGKILLed at once
+// (every copy of every group dies; the chains in etcd still list the dead
+// incarnations) and the job is started again with the same flags, ports
+// and etcd. The restarted shards take the groups over from their
+// checkpoints (one per group; the other rejoins as its tail), the workers
+// resume there, and the job ends at a full run's step count with head and
+// tail identical.
+TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
+  constexpr int kEpochs = 2;
+  const std::string dir = testutil::MakeTempDir("shardtrain-replicated-resume-");
+  LocalClusterOptions options = Job("sync", "resume", *etcd_, kEpochs);
+  options.dir = dir;
+  options.server_flags.push_back("--checkpoint_dir=" + dir + "/checkpoints");
+  options.server_flags.push_back("--checkpoint_every_steps=50");
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> first = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  WaitForSteps(*first, 0, kStepsPerEpoch + 20);
+  for (pid_t pid : first->workers) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
+  for (pid_t pid : first->shards) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
+  group.StopAll();
+  for (const std::string& server : first->servers) {
+    int port = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(server.substr(server.rfind(':') + 1), &port));
+    options.shard_ports.push_back(port);
+  }
+  absl::StatusOr<LocalCluster> second = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  Finish(group, *second);
+  const std::string chief = testutil::ReadFile(second->WorkerLog(0));
+  EXPECT_NE(chief.find("resuming at step"), std::string::npos)
+      << "the chief did not resume; its log:\n" << chief;
+  int compared = 0;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "resume", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_EQ(chain->members.size(), 2u) << "group " << g << " did not get its replica back";
+    std::map<std::string, int64_t> versions;
+    const auto head = GroupState(*second, chain->head().shard, g, &versions);
+    const auto tail = GroupState(*second, chain->tail().shard, g, nullptr);
+    EXPECT_TRUE(head == tail) << "group " << g << ": head and tail differ";
+    for (const auto& [key, version] : versions) {
+      EXPECT_EQ(version, int64_t{kEpochs} * kStepsPerEpoch) << key;
+    }
+    compared += static_cast<int>(head.size());
+  }
+  EXPECT_GT(compared, 0);
+  int taken_over = 0;
+  for (int s = 0; s < kShards; ++s) {
+    const std::string log = testutil::ReadFile(second->ShardLog(s));
+    for (size_t at = log.find("takes it over"); at != std::string::npos;
+         at = log.find("takes it over", at + 1)) {
+      ++taken_over;
+    }
+  }
+  long long resumed = -1;
+  const size_t at = chief.find("resuming at step ");
+  if (at != std::string::npos) std::sscanf(chief.c_str() + at, "resuming at step %lld", &resumed);
+  std::printf("WHOLE-JOB RESTART: killed after step %d, the chief resumed at step %lld; %d "
+              "group(s) taken over by a restarted shard as their last copy\n",
+              kStepsPerEpoch + 20, resumed, taken_over);
+  if (!HasFailure()) std::filesystem::remove_all(dir);
 }
 
 // A shard SIGSTOPped past its lease is dropped; once SIGCONTed it refuses
