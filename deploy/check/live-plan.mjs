@@ -4,7 +4,8 @@
 // changed. Prints JSON {processes: {service: argv} (shards first),
 // healthcheck: the shards' healthcheck argv with its address as @ADDR@,
 // etcd: {service: argv} (etcd services, none without the replicated
-// override), etcd_healthcheck: theirs, address @ADDR@}. Placeholders the
+// override), etcd_healthcheck: theirs, address @ADDR@, prometheus_config:
+// the file the compose Prometheus loads}. Placeholders the
 // test fills in: @SERVERS@ (a worker's --servers), @PORT@ (a replicated
 // shard's --listen and --advertise_address port), @NAME@ (etcd service NAME's
 // client address in --etcd_endpoints), @CLIENT_PORT@ / @PEER_PORT@ (etcd's).
@@ -109,6 +110,20 @@ for (const [name, svc] of Object.entries(services)) {
   }
   plan[name] = argv;
 }
+// The config file the compose Prometheus loads (--config.file), as a path on
+// this machine through its bind mounts (relative to the first file's folder).
+let prometheusConfig = null;
+for (const svc of Object.values(services)) {
+  if (!/(^|\/)prometheus(:|$)/.test(svc.image ?? '')) continue;
+  const file = flagOf(svc.command ?? [], 'config.file') ?? '/etc/prometheus/prometheus.yml';
+  for (const v of svc.volumes ?? []) {
+    const [src, dst] = typeof v === 'string' ? v.split(':') : [v.source, v.target];
+    const rel = src && /^[.\/]/.test(src) ? path.posix.relative(dst, file) : '..';
+    if (!rel.startsWith('..')) prometheusConfig = path.resolve(path.dirname(files[0]), src, rel);
+  }
+  if (!prometheusConfig) throw new Error(`Prometheus --config.file=${file} is in none of its bind mounts`);
+}
 const order = Object.keys(plan).sort((a, b) => (plan[a][0] === 'ps-server' ? 0 : 1) - (plan[b][0] === 'ps-server' ? 0 : 1));
 const processes = Object.fromEntries(order.map(k => [k, plan[k]]));
-process.stdout.write(JSON.stringify({ processes, healthcheck, etcd, etcd_healthcheck: etcdHealthcheck }, null, 1) + '\n');
+process.stdout.write(JSON.stringify({ processes, healthcheck, etcd, etcd_healthcheck: etcdHealthcheck,
+  prometheus_config: prometheusConfig }, null, 1) + '\n');

@@ -90,11 +90,11 @@ if (b && r) {
   const jobs = new Set(rj.map(j => j.job_name));
   const alerts = YAML.parse(fs.readFileSync(alertsFile, 'utf8')).groups.flatMap(g => g.rules);
   for (const rule of alerts) {
-    for (const [, job] of (rule.expr ?? '').matchAll(/\bjob\s*=\s*"([^"]+)"/g)) {
+    for (const job of new Set([...(rule.expr ?? '').matchAll(/\bjob\s*=\s*"([^"]+)"/g)].map(m => m[1]))) {
       if (!jobs.has(job)) errs.push(`${path.basename(alertsFile)} ${rule.alert ?? rule.record}: selects job="${job}", which ${rf} does not scrape`);
     }
   }
   if (!errs.length) console.log(`ok   ${rf} = ${bf} (${bj.length} jobs) + ${added.map(j => j.job_name).join(', ')} scraping ${[...scraped].join(', ')}; the alert rules' jobs are all scraped`);
 }
-if (errs.length) { console.log(`FAIL Prometheus configs of ${path.basename(baseFile)} and + ${path.basename(repFile)}`); errs.forEach(e => console.log(`     ${e}`)); }
+if (errs.length) { console.log(`FAIL Prometheus configs of ${path.basename(baseFile)} (+ ${path.basename(repFile)})`); errs.forEach(e => console.log(`     ${e}`)); }
 process.exit(errs.length ? 1 : 0);
