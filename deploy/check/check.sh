@@ -10,7 +10,8 @@
 #                   unknown fields (incl. CRDs), references (incl. NetworkPolicies on the flags' connections)
 #   flag-parity     compose, compose+gpu, compose+replicated and the cpu, gpu, replicated overlays run the
 #                   same flags, replication flags consistent with etcd; all exist in the built binaries
-#   prom-config     promtool check config
+#   prom-config     promtool check config (prometheus.yml and prometheus.replicated.yml)
+#   prom-config-sync  the replicated compose setup's Prometheus config = prometheus.yml + etcd job
 #   prom-rules      promtool check rules
 #   prom-tests      promtool test rules (each alert: a firing and a quiet case)
 #   rules-sync      k8s PrometheusRule = prometheus/alerts.yml
@@ -57,7 +58,11 @@ case $check in
     node "$tools/flag-parity.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" \
       "$deploy/docker-compose.replicated.yml" "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" "$work/k8s-replicated.yaml" ;;
   prom-config)
-    promtool check config "$deploy/prometheus/prometheus.yml" ;;
+    promtool check config "$deploy/prometheus/prometheus.yml"
+    promtool check config "$deploy/prometheus/prometheus.replicated.yml" ;;
+  prom-config-sync)
+    node "$tools/prom-config-sync.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.replicated.yml" \
+      "$deploy/prometheus/alerts.yml" ;;
   prom-rules)
     promtool check rules "$deploy/prometheus/alerts.yml" ;;
   prom-tests)

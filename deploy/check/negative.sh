@@ -60,10 +60,25 @@ case $name in
     'EPOCHS=10' 'EPOCHS=20' 'worker flags: compose vs .*--epochs is 10 vs 20') ;;
   prom-config-duration) c=(prom-config prometheus/prometheus.yml
     'scrape_interval: 15s' 'scrape_interval: 15' 'not a valid duration string') ;;
+  prom-config-replicated-duration) c=(prom-config prometheus/prometheus.replicated.yml
+    'evaluation_interval: 15s' 'evaluation_interval: 15' 'not a valid duration string') ;;
+  prom-config-sync-drift) c=(prom-config-sync prometheus/prometheus.yml
+    'scrape_interval: 15s' 'scrape_interval: 30s' 'prometheus.replicated.yml: global differs') ;;
+  prom-config-sync-job-drift) c=(prom-config-sync prometheus/prometheus.replicated.yml
+    '"worker-0:9101", "worker-1:9101"' '"worker-0:9101"' 'job ps-worker differs') ;;
+  prom-config-sync-etcd-port) c=(prom-config-sync prometheus/prometheus.replicated.yml
+    'targets: ["etcd:2379"]' 'targets: ["etcd:2380"]' 'target etcd:2380 is not the client address of an etcd service') ;;
+  prom-config-sync-unreplicated-config) c=(prom-config-sync docker-compose.replicated.yml
+    '--config.file=/etc/prometheus/prometheus.replicated.yml' '--config.file=/etc/prometheus/prometheus.yml'
+    'runs etcd \(etcd\) but its Prometheus loads prometheus.yml') ;;
+  prom-config-sync-alert-job) c=(prom-config-sync prometheus/alerts.yml
+    'etcd_server_has_leader{job="etcd"}' 'etcd_server_has_leader{job="etcd-server"}' 'selects job="etcd-server", which prometheus.replicated.yml does not scrape') ;;
   prom-rules-syntax) c=(prom-rules prometheus/alerts.yml
     'absent(up{job="ps-server"})' 'absent(up{job="ps-server"}' 'unclosed left parenthesis') ;;
   prom-tests-rule-regression) c=(prom-tests prometheus/alerts.yml
     ' and on() (max(shardtrain_live_workers) > 0)' '' 'alertname: ShardtrainWorkerDown') ;;
+  prom-tests-etcd-quorum) c=(prom-tests prometheus/alerts.yml
+    'sum by (job) (up{job="etcd"}) * 2 <=' 'sum by (job) (up{job="etcd"}) <=' 'alertname: ShardtrainEtcdDown') ;;
   rules-sync-drift) c=(rules-sync prometheus/alerts.yml
     '> 300' '> 600' 'ShardtrainCheckpointTooOld differs') ;;
   dashboard-promql) c=(dashboard grafana/dashboards/shardtrain.json
