@@ -18,8 +18,9 @@
 //   MB/s         payload bytes per second of wall time (both directions for
 //                pushpull; all workers together): the median round
 //   calls/s      calls per second, all workers together: the median round
-//   p50, p99     call latency over all rounds' calls, ms
+//   p50, p99, max  call latency over all rounds' calls, ms
 //   srv ms/call  CPU time of the cluster's ps-server processes per call
+//   retries      worker RPC attempts retried (client metrics), all rounds
 //   x R=1        median over rounds of MB/s / the R=1 MB/s of that round
 //
 // Part 2, failover. A fresh R=2 cluster (--lease_ttl_s, default 1: the
@@ -83,12 +84,17 @@ ABSL_FLAG(std::string, model, "784-256-128-10",
           "Layer sizes of the MLP whose tensors (fcN.weight, fcN.bias) are pushed and pulled");
 ABSL_FLAG(int, tensor_kb, 0, "If > 0: one f32 tensor of this many KiB instead of --model");
 ABSL_FLAG(int, workers, 1, "PsClients (one thread each) per cluster in the throughput part");
-ABSL_FLAG(int, rounds, 5, "Throughput rounds; each times one block of every (op, R)");
+ABSL_FLAG(int, rounds, 7,
+          "Throughput rounds; each times one block of every (op, R). Odd: the median is a "
+          "round");
 ABSL_FLAG(double, block_seconds, 0.5, "Length of one timed block");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(int, throughput_lease_ttl_s, 2, "--lease_ttl_s of the throughput clusters");
 ABSL_FLAG(int, failover_repeats, 10, "Head kills in the failover part (0: skip it)");
 ABSL_FLAG(int, lease_ttl_s, 1, "--lease_ttl_s of the failover cluster");
+ABSL_FLAG(int, failover_max_backoff_ms, 0,
+          "If > 0: the failover worker's PsClientOptions::max_backoff (the ceiling of its "
+          "retry backoff), to see what the default (2 s) adds to the failover time");
 ABSL_FLAG(bool, skip_throughput, false, "Run the failover part only");
 ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server or a chain to form");
 
@@ -267,13 +273,18 @@ class Worker {
  public:
   static absl::StatusOr<std::unique_ptr<Worker>> Connect(
       const Cluster& cluster, int index, const Model& model,
-      client::PsClientMetrics* metrics = nullptr) {
+      client::PsClientMetrics* metrics = nullptr,
+      absl::Duration max_backoff = absl::ZeroDuration()) {
     client::PsClientOptions options;
     options.servers = cluster.addresses;
     options.worker_index = static_cast<uint32_t>(index);
     options.num_workers = static_cast<uint32_t>(cluster.options.num_workers);
     options.max_message_bytes = kMaxMessageBytes;
     options.replicas = cluster.options.replicas;
+    if (max_backoff > absl::ZeroDuration()) {
+      options.max_backoff = max_backoff;
+      options.initial_backoff = std::min(options.initial_backoff, max_backoff);
+    }
     if (options.replicas > 1) {
       options.etcd_endpoints = cluster.options.etcd_endpoint;
       options.job = cluster.options.name;
@@ -325,6 +336,16 @@ class Worker {
   client::PullStats pull_stats_;
 };
 
+// Worker RPC attempts retried so far, over every client reporting to `registry`.
+double RetriesTotal(const prometheus::Registry& registry) {
+  double total = 0;
+  for (const prometheus::MetricFamily& family : registry.Collect()) {
+    if (family.name != "shardtrain_worker_rpc_retries_total") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) total += metric.counter.value;
+  }
+  return total;
+}
+
 // ---------------------------------------------------------------------------
 // Part 1: throughput.
 
@@ -333,12 +354,14 @@ struct BenchOptions {
   std::string dir;
   Model model;
   int workers = 1;
-  int rounds = 5;
+  int rounds = 7;
   double block_seconds = 0.5;
   std::vector<Op> ops;
   int throughput_lease_ttl_s = 2;
   int failover_repeats = 10;
   int lease_ttl_s = 1;
+  // > 0: the failover worker's retry backoff ceiling.
+  absl::Duration failover_max_backoff = absl::ZeroDuration();
   bool skip_throughput = false;
   absl::Duration start_timeout = absl::Seconds(30);
   std::string out_path;
@@ -352,6 +375,7 @@ struct Case {
   Sampler calls;
   int64_t total_calls = 0;
   double server_cpu_seconds = 0;
+  int64_t retries = 0;  // worker RPC attempts retried
 };
 
 // Runs every worker's op at once for `block_seconds`; adds the block to `c`.
@@ -391,6 +415,9 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
                                           etcd::EtcdClient& etcd) {
   const int kR[kShards] = {1, 2, 3};
   std::vector<Cluster> clusters;
+  // By cluster; before the workers, which report to them.
+  std::vector<std::unique_ptr<prometheus::Registry>> registries;
+  std::vector<std::unique_ptr<client::PsClientMetrics>> metrics;
   std::vector<std::vector<std::unique_ptr<Worker>>> workers(kShards);
   for (int r : kR) {
     ClusterOptions cluster;
@@ -405,12 +432,16 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     ASSIGN_OR_RETURN(clusters.emplace_back(), StartCluster(children, &etcd, cluster));
   }
   for (int i = 0; i < kShards; ++i) {
+    registries.push_back(std::make_unique<prometheus::Registry>());
+    metrics.push_back(std::make_unique<client::PsClientMetrics>(*registries.back()));
     for (int w = 0; w < options.workers; ++w) {
-      ASSIGN_OR_RETURN(workers[i].emplace_back(), Worker::Connect(clusters[i], w, options.model));
+      ASSIGN_OR_RETURN(workers[i].emplace_back(),
+                       Worker::Connect(clusters[i], w, options.model, metrics[i].get()));
     }
   }
-  std::string table = absl::StrFormat("%-9s %2s %9s %9s %8s %8s %11s %7s\n", "op", "R", "MB/s",
-                                      "calls/s", "p50 ms", "p99 ms", "srv ms/call", "x R=1");
+  std::string table =
+      absl::StrFormat("%-9s %2s %9s %9s %8s %8s %8s %11s %7s %7s\n", "op", "R", "MB/s",
+                      "calls/s", "p50 ms", "p99 ms", "max ms", "srv ms/call", "retries", "x R=1");
   std::vector<std::vector<Case>> cases(options.ops.size(), std::vector<Case>(kShards));
   std::vector<std::vector<std::vector<OpFn>>> ops(options.ops.size(),
                                                   std::vector<std::vector<OpFn>>(kShards));
@@ -428,8 +459,11 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
           options.model.bytes * (options.ops[o] == Op::kPushPull ? 2.0 : 1.0) / 1e6;
       for (int k = 0; k < kShards; ++k) {
         const int i = (k + round) % kShards;
+        const double retries_before = RetriesTotal(*registries[i]);
         RETURN_IF_ERROR(TimeBlock(ops[o][i], options.block_seconds, megabytes_per_call,
                                   clusters[i].pids, &cases[o][i]));
+        cases[o][i].retries +=
+            static_cast<int64_t>(RetriesTotal(*registries[i]) - retries_before);
       }
       for (int i = 0; i < kShards; ++i) {
         cases[o][i].vs_r1.push_back(cases[o][i].rates.back() / cases[o][0].rates.back());
@@ -442,12 +476,12 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     for (int i = 0; i < kShards; ++i) {
       const Case& c = cases[o][i];
       const Timing timing = c.calls.Summary();
-      absl::StrAppendFormat(&table, "%-9s %2d %9.1f %9.1f %8.3f %8.3f %11.3f %7.2f\n",
+      absl::StrAppendFormat(&table, "%-9s %2d %9.1f %9.1f %8.3f %8.3f %8.1f %11.3f %7d %7.2f\n",
                             OpName(options.ops[o]), kR[i], Median(c.rates),
                             Median(c.call_rates), 1e3 * timing.p50_seconds,
-                            1e3 * timing.p99_seconds,
+                            1e3 * timing.p99_seconds, 1e3 * timing.max_seconds,
                             1e3 * c.server_cpu_seconds / static_cast<double>(c.total_calls),
-                            Median(c.vs_r1));
+                            c.retries, Median(c.vs_r1));
     }
   }
   workers.clear();  // the clients go before their shards
@@ -573,15 +607,6 @@ struct Failover {
   double resume_ms = -1;      // then to the first push started after it acknowledged
   int64_t retries = 0;        // worker RPC attempts retried meanwhile
 };
-
-double RetriesTotal(const prometheus::Registry& registry) {
-  double total = 0;
-  for (const prometheus::MetricFamily& family : registry.Collect()) {
-    if (family.name != "shardtrain_worker_rpc_retries_total") continue;
-    for (const prometheus::ClientMetric& metric : family.metric) total += metric.counter.value;
-  }
-  return total;
-}
 
 // The ttl etcd granted, from the shard's "etcd lease N (ttl T)" log line.
 std::string GrantedTtl(const std::string& log) {
@@ -723,7 +748,8 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
   prometheus::Registry registry;
   client::PsClientMetrics metrics(registry);
   ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker,
-                   Worker::Connect(cluster, 0, options.model, &metrics));
+                   Worker::Connect(cluster, 0, options.model, &metrics,
+                                   options.failover_max_backoff));
   std::vector<Failover> failovers;
   {
     Pusher pusher(worker->MakeOp(Op::kPush));
@@ -743,10 +769,20 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     }
   }
   watcher.reset();
+  const std::string granted_ttl = GrantedTtl(ReadFile(cluster.Log(0)));
+  worker.reset();  // the client goes before its shards
+  StopCluster(children, cluster);
   std::string text = absl::StrFormat(
       "# lease TTL: --lease_ttl_s=%d (etcd granted ttl %s); etcd --heartbeat-interval 25 "
-      "--election-timeout 250; etcd checks for expired leases every 500 ms (etcd 3.4's lessor)\n",
-      options.lease_ttl_s, GrantedTtl(ReadFile(cluster.Log(0))));
+      "--election-timeout 250; etcd's lessor revokes expired leases in a loop that runs every "
+      "500 ms\n",
+      options.lease_ttl_s, granted_ttl);
+  absl::StrAppend(&text, "# worker retry backoff: full jitter from 50 ms doubling up to ",
+                  options.failover_max_backoff > absl::ZeroDuration()
+                      ? absl::StrCat(absl::FormatDuration(options.failover_max_backoff),
+                                     " (--failover_max_backoff_ms)")
+                      : "2s (PsClientOptions default)",
+                  "\n");
   absl::StrAppend(&text,
                   "# ms after the SIGKILL: lease = the killed shard's liveness key deleted in "
                   "etcd (its lease expired); chain = the group's chain put without it; all = "
@@ -798,6 +834,20 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
   return text;
 }
 
+// "3.4.23", from `etcd --version`; "unknown" when it does not say.
+std::string EtcdVersion(Children& children, const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/etcd-version.txt");
+  absl::StatusOr<pid_t> pid = children.Start({EtcdProcess::kBinary, "--version"}, path);
+  if (!pid.ok() || !children.Wait(*pid, absl::Seconds(10)).ok()) return "unknown";
+  const std::string text = ReadFile(path);
+  const std::string prefix = "etcd Version: ";
+  const size_t at = text.find(prefix);
+  if (at == std::string::npos) return "unknown";
+  const size_t start = at + prefix.size();
+  const size_t end = text.find('\n', start);
+  return text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+}
+
 absl::Status Run(const BenchOptions& options, const std::string& command_line) {
   if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
   if (options.block_seconds <= 0) {
@@ -807,11 +857,14 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
   if (!EtcdProcess::Available()) return absl::FailedPreconditionError(EtcdProcess::kMissingMessage);
   const LoadAverage load_before = ReadLoadAverage();
   const absl::Time started = absl::Now();
-  Children children;
   ASSIGN_OR_RETURN(std::unique_ptr<EtcdProcess> etcd_process, EtcdProcess::Start());
   etcd::EtcdClient::Options etcd_options;
   etcd_options.endpoints = etcd_process->endpoint();
   ASSIGN_OR_RETURN(std::unique_ptr<etcd::EtcdClient> etcd, etcd::EtcdClient::Create(etcd_options));
+  // After etcd, so that the shards still running on an error stop first
+  // (they revoke their leases in etcd as they go).
+  Children children;
+  const std::string etcd_version = EtcdVersion(children, options.dir);
 
   std::string throughput;
   if (!options.skip_throughput) {
@@ -829,7 +882,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   std::string header = absl::StrCat(
       "# replication_bench: replicated shards (--replicas R, chain replication, chains in a "
-      "local etcd 3.x) with ps-server processes on loopback\n",
+      "local etcd ", etcd_version, ") with ps-server processes on loopback\n",
       CommonHeader(command_line),
       absl::StrFormat("# load average before: %s; after: %s (the bench's own processes "
                       "included); run took %s\n",
@@ -851,8 +904,9 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
         "R=1 (no etcd), R=2, R=3; %d worker(s) each; %d rounds, each one block of %.2f s per "
         "(op, R), R order rotating by round\n"
         "# MB/s and calls/s: the median round (MB = 1e6 payload bytes, both directions for "
-        "pushpull, all workers); p50/p99 over all calls; srv ms/call = ps-server CPU per call; "
-        "x R=1 = median over rounds of MB/s / the same round's R=1 MB/s\n"
+        "pushpull, all workers); p50/p99/max over all calls; srv ms/call = ps-server CPU per "
+        "call; retries = worker RPC attempts retried in all rounds; x R=1 = median over rounds "
+        "of MB/s / the same round's R=1 MB/s\n"
         "# pushpull with R>1 is a Push to each group's head then a Pull from its tail (two "
         "round trips); with R=1 one PushPull RPC per shard\n",
         kShards, options.workers, options.rounds, options.block_seconds);
@@ -903,6 +957,7 @@ int main(int argc, char** argv) {
   options.throughput_lease_ttl_s = absl::GetFlag(FLAGS_throughput_lease_ttl_s);
   options.failover_repeats = absl::GetFlag(FLAGS_failover_repeats);
   options.lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
+  options.failover_max_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_failover_max_backoff_ms));
   options.skip_throughput = absl::GetFlag(FLAGS_skip_throughput);
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.out_path = absl::GetFlag(FLAGS_out);
