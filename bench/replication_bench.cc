@@ -45,7 +45,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,10 +57,8 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -69,8 +66,8 @@
 #include "absl/time/time.h"
 #include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "bench/replication_cluster.h"
 #include "client/client_metrics.h"
-#include "client/ps_client.h"
 #include "common/chain_config.h"
 #include "common/etcd/etcd_client.h"
 #include "common/etcd/testing/etcd_process.h"
@@ -101,250 +98,9 @@ ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server or a chain t
 namespace shardtrain::bench {
 namespace {
 
-constexpr int kShards = 3;
 using etcd::testing::EtcdProcess;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
-
-// ---------------------------------------------------------------------------
-// Clusters of ps-server processes.
-
-struct ClusterOptions {
-  std::string bin_dir;
-  std::string dir;   // port files and logs
-  std::string name;  // file prefix, and the etcd job with replicas > 1
-  int replicas = 1;
-  std::string etcd_endpoint;  // replicas > 1
-  int lease_ttl_s = 2;
-  int num_workers = 1;
-  absl::Duration start_timeout = absl::Seconds(30);
-};
-
-// kShards ps-server processes on ports picked before they start, so that
-// a restarted shard keeps its address.
-struct Cluster {
-  ClusterOptions options;
-  std::vector<std::vector<std::string>> argv;
-  std::vector<pid_t> pids;
-  std::vector<std::string> addresses;
-
-  std::string Log(int s) const { return absl::StrCat(options.dir, "/", options.name, "-", s, ".log"); }
-  std::string PortFile(int s) const {
-    return absl::StrCat(options.dir, "/", options.name, "-", s, ".port");
-  }
-};
-
-absl::Status StartShard(Children& children, Cluster& cluster, int s, bool restart) {
-  std::filesystem::remove(cluster.PortFile(s));
-  ASSIGN_OR_RETURN(cluster.pids[s], children.Start(cluster.argv[s], cluster.Log(s), restart));
-  return WaitForPort(children, cluster.pids[s], cluster.PortFile(s), cluster.Log(s),
-                     cluster.options.start_timeout)
-      .status();
-}
-
-absl::StatusOr<std::vector<common::ChainConfig>> ReadChains(etcd::EtcdClient& etcd,
-                                                           const std::string& job) {
-  std::vector<common::ChainConfig> chains;
-  for (int g = 0; g < kShards; ++g) {
-    ASSIGN_OR_RETURN(const etcd::KeyValue kv, etcd.Get(common::ChainKey(job, g)));
-    ASSIGN_OR_RETURN(chains.emplace_back(), common::DecodeChainConfig(kv.value));
-  }
-  return chains;
-}
-
-// Waits until every chain of `job` has `members` members.
-absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
-                               absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Status last = absl::DeadlineExceededError("not read yet");
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<common::ChainConfig>> chains = ReadChains(etcd, job);
-    if (chains.ok()) {
-      last = absl::OkStatus();
-      for (const common::ChainConfig& chain : *chains) {
-        if (static_cast<int>(chain.members.size()) != members) {
-          last = absl::DeadlineExceededError(
-              absl::StrCat("group ", chain.group, " has ", chain.members.size(), " members"));
-        }
-      }
-      if (last.ok()) return last;
-    } else {
-      last = chains.status();
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("the chains of job ", job, " did not reach ",
-                                                  members, " members: ", last.message()));
-}
-
-absl::StatusOr<Cluster> StartCluster(Children& children, etcd::EtcdClient* etcd,
-                                     const ClusterOptions& options) {
-  Cluster cluster;
-  cluster.options = options;
-  cluster.pids.assign(kShards, 0);
-  for (int s = 0; s < kShards; ++s) {
-    ASSIGN_OR_RETURN(const int port, PickFreePort());
-    cluster.addresses.push_back(absl::StrCat("127.0.0.1:", port));
-    std::vector<std::string> argv = {
-        absl::StrCat(options.bin_dir, "/ps-server"), absl::StrCat("--listen=127.0.0.1:", port),
-        "--metrics_listen=127.0.0.1:0", absl::StrCat("--port_file=", cluster.PortFile(s)),
-        absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", kShards),
-        absl::StrCat("--num_workers=", options.num_workers), "--mode=async", "--optimizer=sgd",
-        "--max_message_mb=256", "--heartbeat_timeout_s=600",
-        absl::StrCat("--replicas=", options.replicas)};
-    if (options.replicas > 1) {
-      argv.push_back(absl::StrCat("--etcd_endpoints=", options.etcd_endpoint));
-      argv.push_back(absl::StrCat("--job=", options.name));
-      argv.push_back(absl::StrCat("--lease_ttl_s=", options.lease_ttl_s));
-    }
-    cluster.argv.push_back(std::move(argv));
-  }
-  // All at once: a group's chain forms when its initial members are up.
-  for (int s = 0; s < kShards; ++s) {
-    std::filesystem::remove(cluster.PortFile(s));
-    ASSIGN_OR_RETURN(cluster.pids[s], children.Start(cluster.argv[s], cluster.Log(s)));
-  }
-  for (int s = 0; s < kShards; ++s) {
-    RETURN_IF_ERROR(WaitForPort(children, cluster.pids[s], cluster.PortFile(s), cluster.Log(s),
-                                options.start_timeout)
-                        .status());
-  }
-  if (options.replicas > 1) {
-    RETURN_IF_ERROR(
-        WaitForFullChains(*etcd, options.name, options.replicas, options.start_timeout));
-  }
-  return cluster;
-}
-
-void StopCluster(Children& children, const Cluster& cluster) {
-  for (pid_t pid : cluster.pids) (void)children.Stop(pid);
-}
-
-// ---------------------------------------------------------------------------
-// The model and the workers that push and pull it.
-
-struct Model {
-  std::vector<TensorSpec> specs;
-  int64_t bytes = 0;
-  std::string description;
-};
-
-absl::StatusOr<Model> MakeModel(const std::string& layers, int tensor_kb) {
-  Model model;
-  const auto add = [&model](std::string name, std::vector<int64_t> shape) {
-    TensorSpec& spec = model.specs.emplace_back();
-    spec.set_name(std::move(name));
-    int64_t elements = 1;
-    for (int64_t d : shape) {
-      spec.add_shape(d);
-      elements *= d;
-    }
-    spec.set_dtype(DTYPE_F32);
-    model.bytes += elements * static_cast<int64_t>(sizeof(float));
-  };
-  if (tensor_kb > 0) {
-    add("bench_tensor", {int64_t{tensor_kb} * 1024 / 4});
-    model.description = absl::StrFormat("one f32 tensor of %d KiB", tensor_kb);
-    return model;
-  }
-  std::vector<int64_t> sizes;
-  for (absl::string_view size : absl::StrSplit(layers, '-')) {
-    int64_t value = 0;
-    if (!absl::SimpleAtoi(size, &value) || value < 1 || value > (1 << 20)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--model \"", layers, "\" is not layer sizes like 784-256-128-10"));
-    }
-    sizes.push_back(value);
-  }
-  if (sizes.size() < 2) return absl::InvalidArgumentError("--model needs at least two layers");
-  for (size_t l = 0; l + 1 < sizes.size(); ++l) {
-    add(absl::StrCat("fc", l, ".weight"), {sizes[l], sizes[l + 1]});
-    add(absl::StrCat("fc", l, ".bias"), {sizes[l + 1]});
-  }
-  model.description = absl::StrFormat("MLP %s: %d f32 tensors, %.3f MB", layers,
-                                      model.specs.size(), model.bytes / 1e6);
-  return model;
-}
-
-// One PsClient with the model registered, its gradient and parameter
-// buffers and its push clock. Thread-compatible: one thread makes its calls
-// (router() may be read from another).
-class Worker {
- public:
-  static absl::StatusOr<std::unique_ptr<Worker>> Connect(
-      const Cluster& cluster, int index, const Model& model,
-      client::PsClientMetrics* metrics = nullptr,
-      absl::Duration max_backoff = absl::ZeroDuration()) {
-    client::PsClientOptions options;
-    options.servers = cluster.addresses;
-    options.worker_index = static_cast<uint32_t>(index);
-    options.num_workers = static_cast<uint32_t>(cluster.options.num_workers);
-    options.max_message_bytes = kMaxMessageBytes;
-    options.replicas = cluster.options.replicas;
-    if (max_backoff > absl::ZeroDuration()) {
-      options.max_backoff = max_backoff;
-      options.initial_backoff = std::min(options.initial_backoff, max_backoff);
-    }
-    if (options.replicas > 1) {
-      options.etcd_endpoints = cluster.options.etcd_endpoint;
-      options.job = cluster.options.name;
-    }
-    std::unique_ptr<Worker> worker(new Worker);
-    ASSIGN_OR_RETURN(worker->client_, client::PsClient::Create(options, nullptr, metrics));
-    RETURN_IF_ERROR(worker->client_->Register(model.specs));
-    for (const TensorSpec& spec : model.specs) {
-      int64_t elements = 1;
-      for (int64_t d : spec.shape()) elements *= d;
-      // Small, finite gradients: SGD moves the parameters a little each push.
-      worker->grads_.emplace_back(static_cast<size_t>(elements), 1e-3f);
-      worker->params_.emplace_back(static_cast<size_t>(elements), 0.0f);
-    }
-    for (size_t t = 0; t < model.specs.size(); ++t) {
-      worker->grad_spans_.push_back(worker->grads_[t]);
-      worker->param_spans_.push_back(absl::MakeSpan(worker->params_[t]));
-    }
-    return worker;
-  }
-
-  OpFn MakeOp(Op op) {
-    switch (op) {
-      case Op::kPush:
-        return [this] { return client_->Push(++clock_, grad_spans_, &push_stats_); };
-      case Op::kPull:
-        return [this] { return client_->Pull(clock_, 0, param_spans_, &pull_stats_); };
-      case Op::kPushPull:
-        return [this] {
-          return client_->PushPull(++clock_, 0, grad_spans_, param_spans_, &push_stats_,
-                                   &pull_stats_);
-        };
-    }
-    return [] { return absl::InternalError("unknown op"); };
-  }
-
-  client::PsClient& client() { return *client_; }
-
- private:
-  Worker() = default;
-
-  std::unique_ptr<client::PsClient> client_;
-  std::vector<std::vector<float>> grads_;
-  std::vector<std::vector<float>> params_;
-  std::vector<absl::Span<const float>> grad_spans_;
-  std::vector<absl::Span<float>> param_spans_;
-  int64_t clock_ = 0;
-  client::PushStats push_stats_;
-  client::PullStats pull_stats_;
-};
-
-// Worker RPC attempts retried so far, over every client reporting to `registry`.
-double RetriesTotal(const prometheus::Registry& registry) {
-  double total = 0;
-  for (const prometheus::MetricFamily& family : registry.Collect()) {
-    if (family.name != "shardtrain_worker_rpc_retries_total") continue;
-    for (const prometheus::ClientMetric& metric : family.metric) total += metric.counter.value;
-  }
-  return total;
-}
 
 // ---------------------------------------------------------------------------
 // Part 1: throughput.
@@ -413,12 +169,12 @@ absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
 absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions& options,
                                           const std::string& etcd_endpoint,
                                           etcd::EtcdClient& etcd) {
-  const int kR[kShards] = {1, 2, 3};
+  const int kR[kClusterShards] = {1, 2, 3};
   std::vector<Cluster> clusters;
   // By cluster; before the workers, which report to them.
   std::vector<std::unique_ptr<prometheus::Registry>> registries;
   std::vector<std::unique_ptr<client::PsClientMetrics>> metrics;
-  std::vector<std::vector<std::unique_ptr<Worker>>> workers(kShards);
+  std::vector<std::vector<std::unique_ptr<Worker>>> workers(kClusterShards);
   for (int r : kR) {
     ClusterOptions cluster;
     cluster.bin_dir = options.bin_dir;
@@ -431,7 +187,7 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     cluster.start_timeout = options.start_timeout;
     ASSIGN_OR_RETURN(clusters.emplace_back(), StartCluster(children, &etcd, cluster));
   }
-  for (int i = 0; i < kShards; ++i) {
+  for (int i = 0; i < kClusterShards; ++i) {
     registries.push_back(std::make_unique<prometheus::Registry>());
     metrics.push_back(std::make_unique<client::PsClientMetrics>(*registries.back()));
     for (int w = 0; w < options.workers; ++w) {
@@ -442,11 +198,11 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
   std::string table =
       absl::StrFormat("%-9s %2s %9s %9s %8s %8s %8s %11s %7s %7s\n", "op", "R", "MB/s",
                       "calls/s", "p50 ms", "p99 ms", "max ms", "srv ms/call", "retries", "x R=1");
-  std::vector<std::vector<Case>> cases(options.ops.size(), std::vector<Case>(kShards));
+  std::vector<std::vector<Case>> cases(options.ops.size(), std::vector<Case>(kClusterShards));
   std::vector<std::vector<std::vector<OpFn>>> ops(options.ops.size(),
-                                                  std::vector<std::vector<OpFn>>(kShards));
+                                                  std::vector<std::vector<OpFn>>(kClusterShards));
   for (size_t o = 0; o < options.ops.size(); ++o) {
-    for (int i = 0; i < kShards; ++i) {
+    for (int i = 0; i < kClusterShards; ++i) {
       for (auto& worker : workers[i]) {
         ops[o][i].push_back(worker->MakeOp(options.ops[o]));
         RETURN_IF_ERROR(WarmUp(ops[o][i].back()));
@@ -457,15 +213,15 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     for (size_t o = 0; o < options.ops.size(); ++o) {
       const double megabytes_per_call =
           options.model.bytes * (options.ops[o] == Op::kPushPull ? 2.0 : 1.0) / 1e6;
-      for (int k = 0; k < kShards; ++k) {
-        const int i = (k + round) % kShards;
+      for (int k = 0; k < kClusterShards; ++k) {
+        const int i = (k + round) % kClusterShards;
         const double retries_before = RetriesTotal(*registries[i]);
         RETURN_IF_ERROR(TimeBlock(ops[o][i], options.block_seconds, megabytes_per_call,
                                   clusters[i].pids, &cases[o][i]));
         cases[o][i].retries +=
             static_cast<int64_t>(RetriesTotal(*registries[i]) - retries_before);
       }
-      for (int i = 0; i < kShards; ++i) {
+      for (int i = 0; i < kClusterShards; ++i) {
         cases[o][i].vs_r1.push_back(cases[o][i].rates.back() / cases[o][0].rates.back());
       }
     }
@@ -473,7 +229,7 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     std::fflush(stdout);
   }
   for (size_t o = 0; o < options.ops.size(); ++o) {
-    for (int i = 0; i < kShards; ++i) {
+    for (int i = 0; i < kClusterShards; ++i) {
       const Case& c = cases[o][i];
       const Timing timing = c.calls.Summary();
       absl::StrAppendFormat(&table, "%-9s %2d %9.1f %9.1f %8.3f %8.3f %8.1f %11.3f %7d %7.2f\n",
@@ -699,7 +455,7 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   f.resume_ms = Ms(*resumed - full);
   const absl::Time router_deadline = absl::Now() + timeout;
   const auto router_full = [&] {
-    for (int g = 0; g < kShards; ++g) {
+    for (int g = 0; g < kClusterShards; ++g) {
       const std::optional<common::ChainConfig> seen = worker.client().router()->Config(g);
       if (!seen.has_value() || seen->members.size() != 2) return false;
     }
@@ -756,7 +512,7 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     for (int i = 0; i < options.failover_repeats; ++i) {
       ASSIGN_OR_RETURN(failovers.emplace_back(),
                        KillHead(children, cluster, *worker, pusher, log, etcd, registry,
-                                i % kShards, std::max(absl::Seconds(30), options.start_timeout)));
+                                i % kClusterShards, std::max(absl::Seconds(30), options.start_timeout)));
       const Failover& f = failovers.back();
       std::printf("failover %d: killed shard %d (head of group %d): first push acknowledged "
                   "after %.0f ms\n",
@@ -909,7 +665,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
         "of MB/s / the same round's R=1 MB/s\n"
         "# pushpull with R>1 is a Push to each group's head then a Pull from its tail (two "
         "round trips); with R=1 one PushPull RPC per shard\n",
-        kShards, options.workers, options.rounds, options.block_seconds);
+        kClusterShards, options.workers, options.rounds, options.block_seconds);
     absl::StrAppend(&text, throughput);
   }
   if (!failover.empty()) {
@@ -917,7 +673,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
                           "\n## failover: R=2, %d ps-server processes, one worker pushing the "
                           "model continuously; repeat i SIGKILLs the head of group i %% 3, then "
                           "restarts it on its port and waits for full chains\n",
-                          kShards);
+                          kClusterShards);
     absl::StrAppend(&text, failover);
   }
   if (!options.out_path.empty()) RETURN_IF_ERROR(WriteTable(options.out_path, text));
