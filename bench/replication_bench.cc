@@ -4,7 +4,7 @@
 // own ps-server process; the bench starts one local etcd (in a temporary
 // directory, stopped by its PID).
 //
-//   replication_bench --out=bench/results/replication_cpu.txt   (about 2 minutes)
+//   replication_bench --out=bench/results/replication_cpu.txt   (about 90 s)
 //
 // Part 1, throughput. Three clusters of 3 ps-server processes each (async,
 // sgd) run side by side: R=1 (no etcd), R=2 and R=3 (two jobs of the
@@ -28,8 +28,9 @@
 // grants 1 s leases) and one worker pushing the model continuously. Repeat
 // i (of --failover_repeats) SIGKILLs the head of group i % 3, as its chain
 // in etcd names it, and measures from the SIGKILL to the end of the first
-// push that started after it: every push touches every group, so that is
-// the first push the new configuration acknowledged. A watch on the job's
+// push that started after it: every push touches every group (the bench
+// refuses a model that does not), so that is the first push the new
+// configuration acknowledged. A watch on the job's
 // etcd keys says when the killed shard's liveness key vanished (its lease
 // expired) and when the group's chain changed; polling the worker's
 // ChainRouter says when the worker saw the new chain; the rest is the
@@ -604,12 +605,24 @@ std::string EtcdVersion(Children& children, const std::string& dir) {
   return text.substr(start, end == std::string::npos ? std::string::npos : end - start);
 }
 
-absl::Status Run(const BenchOptions& options, const std::string& command_line) {
+// INVALID_ARGUMENT for options that cannot run.
+absl::Status Validate(const BenchOptions& options) {
   if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
   if (options.block_seconds <= 0) {
     return absl::InvalidArgumentError("--block_seconds must be positive");
   }
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  if (options.failover_repeats > 0 && options.model.groups_touched < kClusterShards) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the model (%s) has partitions in %d of the %d replica groups; the failover part "
+        "needs every push to touch every group: a larger --model or --tensor_kb, or "
+        "--failover_repeats=0",
+        options.model.description, options.model.groups_touched, kClusterShards));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const BenchOptions& options, const std::string& command_line) {
   if (!EtcdProcess::Available()) return absl::FailedPreconditionError(EtcdProcess::kMissingMessage);
   const LoadAverage load_before = ReadLoadAverage();
   const absl::Time started = absl::Now();
@@ -728,6 +741,10 @@ int main(int argc, char** argv) {
       LOG(ERROR) << "--ops: unknown op " << name;
       return 2;
     }
+  }
+  if (const absl::Status valid = b::Validate(options); !valid.ok()) {
+    LOG(ERROR) << valid;
+    return 2;
   }
   options.dir = b::MakeTempDir("replication_bench");
   if (options.dir.empty()) {

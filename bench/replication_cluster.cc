@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -9,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/partition.h"
 #include "common/replication_keys.h"
 #include "common/status_macros.h"
 
@@ -116,7 +118,8 @@ void StopCluster(Children& children, const Cluster& cluster) {
 
 absl::StatusOr<Model> MakeModel(const std::string& layers, int tensor_kb) {
   Model model;
-  const auto add = [&model](std::string name, std::vector<int64_t> shape) {
+  std::set<int> groups;
+  const auto add = [&model, &groups](std::string name, std::vector<int64_t> shape) {
     TensorSpec& spec = model.specs.emplace_back();
     spec.set_name(std::move(name));
     int64_t elements = 1;
@@ -126,6 +129,12 @@ absl::StatusOr<Model> MakeModel(const std::string& layers, int tensor_kb) {
     }
     spec.set_dtype(DTYPE_F32);
     model.bytes += elements * static_cast<int64_t>(sizeof(float));
+    common::PartitionConfig config;  // as the shards and workers cut it
+    config.num_shards = kClusterShards;
+    for (const common::PlacedPartition& part : common::PlaceTensor(spec.name(), elements, config)) {
+      groups.insert(part.shard);
+    }
+    model.groups_touched = static_cast<int>(groups.size());
   };
   if (tensor_kb > kMaxModelBytes / 1024) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -101,6 +101,8 @@ struct Model {
   std::vector<TensorSpec> specs;
   int64_t bytes = 0;  // f32 payload of all tensors
   std::string description;
+  // Replica groups of a kClusterShards cluster holding some partition.
+  int groups_touched = 0;
 };
 
 // An MLP's tensors, named as the worker names them (fcN.weight, fcN.bias)
