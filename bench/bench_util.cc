@@ -139,6 +139,7 @@ Timing Sampler::Summary() const {
   std::sort(sorted.begin(), sorted.end());
   timing.p50_seconds = Percentile(sorted, 0.50);
   timing.p99_seconds = Percentile(sorted, 0.99);
+  timing.max_seconds = sorted.back();
   return timing;
 }
 

@@ -93,6 +93,7 @@ struct Timing {
   double total_seconds = 0;
   double p50_seconds = 0;
   double p99_seconds = 0;
+  double max_seconds = 0;
 };
 
 // Nearest rank: with few samples p99 is the slowest call.

@@ -38,29 +38,16 @@
 // Without iperf3 on the PATH (or at --iperf3) its rows and column are left
 // out with a note. Every process the bench starts is stopped (by PID) when
 // it ends, on error, and on SIGINT/SIGTERM/SIGHUP.
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +67,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/bench_process.h"
 #include "bench/bench_util.h"
 #include "client/ps_client.h"
 #include "common/malloc_tuning.h"
@@ -117,201 +105,8 @@ ABSL_FLAG(bool, serve_echo, false,
 ABSL_FLAG(std::string, port_file, "", "--serve_echo: write the port here");
 ABSL_FLAG(int, echo_max_mb, 64, "--serve_echo: largest reply in MiB");
 
-extern char** environ;
-
 namespace shardtrain::bench {
 namespace {
-
-// ---------------------------------------------------------------------------
-// Child processes.
-
-// The PIDs of running children, for the signal handler.
-constexpr int kMaxChildren = 16;
-std::atomic<pid_t> g_children[kMaxChildren];
-
-void KillChildrenAndExit(int signal) {
-  for (std::atomic<pid_t>& child : g_children) {
-    const pid_t pid = child.load();
-    if (pid > 0) kill(pid, SIGKILL);
-  }
-  _exit(128 + signal);
-}
-
-// Processes started by the bench, stopped (SIGTERM, then SIGKILL after 5 s)
-// when this object goes, and killed by the signal handler if the bench is
-// interrupted. Not thread-safe.
-class Children {
- public:
-  Children() = default;
-  Children(const Children&) = delete;
-  Children& operator=(const Children&) = delete;
-  ~Children() {
-    for (std::atomic<pid_t>& child : g_children) {
-      const pid_t pid = child.load();
-      if (pid > 0) kill(pid, SIGTERM);
-    }
-    for (std::atomic<pid_t>& child : g_children) {
-      const pid_t pid = child.load();
-      if (pid <= 0) continue;
-      if (!Wait(pid, absl::Seconds(5)).ok()) {
-        kill(pid, SIGKILL);
-        (void)Wait(pid, absl::Seconds(5));
-      }
-    }
-  }
-
-  // Starts `argv` with stdout and stderr going to `log_path`.
-  absl::StatusOr<pid_t> Start(const std::vector<std::string>& argv,
-                              const std::string& log_path) {
-    std::atomic<pid_t>* slot = nullptr;
-    for (std::atomic<pid_t>& child : g_children) {
-      if (child.load() == 0) {
-        slot = &child;
-        break;
-      }
-    }
-    if (slot == nullptr) return absl::ResourceExhaustedError("too many child processes");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
-    args.push_back(nullptr);
-    pid_t pid = 0;
-    // Block the stop signals around the spawn so that the handler never
-    // misses a PID: it is stored before they are let through again.
-    sigset_t stop, old;
-    sigemptyset(&stop);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
-    pthread_sigmask(SIG_BLOCK, &stop, &old);
-    const int err = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), environ);
-    if (err == 0) slot->store(pid);
-    pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    posix_spawn_file_actions_destroy(&actions);
-    if (err != 0) {
-      return absl::NotFoundError(absl::StrCat("cannot start ", argv[0], ": ", std::strerror(err)));
-    }
-    return pid;
-  }
-
-  // Waits up to `timeout` for `pid` to exit; returns its exit code.
-  absl::StatusOr<int> Wait(pid_t pid, absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      int status = 0;
-      const pid_t done = waitpid(pid, &status, WNOHANG);
-      if (done == pid) {
-        Forget(pid);
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      if (done < 0) {
-        Forget(pid);
-        return absl::InternalError(absl::StrCat("waitpid ", pid, ": ", std::strerror(errno)));
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("process ", pid, " still running"));
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  }
-
-  // Whether `pid` has exited (and is then reaped).
-  bool Exited(pid_t pid) { return Wait(pid, absl::ZeroDuration()).ok(); }
-
- private:
-  static void Forget(pid_t pid) {
-    for (std::atomic<pid_t>& child : g_children) {
-      if (child.load() == pid) child.store(0);
-    }
-  }
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-// Waits for `path` to name a port while `pid` runs.
-absl::StatusOr<int> WaitForPort(Children& children, pid_t pid, const std::string& path,
-                                const std::string& log_path, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    std::ifstream in(path);
-    int port = 0;
-    if (in >> port && port > 0) return port;
-    if (children.Exited(pid)) {
-      return absl::UnavailableError(absl::StrCat("process ", pid, " exited before writing ",
-                                                 path, "; its log:\n", ReadFile(log_path)));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
-}
-
-// A free TCP port on 127.0.0.1 now (bound and released), for iperf3, which
-// cannot report the port it picked.
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    close(fd);
-    return absl::InternalError("cannot pick a free port");
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
-}
-
-// ---------------------------------------------------------------------------
-// CPU time.
-
-double SelfCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-}
-
-double ReapedChildrenCpuSeconds() {
-  rusage usage{};
-  getrusage(RUSAGE_CHILDREN, &usage);
-  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec +
-         1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
-}
-
-// utime + stime of a running process, from /proc/PID/stat.
-absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
-  const std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) {
-    return absl::NotFoundError(absl::StrCat("cannot read /proc/", pid, "/stat"));
-  }
-  // Fields after the command name start at field 3 (state); utime and
-  // stime are fields 14 and 15.
-  const std::vector<std::string> fields =
-      absl::StrSplit(stat.substr(paren + 2), ' ', absl::SkipEmpty());
-  if (fields.size() < 13) return absl::InternalError("short /proc/PID/stat");
-  const double ticks = std::strtod(fields[11].c_str(), nullptr) +
-                       std::strtod(fields[12].c_str(), nullptr);
-  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
-}
-
-absl::StatusOr<double> ProcessesCpuSeconds(const std::vector<pid_t>& pids) {
-  double total = 0;
-  for (pid_t pid : pids) {
-    ASSIGN_OR_RETURN(double seconds, ProcessCpuSeconds(pid));
-    total += seconds;
-  }
-  return total;
-}
 
 // ---------------------------------------------------------------------------
 // Measurements.
@@ -576,16 +371,6 @@ std::string FormatRows(const BenchOptions& options, const Row& row, bool with_ip
   return text;
 }
 
-// A temporary directory for port files and logs; removed at the end unless
-// the bench failed.
-std::string MakeTempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string path = absl::StrCat(base != nullptr && *base != '\0' ? base : "/tmp",
-                                  "/wire_bench-XXXXXX");
-  if (mkdtemp(path.data()) == nullptr) return "";
-  return path;
-}
-
 absl::Status Run(const BenchOptions& options, const std::string& self,
                  const std::string& command_line, const std::string& dir) {
   if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
@@ -779,12 +564,6 @@ int ServeEcho() {
   return 0;
 }
 
-std::string SelfPath() {
-  std::error_code error;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
-  return error ? "" : self.string();
-}
-
 }  // namespace
 }  // namespace shardtrain::bench
 
@@ -866,7 +645,7 @@ int main(int argc, char** argv) {
       options.sizes.push_back(bytes);
     }
   }
-  const std::string dir = b::MakeTempDir();
+  const std::string dir = b::MakeTempDir("wire_bench");
   if (dir.empty()) {
     LOG(ERROR) << "cannot make a temporary directory";
     return 1;
