@@ -69,6 +69,7 @@
 #include "bench/bench_util.h"
 #include "bench/replication_cluster.h"
 #include "client/client_metrics.h"
+#include "client/shard_call.h"
 #include "common/chain_config.h"
 #include "common/etcd/etcd_client.h"
 #include "common/etcd/testing/etcd_process.h"
@@ -539,7 +540,9 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
                       ? absl::StrCat(absl::FormatDuration(options.failover_max_backoff),
                                      " (--failover_max_backoff_ms)")
                       : "2s (PsClientOptions default)",
-                  "\n");
+                  "; calls routed by the chains capped at ",
+                  absl::FormatDuration(client::RetryPolicy().routed_max_backoff),
+                  " (RetryPolicy::routed_max_backoff)\n");
   absl::StrAppend(&text,
                   "# ms after the SIGKILL: lease = the killed shard's liveness key deleted in "
                   "etcd (its lease expired); chain = the group's chain put without it; all = "

@@ -224,9 +224,11 @@ void ShardChannel::Retry(PendingCall* call) {
   routes_->Refresh(index_, [this, call] { ScheduleRetry(call); });
 }
 
-absl::Duration ShardChannel::Jitter(int retry) {
+absl::Duration ShardChannel::Jitter(int retry, bool routed) {
+  RetryPolicy policy = policy_;
+  if (routed) policy.max_backoff = std::min(policy.max_backoff, policy.routed_max_backoff);
   absl::MutexLock lock(&mu_);
-  return Backoff(policy_, retry, gen_);
+  return Backoff(policy, retry, gen_);
 }
 
 void ShardChannel::ScheduleRetry(PendingCall* call) {
@@ -234,7 +236,7 @@ void ShardChannel::ScheduleRetry(PendingCall* call) {
   const absl::Duration left =
       call->first_failure + call->reconnect_timeout - now;
   const absl::Duration wait =
-      std::max(absl::ZeroDuration(), std::min(Jitter(call->retries), left));
+      std::max(absl::ZeroDuration(), std::min(Jitter(call->retries, call->routed), left));
   ++call->retries;
   call->alarm = std::make_unique<grpc::Alarm>();
   call->alarm->Set(absl::ToChronoTime(now + wait), [this, call](bool fired) {

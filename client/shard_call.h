@@ -72,6 +72,12 @@ struct RetryPolicy {
   // [0, min(max_backoff, initial_backoff * 2^r)] ("full jitter").
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
+  // The same ceiling for a call routed by replica chains (ChainRoutes):
+  // such an attempt fails at once when its member is dead (no
+  // wait_for_ready), and the retry goes where the chain says by then, so
+  // a short ceiling lets it reach the new head soon after the chain
+  // changes instead of sleeping out a long backoff.
+  absl::Duration routed_max_backoff = absl::Milliseconds(250);
   // A call gives up this long after its first failure.
   absl::Duration reconnect_timeout = absl::Seconds(120);
 };
@@ -220,7 +226,9 @@ class ShardChannel {
   void RequestResync(uint64_t sent_incarnation, std::function<void(absl::Status)> then);
   void NoteFailure(const char* method, const grpc::Status& status, absl::Duration budget);
   void NoteAnswer();
-  absl::Duration Jitter(int retry);
+  // The backoff before retry `retry`; a routed call's is capped by
+  // RetryPolicy::routed_max_backoff.
+  absl::Duration Jitter(int retry, bool routed);
 
   const int index_;
   const std::string address_;

@@ -110,7 +110,10 @@ class Coordinator {
   // tail) or etcd unreachable (keep the lease, refresh once etcd is back).
   enum class LeaseProblem { kNone, kExpired, kUnreachable };
   LeaseProblem lease_problem_ ABSL_GUARDED_BY(mu_) = LeaseProblem::kNone;
-  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  // True at start: the first pass runs at once (a restarted shard rejoins
+  // its chains without waiting a period; its own liveness key was written
+  // before the watches started, so nothing else would wake it).
+  bool wake_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Fenced after a pause at this many lease refreshes.
   int64_t fenced_at_refreshes_ ABSL_GUARDED_BY(mu_) = -1;
