@@ -15,7 +15,8 @@ mkdir -p "$out/tmp1"
 TMPDIR="$out/tmp1" BUILD_DIR="$build_dir" "$root/scripts/run-local.sh" --no-build --epochs 1 \
   --shards 3 --replicas 2 --logs "$out/logs1" >"$out/stdout1" 2>"$out/stderr1" ||
   fail "--replicas 2 run: $(cat "$out/stdout1" "$out/stderr1")"
-grep -q '^final test accuracy: 0\.[0-9]\{4\}$' "$out/stdout1" || fail "--replicas 2: no final accuracy"
+grep -q '^final test accuracy: 0\.[0-9]\{4\}$' "$out/stdout1" ||
+  fail "--replicas 2: no final accuracy; stdout ends: $(tail -n 5 "$out/stdout1"); stderr ends: $(tail -n 5 "$out/stderr1")"
 accuracy=$(sed -n 's/^final test accuracy: //p' "$out/stdout1")
 awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.80) }' || fail "--replicas 2: accuracy $accuracy < 0.80"
 grep -q "psctl chains --etcd_endpoints=127.0.0.1:[0-9]* --job=local-" "$out/stderr1" ||
