@@ -47,23 +47,22 @@ from torch.utils.data import DistributedSampler, TensorDataset
 DEFAULT_DATA = "/usr/share/datasets/fashion-mnist"
 # Mean and standard deviation of the training images' pixels (in [0, 1]).
 PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
-MODEL = "cnn:c16-c32-fc32"
+MODEL = "cnn:c32-c64-fc10"
 
 
 class Net(nn.Module):
-    """conv 3x3 (16) - pool - conv 3x3 (32) - pool - fc 32 - fc 10: 55k parameters."""
+    """conv 3x3 (32) - pool - conv 3x3 (64) - pool - fc 10: 50k parameters."""
 
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 7 * 7, 32)
-        self.fc2 = nn.Linear(32, 10)
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc = nn.Linear(64 * 7 * 7, 10)
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+        return self.fc(x.flatten(1))
 
 
 def read_idx(path: str, offset: int) -> np.ndarray:

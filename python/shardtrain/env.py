@@ -24,7 +24,10 @@ Optional, with the meaning of ps-worker's flags of the same name:
   SHARDTRAIN_TLS_CERT       PEM client certificate, for mutual TLS
   SHARDTRAIN_TLS_KEY        PEM private key of SHARDTRAIN_TLS_CERT
   SHARDTRAIN_TOKEN_FILE     file holding the shared auth token (needs TLS)
-  SHARDTRAIN_TOKEN          the token itself (SHARDTRAIN_TOKEN_FILE wins)
+  SHARDTRAIN_TOKEN          the token itself (instead of the file)
+  SHARDTRAIN_MAX_PARTITION_ELEMENTS  must match the shards'
+                            --max_partition_elements (default: ps-server's);
+                            shardtrain-run sets it from that flag
   SHARDTRAIN_METRICS_PORT   Prometheus port of the worker's metrics; 0 picks a
                             free one, -1 (default) serves none
   SHARDTRAIN_REPLICAS       copies of every partition (default 1)
@@ -58,6 +61,7 @@ TLS_CERT = "SHARDTRAIN_TLS_CERT"
 TLS_KEY = "SHARDTRAIN_TLS_KEY"
 TOKEN_FILE = "SHARDTRAIN_TOKEN_FILE"
 TOKEN = "SHARDTRAIN_TOKEN"
+MAX_PARTITION_ELEMENTS = "SHARDTRAIN_MAX_PARTITION_ELEMENTS"
 METRICS_PORT = "SHARDTRAIN_METRICS_PORT"
 REPLICAS = "SHARDTRAIN_REPLICAS"
 ETCD_ENDPOINTS = "SHARDTRAIN_ETCD_ENDPOINTS"
@@ -81,6 +85,8 @@ class Settings:
     tls_cert: str = ""
     tls_key: str = ""
     token: str = ""
+    token_file: str = ""
+    max_partition_elements: int = 0  # 0: the client's default (ps-server's)
     metrics_port: int = -1
     replicas: int = 1
     etcd_endpoints: str = ""
@@ -97,7 +103,7 @@ class Settings:
 
     def client_kwargs(self) -> dict:
         """Keyword arguments of shardtrain.Client for these settings."""
-        return dict(
+        kwargs = dict(
             servers=list(self.servers),
             worker=self.worker,
             num_workers=self.num_workers,
@@ -112,7 +118,11 @@ class Settings:
             etcd_endpoints=self.etcd_endpoints,
             job=self.job,
             metrics_port=self.metrics_port,
+            token_file=self.token_file,
         )
+        if self.max_partition_elements > 0:
+            kwargs["max_partition_elements"] = self.max_partition_elements
+        return kwargs
 
 
 def _int(environ: Mapping[str, str], name: str, default: int, low: int,
@@ -170,14 +180,8 @@ def from_environ(environ: Optional[Mapping[str, str]] = None) -> Settings:
             raise ValueError(f"{TOPK_RATIO}={topk} is not in [0, 1]")
     token = environ.get(TOKEN, "")
     token_file = environ.get(TOKEN_FILE, "")
-    if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise ValueError(f"{TOKEN_FILE}={token_file!r} cannot be read: {e}") from None
-        if not token:
-            raise ValueError(f"{TOKEN_FILE}={token_file!r} is empty")
+    if token and token_file:
+        raise ValueError(f"set {TOKEN} or {TOKEN_FILE}, not both")
     tls = {name: environ.get(name, "") for name in (TLS_CA, TLS_CERT, TLS_KEY)}
     if bool(tls[TLS_CERT]) != bool(tls[TLS_KEY]):
         raise ValueError(f"set both {TLS_CERT} and {TLS_KEY}, or neither")
@@ -194,6 +198,8 @@ def from_environ(environ: Optional[Mapping[str, str]] = None) -> Settings:
         tls_cert=tls[TLS_CERT],
         tls_key=tls[TLS_KEY],
         token=token,
+        token_file=token_file,
+        max_partition_elements=_int(environ, MAX_PARTITION_ELEMENTS, 0, 1),
         metrics_port=_int(environ, METRICS_PORT, -1, -1, 65535),
         replicas=_int(environ, REPLICAS, 1, 1, 3),
         etcd_endpoints=environ.get(ETCD_ENDPOINTS, ""),

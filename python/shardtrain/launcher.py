@@ -13,6 +13,8 @@ every shard serves), then runs --workers copies of COMMAND with
     SHARDTRAIN_NUM_WORKERS  --workers
     SHARDTRAIN_MODE         --mode
     SHARDTRAIN_METRICS_PORT 0 (each worker serves metrics on a free port)
+    SHARDTRAIN_MAX_PARTITION_ELEMENTS  when --max_partition_elements is
+                            among the ps-server flags: its value
     PYTHONPATH              BUILD_DIR/python first, so `import shardtrain` works
     PYTHONUNBUFFERED        1, so output arrives line by line
     OMP_NUM_THREADS         cpus / workers (at least 1) unless already set
@@ -138,6 +140,19 @@ def parse_args(argv: Sequence[str]) -> Options:
     if not given & {"optimizer", "lr"}:
         options.server_flags = list(_DEFAULT_SERVER_FLAGS) + options.server_flags
     return options
+
+
+def _flag_value(flags: Sequence[str], name: str) -> Optional[str]:
+    """The last value of ps-server flag `name` in `flags` (--name=V or
+    --name V), or None."""
+    value = None
+    for i, arg in enumerate(flags):
+        if arg.startswith("-") and _flag_name(arg) == name:
+            if "=" in arg:
+                value = arg.split("=", 1)[1]
+            elif i + 1 < len(flags):
+                value = flags[i + 1]
+    return value
 
 
 def default_build_dir() -> str:
@@ -370,6 +385,9 @@ class Launcher:
                 "PYTHONUNBUFFERED": "1",
             })
             env.setdefault("SHARDTRAIN_METRICS_PORT", "0")
+            partition = _flag_value(o.server_flags, "max_partition_elements")
+            if partition is not None:
+                env["SHARDTRAIN_MAX_PARTITION_ELEMENTS"] = partition
             env.setdefault("OMP_NUM_THREADS", str(threads))
             path = env.get("PYTHONPATH", "")
             env["PYTHONPATH"] = python_dir + (os.pathsep + path if path else "")
