@@ -18,7 +18,7 @@ unset:
 The optimizer. On shardtrain it is the shards' (ps-server flags given to
 shardtrain-run); its defaults, --optimizer=adam --lr=0.001, are what this
 example is tuned for (>= 0.91 test accuracy in sync mode and >= 0.90 in
-async mode with 2 workers and its default 12 epochs of batch 64 per worker).
+async mode with 2 workers and its default 10 epochs of batch 64 per worker).
 Pass other flags to the launcher before "--", e.g. `--optimizer momentum
 --lr 0.05`, and give the same --optimizer/--lr here with --local for the
 comparison. Sync N workers with --batch B train like one process with batch
@@ -164,7 +164,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=64, help="examples per step and worker")
     parser.add_argument("--data", default=DEFAULT_DATA, help="directory of the IDX .gz files")
     parser.add_argument("--results", default="", help="write the results JSON here (chief)")

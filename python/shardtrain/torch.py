@@ -204,6 +204,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.batch_size = batch_size
         self._params = [_Param(i, name, p) for i, (name, p) in enumerate(named)]
+        self._any_cuda = any(p.cuda for p in self._params)
         self._sync = self.settings.sync
         self._closed = False
         self._pending = False  # some exchange of this step started
@@ -255,8 +256,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _pull(self, clock: int, min_version: int):
         self.client.pull(clock, min_version, self._param_views())
+        self._land_all()
+
+    def _land_all(self):
         for p in self._params:
             p.land()
+        if self._any_cuda:
+            # The next exchange writes the pinned buffers again: the copies
+            # out of them must be done by then.
+            torch.cuda.current_stream().synchronize()
 
     def _initial_clock(self) -> int:
         if not self._sync:
@@ -410,8 +418,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 stats = {}
             else:
                 raise
-        for p in self._params:
-            p.land()
+        self._land_all()
         if self._sync:
             lo, hi = self.client.known_versions
             if lo < step + 1:
