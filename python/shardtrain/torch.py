@@ -59,9 +59,11 @@ Thread-safety: one thread trains (calls backward, step, zero_grad); a
 background thread of the optimizer sends heartbeats.
 """
 
+import atexit
 import logging
 import threading
 import time
+import weakref
 from typing import Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -238,6 +240,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             target=self._heartbeats, args=(heartbeat_interval,), daemon=True,
             name=f"shardtrain heartbeats (worker {self.settings.worker})")
         self._heartbeat_thread.start()
+        # Without close(), stop the heartbeats before the interpreter tears
+        # down (a daemon thread inside an RPC then must not outlive it).
+        me = weakref.ref(self)
+        atexit.register(lambda: me() is not None and me()._stop_heartbeats())
 
     # ---- where the job is ----------------------------------------------
 
