@@ -35,10 +35,11 @@ The launcher exits with the code of the first worker that fails (128 + N
 for one killed by signal N) after stopping the others, 0 when every worker
 succeeds, 1 when a shard dies or does not start (with its last lines), 2 on
 a usage error and 128 + N when stopped by signal N (SIGINT, SIGTERM). On
-every exit it stops what it started, by PID: SIGTERM, then SIGKILL after
---stop-timeout seconds. The children run in their own process groups (a
-Ctrl-C reaches the launcher, which stops them in order) and get SIGKILL if
-the launcher itself is killed (Linux parent-death signal).
+every exit it stops what it started, by PID, workers first: SIGTERM, then
+SIGKILL after --stop-timeout seconds. Each child runs in its own process
+group, which gets the signals (so a worker's own subprocesses stop too, and
+a Ctrl-C reaches only the launcher, which stops the children in order), and
+gets SIGKILL if the launcher itself is killed (Linux parent-death signal).
 
 Uses the standard library only: it runs before anything is importable.
 """
@@ -239,18 +240,22 @@ class Child:
         return self.process.poll()
 
     def terminate(self):
-        if self.process.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        self._signal(signal.SIGTERM)
 
     def kill(self):
-        if self.process.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._signal(signal.SIGKILL)
+
+    def _signal(self, signum: int):
+        """Signals the child's process group (the child and what it started,
+        e.g. data loader processes), while the child itself still runs."""
+        if self.process.poll() is not None:
+            return
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError:  # not a group leader after all
+            os.kill(self.pid, signum)
 
     def finish_output(self, timeout: float):
         """Waits (bounded) for the forwarding threads to drain the pipes."""
