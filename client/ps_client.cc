@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/grpc_status.h"
+#include "common/initializer.h"
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/replication_keys.h"
@@ -219,7 +220,10 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   shard_groups_.clear();
   tensor_groups_.clear();
   register_request_ = std::move(request);
-  tensors_ = tensors;
+  // KIND_VALUES initial values stay in register_request_ only (a resync
+  // sends them again); the layout needs the shapes.
+  tensors_.clear();
+  for (const TensorSpec& spec : tensors) tensors_.push_back(common::WithoutValues(spec));
   tensor_names_.clear();
   for (const TensorSpec& spec : tensors) tensor_names_.push_back(spec.name());
   tensor_sizes_ = layout.tensor_sizes;

@@ -177,6 +177,14 @@ void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
   }
   const absl::Time now = absl::Now();
   if (call->first_failure == absl::InfinitePast()) call->first_failure = now;
+  // An attempt cut short by the end of the retry budget says only "Deadline
+  // Exceeded"; the shard's own answer before it (e.g. UNAVAILABLE "waiting
+  // for worker 0 ...") says why the call failed.
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      !call->last_error.ok() &&
+      call->last_error.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+    status = call->last_error;
+  }
   call->last_error = status;
   if (now - call->first_failure >= call->reconnect_timeout) {
     Finish(call, absl::Status(

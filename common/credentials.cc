@@ -39,21 +39,25 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const char* w
   return contents.str();
 }
 
-// The token, without surrounding whitespace; it travels as an HTTP/2 header
-// value, so it must be printable ASCII.
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string token, ReadWholeFile(path, "auth token"));
+// `token` without surrounding whitespace; it travels as an HTTP/2 header
+// value, so it must be printable ASCII. `source` names where it came from.
+absl::StatusOr<std::string> CheckToken(std::string token, const std::string& source) {
   absl::StripAsciiWhitespace(&token);
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("the auth token file ", path, " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat("the auth token ", source, " is empty"));
   }
   for (const char c : token) {
     if (c < 0x21 || c > 0x7e) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the auth token in ", path, " must be printable ASCII without spaces"));
+          "the auth token ", source, " must be printable ASCII without spaces"));
     }
   }
   return token;
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string token, ReadWholeFile(path, "auth token"));
+  return CheckToken(std::move(token), absl::StrCat("in ", path));
 }
 
 // Compares in time that depends only on the lengths, so a wrong token does
@@ -137,9 +141,17 @@ absl::Status CheckClient(const ClientSecurity& s) {
   if (!s.tls() && !s.cert_file.empty()) {
     return absl::InvalidArgumentError("--tls_cert (mutual TLS) needs --tls_ca");
   }
+  if (!s.token_file.empty() && !s.token.empty()) {
+    return absl::InvalidArgumentError("give the auth token or its file, not both");
+  }
   if (!s.tls() && !s.token_file.empty()) {
     return absl::InvalidArgumentError(
         "--auth_token_file needs --tls_ca: a token must not travel in plaintext");
+  }
+  if (!s.tls() && !s.token.empty()) {
+    return absl::InvalidArgumentError(
+        "an auth token needs TLS (a CA to verify the shards with): a token must not "
+        "travel in plaintext");
   }
   if (!s.tls() && !s.server_name.empty()) {
     return absl::InvalidArgumentError("--tls_server_name needs --tls_ca");
@@ -191,8 +203,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     args->SetSslTargetNameOverride(security.server_name);
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);
-  if (security.token_file.empty()) return credentials;
-  ASSIGN_OR_RETURN(const std::string token, ReadToken(security.token_file));
+  if (security.token_file.empty() && security.token.empty()) return credentials;
+  ASSIGN_OR_RETURN(const std::string token,
+                   security.token.empty() ? ReadToken(security.token_file)
+                                          : CheckToken(security.token, "given"));
   return grpc::CompositeChannelCredentials(
       credentials, grpc::MetadataCredentialsFromPlugin(std::make_unique<TokenSender>(token)));
 }

@@ -50,6 +50,10 @@ struct ClientSecurity {
   std::string cert_file;  // Client certificate for mutual TLS ...
   std::string key_file;   // ... and its private key.
   std::string token_file;
+  // The token itself, for programs that hold it rather than a file (the
+  // Python client); same rules as the file's contents. At most one of
+  // token_file and token.
+  std::string token;
   // Name the shard's certificate must carry, when the address used to reach
   // it differs (e.g. an IP address, or a load balancer).
   std::string server_name;

@@ -75,6 +75,25 @@ TEST(CredentialsTest, TokensMustBePrintableAndNonEmpty) {
   EXPECT_EQ(client_with_token("two words"), kInvalid);
   EXPECT_EQ(client_with_token("caf\xc3\xa9"), kInvalid);
   EXPECT_EQ(client_with_token("0123abcd\n"), absl::StatusCode::kOk);  // Newline stripped.
+
+  // The same rules for a token given as a value.
+  auto client_with_value = [&](const std::string& token) {
+    ClientSecurity security;
+    security.ca_file = path;
+    security.token = token;
+    return ClientCode(security);
+  };
+  EXPECT_EQ(client_with_value("  \n"), kInvalid);
+  EXPECT_EQ(client_with_value("two words"), kInvalid);
+  EXPECT_EQ(client_with_value("0123abcd"), absl::StatusCode::kOk);
+  ClientSecurity both;
+  both.ca_file = path;
+  both.token_file = path;
+  both.token = "0123abcd";
+  EXPECT_EQ(ClientCode(both), kInvalid);
+  ClientSecurity value_without_tls;
+  value_without_tls.token = "0123abcd";
+  EXPECT_EQ(ClientCode(value_without_tls), kInvalid);
   std::remove(path.c_str());
   rmdir(dir_template);
 }

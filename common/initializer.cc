@@ -1,7 +1,10 @@
 #include "common/initializer.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+
+#include <google/protobuf/util/message_differencer.h>
 
 #include "absl/strings/str_format.h"
 #include "common/partition.h"
@@ -18,6 +21,36 @@ uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
+}
+
+float ValueAt(const std::string& values, int64_t i) {
+  float v;
+  std::memcpy(&v, values.data() + i * sizeof(float), sizeof(float));
+  return v;
+}
+
+// The KIND_VALUES part of ValidateTensorSpec.
+absl::Status ValidateValues(const TensorSpec& spec, int64_t elements) {
+  const std::string& values = spec.values();
+  if (values.empty()) return absl::OkStatus();
+  if (spec.init().kind() != Initializer::KIND_VALUES) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor %s: values are only sent with the KIND_VALUES initializer", spec.name()));
+  }
+  if (static_cast<int64_t>(values.size()) != elements * int64_t{sizeof(float)}) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tensor %s: %d bytes of initial values for %d f32 elements (%d bytes expected)",
+        spec.name(), values.size(), elements, elements * int64_t{sizeof(float)}));
+  }
+  for (int64_t i = 0; i < elements; ++i) {
+    const float v = ValueAt(values, i);
+    if (!std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor %s: initial value %d is %f; every value must be finite", spec.name(),
+          i, v));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Uniform in (0, 1), never 0 so log() below is finite.
@@ -63,7 +96,25 @@ absl::Status ValidateTensorSpec(const TensorSpec& spec) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "tensor %s: initializer scale %f is invalid", spec.name(), init.scale()));
   }
-  return absl::OkStatus();
+  return ValidateValues(spec, elements);
+}
+
+bool SameTensorSpec(const TensorSpec& a, const TensorSpec& b) {
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.IgnoreField(TensorSpec::descriptor()->FindFieldByNumber(
+      TensorSpec::kValuesFieldNumber));
+  return differencer.Compare(a, b);
+}
+
+TensorSpec WithoutValues(const TensorSpec& spec) {
+  // Field by field (a new TensorSpec field must be added here): copying the
+  // whole spec would copy the values too.
+  TensorSpec stripped;
+  stripped.set_name(spec.name());
+  *stripped.mutable_shape() = spec.shape();
+  stripped.set_dtype(spec.dtype());
+  if (spec.has_init()) *stripped.mutable_init() = spec.init();
+  return stripped;
 }
 
 int64_t NumElements(const TensorSpec& spec) {
@@ -84,6 +135,14 @@ void FillInitialValues(const TensorSpec& spec, int64_t offset,
       return;
     case Initializer::KIND_CONSTANT:
       std::fill(out.begin(), out.end(), init.scale());
+      return;
+    case Initializer::KIND_VALUES:
+      if (spec.values().empty()) {
+        std::fill(out.begin(), out.end(), 0.0f);
+      } else {
+        std::memcpy(out.data(), spec.values().data() + offset * sizeof(float),
+                    out.size() * sizeof(float));
+      }
       return;
     case Initializer::KIND_GLOROT_UNIFORM:
       bound = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));

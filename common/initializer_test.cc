@@ -1,6 +1,8 @@
 #include "common/initializer.h"
 
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -86,6 +88,42 @@ TEST(InitializerTest, ValidationRejectsBadSpecs) {
   TensorSpec bad_kind = spec;
   bad_kind.mutable_init()->set_kind(static_cast<Initializer::Kind>(99));
   EXPECT_EQ(ValidateTensorSpec(bad_kind).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(InitializerTest, ValuesAreCopiedAndValidated) {
+  TensorSpec spec = Spec(Initializer::KIND_VALUES);
+  spec.set_shape(0, 3);
+  spec.set_shape(1, 2);
+  const std::vector<float> values = {1.5f, -2.0f, 0.0f, 3.25f, -0.5f, 7.0f};
+  spec.set_values(std::string(reinterpret_cast<const char*>(values.data()),
+                              values.size() * sizeof(float)));
+  ASSERT_TRUE(ValidateTensorSpec(spec).ok());
+  std::vector<float> slice(3);
+  FillInitialValues(spec, 2, absl::MakeSpan(slice));
+  EXPECT_EQ(slice, std::vector<float>(values.begin() + 2, values.begin() + 5));
+
+  // Without values (a restore overwrites them): zeros.
+  TensorSpec stripped = WithoutValues(spec);
+  EXPECT_TRUE(stripped.values().empty());
+  EXPECT_TRUE(SameTensorSpec(stripped, spec));
+  ASSERT_TRUE(ValidateTensorSpec(stripped).ok());
+  FillInitialValues(stripped, 2, absl::MakeSpan(slice));
+  EXPECT_EQ(slice, std::vector<float>(3, 0.0f));
+  TensorSpec other_shape = stripped;
+  other_shape.set_shape(0, 6);
+  other_shape.set_shape(1, 1);
+  EXPECT_FALSE(SameTensorSpec(other_shape, spec));
+
+  TensorSpec short_values = spec;
+  short_values.mutable_values()->pop_back();
+  EXPECT_EQ(ValidateTensorSpec(short_values).code(), absl::StatusCode::kInvalidArgument);
+  TensorSpec nan = spec;
+  const float bad = std::nanf("");
+  std::memcpy(nan.mutable_values()->data() + 4 * sizeof(float), &bad, sizeof(bad));
+  EXPECT_EQ(ValidateTensorSpec(nan).code(), absl::StatusCode::kInvalidArgument);
+  TensorSpec not_values = spec;
+  not_values.mutable_init()->set_kind(Initializer::KIND_CONSTANT);
+  EXPECT_EQ(ValidateTensorSpec(not_values).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@ SHARDTRAIN_PACKAGES=(
   etcd-server
   curl openssl
   clang libclang-rt-14-dev libfuzzer-14-dev
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
 )
 
 log() { printf '[shardtrain] %s\n' "$*" >&2; }

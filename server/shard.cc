@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
+#include "common/initializer.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
 #include "common/wire/payload_pieces.h"
@@ -226,6 +227,28 @@ absl::Status Shard::CheckRegisterLimits(const RegisterRequest& request) const {
   return absl::OkStatus();
 }
 
+absl::Status Shard::CheckInitialValues(const RegisterRequest& request) const {
+  for (const TensorSpec& spec : request.tensors()) {
+    if (spec.init().kind() != Initializer::KIND_VALUES || store_.Contains(spec.name()) ||
+        store_.LocalElements(spec) == 0) {
+      continue;
+    }
+    if (request.worker() != 0) {
+      return absl::UnavailableError(absl::StrFormat(
+          "waiting for worker 0 to register the initial values of %s (worker %d's "
+          "are not used)",
+          spec.name(), request.worker()));
+    }
+    if (spec.values().empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tensor %s has initializer KIND_VALUES but worker 0 sent no values; it "
+          "must send all %d of them",
+          spec.name(), common::NumElements(spec)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Shard::Register(const RegisterRequest& request,
                              RegisterResponse* response) {
   response->set_incarnation(incarnation_);
@@ -265,6 +288,7 @@ absl::Status Shard::Register(const RegisterRequest& request,
   {
     absl::MutexLock lock(&register_mu_);
     RETURN_IF_ERROR(CheckRegisterLimits(request));
+    RETURN_IF_ERROR(CheckInitialValues(request));
     for (const TensorSpec& spec : request.tensors()) {
       ASSIGN_OR_RETURN(std::vector<Partition*> parts, store_.Register(spec));
       for (const Partition* part : parts) {

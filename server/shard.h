@@ -224,6 +224,12 @@ class Shard {
   absl::Status Refuse(const char* limit, absl::Status status) const;
   absl::Status CheckRegisterLimits(const RegisterRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
+  // KIND_VALUES: only worker 0's values create partitions. UNAVAILABLE for
+  // another worker's spec that would create some here (it retries until
+  // worker 0 has registered), INVALID_ARGUMENT for worker 0's without
+  // values.
+  absl::Status CheckInitialValues(const RegisterRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
   absl::StatusOr<std::vector<DecodedPart>> DecodePush(
       const wire::PushView& request) const;
   // The push log of `worker` for `group` (one per group held).

@@ -1,7 +1,5 @@
 #include "server/tensor_store.h"
 
-#include <google/protobuf/util/message_differencer.h>
-
 #include "absl/strings/str_format.h"
 #include "common/initializer.h"
 #include "common/status_macros.h"
@@ -31,7 +29,8 @@ absl::StatusOr<std::vector<Partition*>> TensorStore::Register(
   if (it == tensors_.end()) {
     // Build everything first so a failure leaves no half-registered tensor.
     Tensor tensor;
-    tensor.spec = spec;
+    // Initial values are used once, below, and never kept.
+    tensor.spec = common::WithoutValues(spec);
     const int64_t elements = common::NumElements(spec);
     tensor.num_partitions = common::NumPartitions(elements, partitioning_);
     tensor.local.assign(tensor.num_partitions, nullptr);
@@ -85,8 +84,7 @@ absl::Status TensorStore::CheckRegistrable(const TensorSpec& spec) const {
   RETURN_IF_ERROR(common::ValidateTensorSpec(spec));
   absl::ReaderMutexLock lock(&mu_);
   auto it = tensors_.find(spec.name());
-  if (it != tensors_.end() &&
-      !google::protobuf::util::MessageDifferencer::Equals(it->second.spec, spec)) {
+  if (it != tensors_.end() && !common::SameTensorSpec(it->second.spec, spec)) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "tensor %s is already registered with a different spec (%s)",
         spec.name(), it->second.spec.ShortDebugString()));

@@ -77,9 +77,12 @@ class TensorStore {
               std::vector<int> groups, SlotSpec slots, int num_workers);
 
   // Registers `spec`, creating this shard's partitions with their initial
-  // values. Registering an identical spec again is a no-op; a different spec
-  // under the same name is ALREADY_EXISTS. Returns this shard's partitions of
-  // the tensor.
+  // values (common::FillInitialValues: KIND_VALUES takes each partition's
+  // slice of spec.values(), zeros when it is empty). The store keeps the
+  // spec without its values. Registering an identical spec again (values
+  // aside) is a no-op; a different spec under the same name is
+  // ALREADY_EXISTS. Returns this shard's partitions of the tensor. Who may
+  // create a KIND_VALUES tensor is the caller's rule (Shard::Register).
   absl::StatusOr<std::vector<Partition*>> Register(const TensorSpec& spec);
 
   // OK if Register(spec) would succeed now; nothing changes.

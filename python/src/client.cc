@@ -1,0 +1,355 @@
+#include "python/src/client.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "python/src/errors.h"
+#include "python/src/proto_dict.h"
+
+namespace shardtrain::python {
+namespace py = pybind11;
+
+namespace {
+
+void Refuse(const std::string& message) {
+  throw StatusError(absl::FailedPreconditionError(message));
+}
+
+py::dict PushDict(const client::PushStats& push) {
+  py::dict out;
+  out["max_staleness"] = push.max_staleness;
+  return out;
+}
+
+py::dict PullDict(const client::PullStats& pull) {
+  py::dict out;
+  out["server_wait_seconds"] = pull.server_wait_seconds;
+  out["min_version"] = pull.min_version;
+  return out;
+}
+
+bool Overlap(const FloatBuffer& a, const FloatBuffer& b) {
+  return a.size() > 0 && b.size() > 0 && a.data() < b.data() + b.size() &&
+         b.data() < a.data() + a.size();
+}
+
+}  // namespace
+
+// Holds life_mu_ (shared) and data_mu_ for a data call. The GIL is released
+// while it waits for them and held again when it has them, so a thread
+// holding the locks can always get the GIL back.
+class ABSL_SCOPED_LOCKABLE PyClient::DataCall {
+ public:
+  explicit DataCall(PyClient* client) ABSL_SHARED_LOCK_FUNCTION(client->life_mu_)
+      ABSL_EXCLUSIVE_LOCK_FUNCTION(client->data_mu_)
+      : client_(client) {
+    py::gil_scoped_release release;
+    client_->life_mu_.ReaderLock();
+    client_->data_mu_.Lock();
+  }
+  ~DataCall() ABSL_UNLOCK_FUNCTION() {
+    client_->data_mu_.Unlock();
+    client_->life_mu_.ReaderUnlock();
+  }
+  DataCall(const DataCall&) = delete;
+  DataCall& operator=(const DataCall&) = delete;
+
+ private:
+  PyClient* const client_;
+};
+
+PyClient::PyClient(const ClientArgs& args)
+    : worker_(args.worker), send_values_(args.worker == 0) {
+  const client::PsClientOptions options = MakeClientOptions(args);
+  absl::Status created;
+  {
+    py::gil_scoped_release release;
+    absl::MutexLock lock(&life_mu_);
+    absl::StatusOr<std::unique_ptr<ClientMetrics>> metrics =
+        ClientMetrics::Create(static_cast<int>(args.metrics_port));
+    if (!metrics.ok()) {
+      created = metrics.status();
+    } else {
+      metrics_ = std::move(*metrics);
+      metrics_port_ = metrics_->port();
+      absl::StatusOr<std::unique_ptr<client::PsClient>> made =
+          client::PsClient::Create(options, &metrics_->rpc(), &metrics_->faults());
+      if (made.ok()) {
+        client_ = std::move(*made);
+        client_->set_sync_mode(args.sync);
+      } else {
+        created = made.status();
+        metrics_.reset();
+        metrics_port_ = -1;
+      }
+    }
+  }
+  ThrowIfError(created);
+}
+
+PyClient::~PyClient() { Close(); }
+
+void PyClient::CheckReady(const char* call, bool exchange_ok) const {
+  if (client_ == nullptr) Refuse(absl::StrCat(call, "() on a closed client"));
+  if (tensors_.empty()) Refuse(absl::StrCat(call, "() before register()"));
+  if (!exchange_ok && exchanges_ > 0) {
+    Refuse(absl::StrCat(call, "() while ", exchanges_,
+                        " exchanges are under way; call finish_exchanges() first"));
+  }
+}
+
+std::vector<FloatBuffer> PyClient::Buffers(py::handle list, const char* what, bool writable) {
+  const std::string name = writable ? "params" : "grads";
+  if (!py::isinstance<py::sequence>(list) || py::isinstance<py::str>(list)) {
+    throw py::type_error(absl::StrCat(name, " must be a list of float32 buffers, one per "
+                                            "registered tensor"));
+  }
+  std::vector<TensorInfo> tensors;
+  {
+    // The tensor list changes only in register(), a data call; reading it
+    // here, before this call's own DataCall, needs the lock for a moment.
+    py::gil_scoped_release release;
+    absl::MutexLock lock(&data_mu_);
+    tensors = tensors_;
+  }
+  if (tensors.empty()) Refuse("register() first: no tensors are registered");
+  const size_t count = py::len(list);
+  if (count != tensors.size()) {
+    throw py::value_error(absl::StrCat(name, " has ", count, " buffers; ", tensors.size(),
+                                       " tensors are registered"));
+  }
+  std::vector<FloatBuffer> buffers;
+  buffers.reserve(count);
+  size_t i = 0;
+  for (py::handle item : list) {
+    buffers.push_back(FloatBuffer::Get(item, absl::StrCat(what, " of ", tensors[i].name),
+                                       tensors[i].elements, writable));
+    ++i;
+  }
+  return buffers;
+}
+
+void PyClient::Register(py::handle tensors) {
+  std::vector<TensorInfo> infos;
+  std::vector<TensorSpec> specs = TensorSpecsFromPython(tensors, send_values_, &infos);
+  if (specs.empty()) throw py::value_error("register() needs at least one tensor");
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("register() on a closed client");
+  if (exchanges_ > 0) Refuse("register() while exchanges are under way");
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client_->Register(specs);
+  }
+  ThrowIfError(status);
+  tensors_ = std::move(infos);
+  exchanging_.assign(tensors_.size(), false);
+}
+
+py::dict PyClient::Push(int64_t clock, py::handle grads) {
+  std::vector<FloatBuffer> buffers = Buffers(grads, "gradient", /*writable=*/false);
+  DataCall call(this);
+  CheckReady("push", /*exchange_ok=*/false);
+  std::vector<absl::Span<const float>> spans;
+  for (const FloatBuffer& buffer : buffers) spans.push_back(buffer.const_span());
+  client::PushStats stats;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client_->Push(clock, spans, &stats);
+  }
+  ThrowIfError(status);
+  return PushDict(stats);
+}
+
+py::dict PyClient::Pull(int64_t clock, int64_t min_version, py::handle params) {
+  std::vector<FloatBuffer> buffers = Buffers(params, "parameters", /*writable=*/true);
+  DataCall call(this);
+  CheckReady("pull", /*exchange_ok=*/false);
+  std::vector<absl::Span<float>> spans;
+  for (const FloatBuffer& buffer : buffers) spans.push_back(buffer.span());
+  client::PullStats stats;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client_->Pull(clock, min_version, spans, &stats);
+  }
+  ThrowIfError(status);
+  return PullDict(stats);
+}
+
+py::dict PyClient::PushPull(int64_t clock, int64_t min_version, py::handle grads,
+                            py::handle params) {
+  std::vector<FloatBuffer> grad_buffers = Buffers(grads, "gradient", /*writable=*/false);
+  std::vector<FloatBuffer> param_buffers = Buffers(params, "parameters", /*writable=*/true);
+  DataCall call(this);
+  CheckReady("push_pull", /*exchange_ok=*/false);
+  std::vector<absl::Span<const float>> grad_spans;
+  std::vector<absl::Span<float>> param_spans;
+  for (size_t t = 0; t < grad_buffers.size(); ++t) {
+    if (Overlap(grad_buffers[t], param_buffers[t])) {
+      throw py::value_error(absl::StrCat("the gradient and the parameters of ",
+                                         tensors_[t].name, " share memory"));
+    }
+    grad_spans.push_back(grad_buffers[t].const_span());
+    param_spans.push_back(param_buffers[t].span());
+  }
+  client::PushStats push;
+  client::PullStats pull;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = client_->PushPull(clock, min_version, grad_spans, param_spans, &push, &pull);
+  }
+  ThrowIfError(status);
+  py::dict out = PushDict(push);
+  for (auto item : PullDict(pull)) out[item.first] = item.second;
+  return out;
+}
+
+void PyClient::StartExchange(int64_t tensor, int64_t clock, int64_t min_version,
+                             py::handle grad, py::handle params) {
+  TensorInfo info;
+  {
+    py::gil_scoped_release release;
+    absl::MutexLock lock(&data_mu_);
+    if (tensor >= 0 && tensor < static_cast<int64_t>(tensors_.size())) info = tensors_[tensor];
+  }
+  if (info.name.empty()) {
+    throw py::index_error(absl::StrCat("start_exchange(): tensor ", tensor,
+                                       " is not a registered tensor's index"));
+  }
+  FloatBuffer grad_buffer = FloatBuffer::Get(grad, absl::StrCat("gradient of ", info.name),
+                                             info.elements, /*writable=*/false);
+  FloatBuffer param_buffer = FloatBuffer::Get(
+      params, absl::StrCat("parameters of ", info.name), info.elements, /*writable=*/true);
+  if (Overlap(grad_buffer, param_buffer)) {
+    throw py::value_error(
+        absl::StrCat("the gradient and the parameters of ", info.name, " share memory"));
+  }
+  DataCall call(this);
+  CheckReady("start_exchange", /*exchange_ok=*/true);
+  if (exchanging_[tensor]) {
+    throw py::value_error(absl::StrCat("tensor ", info.name,
+                                       " is already being exchanged; call "
+                                       "finish_exchanges() before exchanging it again"));
+  }
+  const absl::Span<const float> grad_span = grad_buffer.const_span();
+  const absl::Span<float> param_span = param_buffer.span();
+  exchange_buffers_.push_back(std::move(grad_buffer));
+  exchange_buffers_.push_back(std::move(param_buffer));
+  exchanging_[tensor] = true;
+  ++exchanges_;
+  py::gil_scoped_release release;
+  client_->StartExchange(static_cast<int>(tensor), clock, min_version, grad_span, nullptr,
+                         param_span);
+}
+
+py::dict PyClient::FinishExchanges() {
+  std::vector<FloatBuffer> done;  // released with the GIL held, on return
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("finish_exchanges() on a closed client");
+  client::PushStats push;
+  client::PullStats pull;
+  absl::Status status;
+  if (exchanges_ > 0) {
+    py::gil_scoped_release release;
+    status = client_->FinishExchanges(&push, &pull);
+    done.swap(exchange_buffers_);
+    exchanging_.assign(exchanging_.size(), false);
+    exchanges_ = 0;
+  }
+  ThrowIfError(status);
+  py::dict out = PushDict(push);
+  for (auto item : PullDict(pull)) out[item.first] = item.second;
+  return out;
+}
+
+py::dict PyClient::Heartbeat(int64_t clock, bool done) {
+  absl::StatusOr<HeartbeatResponse> response =
+      absl::FailedPreconditionError("heartbeat() on a closed client");
+  {
+    py::gil_scoped_release release;
+    absl::ReaderMutexLock lock(&life_mu_);
+    if (client_ != nullptr) response = client_->Heartbeat(clock, done);
+  }
+  ThrowIfError(response.status());
+  return MessageToDict(*response);
+}
+
+py::list PyClient::Status() {
+  absl::StatusOr<std::vector<StatusResponse>> shards =
+      absl::FailedPreconditionError("status() on a closed client");
+  {
+    py::gil_scoped_release release;
+    absl::ReaderMutexLock lock(&life_mu_);
+    if (client_ != nullptr) shards = client_->ClusterStatus();
+  }
+  ThrowIfError(shards.status());
+  py::list out;
+  for (const StatusResponse& shard : *shards) out.append(MessageToDict(shard));
+  return out;
+}
+
+void PyClient::RecordStep(const StepRecord& step) {
+  if (step.samples < 0) throw py::value_error("record_step(): samples must be >= 0");
+  py::gil_scoped_release release;
+  absl::ReaderMutexLock lock(&life_mu_);
+  if (metrics_ != nullptr) metrics_->RecordStep(step);
+}
+
+void PyClient::RecordEpoch(int64_t epoch, double test_accuracy, double samples_per_second) {
+  py::gil_scoped_release release;
+  absl::ReaderMutexLock lock(&life_mu_);
+  if (metrics_ != nullptr) metrics_->RecordEpoch(epoch, test_accuracy, samples_per_second);
+}
+
+void PyClient::Close() {
+  std::vector<FloatBuffer> released;  // destroyed with the GIL held, on return
+  py::gil_scoped_release release;
+  absl::MutexLock life(&life_mu_);
+  absl::MutexLock data(&data_mu_);
+  if (client_ != nullptr && exchanges_ > 0) {
+    client::PushStats push;
+    client::PullStats pull;
+    const absl::Status dropped = client_->FinishExchanges(&push, &pull);
+    (void)dropped;  // closing: nobody is left to tell
+  }
+  released.swap(exchange_buffers_);
+  exchanging_.clear();
+  exchanges_ = 0;
+  client_.reset();
+  metrics_.reset();
+  metrics_port_ = -1;
+}
+
+int64_t PyClient::registered_worker_clock() {
+  py::gil_scoped_release release;
+  absl::ReaderMutexLock lock(&life_mu_);
+  return client_ == nullptr ? 0 : client_->registered_worker_clock();
+}
+
+py::tuple PyClient::known_versions() {
+  std::pair<int64_t, int64_t> versions{0, 0};
+  {
+    py::gil_scoped_release release;
+    absl::ReaderMutexLock lock(&life_mu_);
+    if (client_ != nullptr) versions = client_->known_versions();
+  }
+  return py::make_tuple(versions.first, versions.second);
+}
+
+bool PyClient::closed() {
+  py::gil_scoped_release release;
+  absl::ReaderMutexLock lock(&life_mu_);
+  return client_ == nullptr;
+}
+
+int64_t PyClient::num_tensors() {
+  py::gil_scoped_release release;
+  absl::MutexLock lock(&data_mu_);
+  return static_cast<int64_t>(tensors_.size());
+}
+
+}  // namespace shardtrain::python

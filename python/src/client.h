@@ -1,0 +1,107 @@
+// PyClient: the object behind shardtrain.Client, a PsClient
+// (client/ps_client.h) driven from Python.
+//
+// Every call that talks to the shards releases the GIL for as long as it
+// does. Buffers are checked (float32, C-contiguous, the tensor's element
+// count, writable for parameters; python/src/buffers.h) before anything is
+// sent, and their exports are held while the client may read or write
+// them: for push/pull until the call returns, for start_exchange until
+// finish_exchanges returns. Errors of the client library raise
+// ShardtrainError (python/src/errors.h).
+//
+//   c = shardtrain.Client(["127.0.0.1:5000"], worker=0, num_workers=1)
+//   c.register([("w", (4, 3), shardtrain.Init("glorot_uniform", seed=1))])
+//   c.pull(0, 0, [w])
+//   c.push(1, [grad])
+//
+// Thread-safe: the data calls (register, push, pull, push_pull,
+// start_exchange, finish_exchanges) run one at a time; heartbeat, status
+// and the metrics may run beside them from another thread; close waits for
+// every call under way.
+#ifndef SHARDTRAIN_PYTHON_SRC_CLIENT_H_
+#define SHARDTRAIN_PYTHON_SRC_CLIENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <pybind11/pybind11.h>
+
+#include "absl/synchronization/mutex.h"
+#include "client/ps_client.h"
+#include "python/src/buffers.h"
+#include "python/src/client_options.h"
+#include "python/src/step_metrics.h"
+#include "python/src/tensors.h"
+
+namespace shardtrain::python {
+
+class PyClient {
+ public:
+  // Connects lazily (the first RPC waits for the shards). ValueError for a
+  // bad setting, ShardtrainError for what PsClient::Create refuses.
+  explicit PyClient(const ClientArgs& args);
+  // Closes.
+  ~PyClient();
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
+
+  void Register(pybind11::handle tensors);
+  pybind11::dict Push(int64_t clock, pybind11::handle grads);
+  pybind11::dict Pull(int64_t clock, int64_t min_version, pybind11::handle params);
+  pybind11::dict PushPull(int64_t clock, int64_t min_version, pybind11::handle grads,
+                          pybind11::handle params);
+  void StartExchange(int64_t tensor, int64_t clock, int64_t min_version,
+                     pybind11::handle grad, pybind11::handle params);
+  pybind11::dict FinishExchanges();
+  pybind11::dict Heartbeat(int64_t clock, bool done);
+  pybind11::list Status();
+  void RecordStep(const StepRecord& step);
+  void RecordEpoch(int64_t epoch, double test_accuracy, double samples_per_second);
+  // Finishes any exchange under way (its error is dropped), disconnects and
+  // stops the metrics endpoint. Later calls raise ShardtrainError
+  // (FAILED_PRECONDITION); closing again does nothing.
+  void Close();
+
+  int metrics_port() const { return metrics_port_.load(); }
+  int64_t registered_worker_clock();
+  pybind11::tuple known_versions();
+  bool closed();
+  int64_t worker() const { return worker_; }
+  int64_t num_tensors();
+
+ private:
+  class DataCall;
+
+  // Checks one buffer per registered tensor: `what` ("gradient",
+  // "parameters") names them in errors.
+  std::vector<FloatBuffer> Buffers(pybind11::handle list, const char* what, bool writable);
+  // FAILED_PRECONDITION unless the client is open, registered and has no
+  // exchange under way.
+  void CheckReady(const char* call, bool exchange_ok) const
+      ABSL_SHARED_LOCKS_REQUIRED(life_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_mu_);
+
+  const int64_t worker_;
+  const bool send_values_;  // worker 0: KIND_VALUES tensors carry their values
+  std::atomic<int> metrics_port_{-1};
+
+  // Held shared by every call and exclusively by Close: client_ and
+  // metrics_ live while a call uses them.
+  mutable absl::Mutex life_mu_;
+  std::unique_ptr<ClientMetrics> metrics_ ABSL_GUARDED_BY(life_mu_);
+  std::unique_ptr<client::PsClient> client_ ABSL_GUARDED_BY(life_mu_);
+
+  // Held by the data calls, one at a time (after life_mu_).
+  mutable absl::Mutex data_mu_ ABSL_ACQUIRED_AFTER(life_mu_);
+  std::vector<TensorInfo> tensors_ ABSL_GUARDED_BY(data_mu_);
+  // The buffers of the exchanges under way, and which tensors they are for.
+  // Created and destroyed with the GIL held.
+  std::vector<FloatBuffer> exchange_buffers_ ABSL_GUARDED_BY(data_mu_);
+  std::vector<bool> exchanging_ ABSL_GUARDED_BY(data_mu_);
+  int exchanges_ ABSL_GUARDED_BY(data_mu_) = 0;
+};
+
+}  // namespace shardtrain::python
+
+#endif  // SHARDTRAIN_PYTHON_SRC_CLIENT_H_

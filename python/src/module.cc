@@ -1,0 +1,189 @@
+// shardtrain._core: the Python binding of the parameter-server client.
+// python/shardtrain/__init__.py re-exports Client, Init, ShardtrainError and
+// __version__; see python/src/client.h for the semantics.
+#include <glog/logging.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/deadlock_detection.h"
+#include "python/src/client.h"
+#include "python/src/errors.h"
+#include "python/src/tensors.h"
+
+namespace py = pybind11;
+using namespace shardtrain::python;  // NOLINT: the module's one binding file
+
+namespace {
+
+void InitLogging() {
+  if (google::IsGoogleLoggingInitialized()) return;
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging("shardtrain");
+}
+
+constexpr char kClientDoc[] = R"doc(
+A worker's connection to every shard of a shardtrain parameter server.
+
+Client(servers, worker=0, num_workers=0, *, sync=False, wire_dtype="f32",
+       topk_ratio=0.0, tls_ca="", tls_cert="", tls_key="", token="",
+       rpc_timeout=30.0, pull_timeout=300.0, reconnect_timeout=120.0,
+       replicas=1, etcd_endpoints="", job="shardtrain", metrics_port=-1,
+       max_partition_elements=16384, channels_per_shard=4, max_message_mb=256,
+       keepalive=10.0, tls_server_name="", token_file="")
+
+servers are the shard addresses in shard order; worker is this worker's
+index, num_workers the job's size (0: not checked). The settings are
+ps-worker's flags: TLS files (tls_ca turns TLS on; tls_cert/tls_key for
+mutual TLS), the auth token (its value, or token_file as --auth_token_file;
+it needs TLS), timeouts in seconds, top-k compression, the wire dtype
+("f32", "f16", "bf16"), replicated shards (replicas > 1, with etcd), and
+max_partition_elements, which must match the shards'. metrics_port >= 0
+serves ps-worker's Prometheus metrics on 0.0.0.0:metrics_port (0: a free
+port, see .metrics_port).
+
+Buffers are float32, C-contiguous objects with the buffer protocol (numpy
+arrays, memoryviews) or torch CPU tensors, with exactly the tensor's
+element count; parameter buffers must be writable. They are used in place,
+without copies. The GIL is released during every call to the shards.
+Errors from the shards or the network raise ShardtrainError (.code,
+.message); bad buffers raise TypeError or ValueError naming the tensor.
+)doc";
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  shardtrain::common::SkipDeadlockDetectionInRelease();
+  InitLogging();
+  m.doc() = "The shardtrain parameter-server client (C++ extension).";
+  m.attr("__version__") = SHARDTRAIN_VERSION;
+  RegisterErrors(m);
+
+  py::class_<Init>(m, "Init", "An initialiser the shards compute for a tensor.")
+      .def(py::init([](const std::string& kind, double scale, uint64_t seed) {
+             ParseInitKind(kind);
+             return Init{kind, scale, seed};
+           }),
+           py::arg("kind") = "zeros", py::arg("scale") = 0.0, py::arg("seed") = 0,
+           "kind: zeros, constant (value scale), uniform (U(-scale, scale)), normal "
+           "(N(0, scale^2)), glorot_uniform or he_uniform; seed makes the values "
+           "deterministic.")
+      .def_readonly("kind", &Init::kind)
+      .def_readonly("scale", &Init::scale)
+      .def_readonly("seed", &Init::seed)
+      .def("__repr__", [](const Init& init) {
+        return absl::StrCat("shardtrain.Init('", init.kind, "', scale=", init.scale,
+                            ", seed=", init.seed, ")");
+      });
+
+  py::class_<PyClient>(m, "Client", kClientDoc)
+      .def(py::init([](std::vector<std::string> servers, int64_t worker, int64_t num_workers,
+                       bool sync, std::string wire_dtype, double topk_ratio,
+                       std::string tls_ca, std::string tls_cert, std::string tls_key,
+                       std::string token, double rpc_timeout, double pull_timeout,
+                       double reconnect_timeout, int64_t replicas,
+                       std::string etcd_endpoints, std::string job, int64_t metrics_port,
+                       int64_t max_partition_elements, int64_t channels_per_shard,
+                       int64_t max_message_mb, double keepalive,
+                       std::string tls_server_name, std::string token_file) {
+             ClientArgs args;
+             args.servers = std::move(servers);
+             args.worker = worker;
+             args.num_workers = num_workers;
+             args.sync = sync;
+             args.wire_dtype = std::move(wire_dtype);
+             args.topk_ratio = topk_ratio;
+             args.tls_ca = std::move(tls_ca);
+             args.tls_cert = std::move(tls_cert);
+             args.tls_key = std::move(tls_key);
+             args.token = std::move(token);
+             args.rpc_timeout = rpc_timeout;
+             args.pull_timeout = pull_timeout;
+             args.reconnect_timeout = reconnect_timeout;
+             args.replicas = replicas;
+             args.etcd_endpoints = std::move(etcd_endpoints);
+             args.job = std::move(job);
+             args.metrics_port = metrics_port;
+             args.max_partition_elements = max_partition_elements;
+             args.channels_per_shard = channels_per_shard;
+             args.max_message_mb = max_message_mb;
+             args.keepalive = keepalive;
+             args.tls_server_name = std::move(tls_server_name);
+             args.token_file = std::move(token_file);
+             return std::make_unique<PyClient>(args);
+           }),
+           py::arg("servers"), py::arg("worker") = 0, py::arg("num_workers") = 0,
+           py::kw_only(), py::arg("sync") = false, py::arg("wire_dtype") = "f32",
+           py::arg("topk_ratio") = 0.0, py::arg("tls_ca") = "", py::arg("tls_cert") = "",
+           py::arg("tls_key") = "", py::arg("token") = "", py::arg("rpc_timeout") = 30.0,
+           py::arg("pull_timeout") = 300.0, py::arg("reconnect_timeout") = 120.0,
+           py::arg("replicas") = 1, py::arg("etcd_endpoints") = "",
+           py::arg("job") = "shardtrain", py::arg("metrics_port") = -1,
+           py::arg("max_partition_elements") = shardtrain::common::kDefaultMaxPartitionElements,
+           py::arg("channels_per_shard") = 4, py::arg("max_message_mb") = 256,
+           py::arg("keepalive") = 10.0, py::arg("tls_server_name") = "",
+           py::arg("token_file") = "")
+      .def_property_readonly("metrics_port", &PyClient::metrics_port,
+                             "The port /metrics is served on, or -1.")
+      .def_property_readonly("worker", &PyClient::worker, "This worker's index.")
+      .def_property_readonly("registered_worker_clock", &PyClient::registered_worker_clock,
+                             "The largest clock a shard recorded for this worker index at "
+                             "register() (0 for a new job): a restarted worker resumes there.")
+      .def_property_readonly("known_versions", &PyClient::known_versions,
+                             "(smallest, largest) partition version this client knows.")
+      .def_property_readonly("closed", &PyClient::closed)
+      .def_property_readonly("num_tensors", &PyClient::num_tensors)
+      .def("register", &PyClient::Register, py::arg("tensors"),
+           "register([(name, shape, init), ...]): registers the model's tensors on every "
+           "shard (idempotent). init is a shardtrain.Init or a float32 buffer with the "
+           "tensor's own values; with values, worker 0's create the parameters and the "
+           "other workers wait (up to reconnect_timeout) until it has registered. "
+           "Tensor i of push/pull is tensors[i].")
+      .def("push", &PyClient::Push, py::arg("clock"), py::arg("grads"),
+           "push(clock, grads) -> dict(max_staleness): one gradient per tensor, computed "
+           "from the last pull; clock counts the steps finished including this one.")
+      .def("pull", &PyClient::Pull, py::arg("clock"), py::arg("min_version"),
+           py::arg("params"),
+           "pull(clock, min_version, params) -> dict(server_wait_seconds, min_version): "
+           "fetches every tensor into params once each partition has min_version updates "
+           "(sync: the step number; async: 0) and clock is within the staleness bound.")
+      .def("push_pull", &PyClient::PushPull, py::arg("clock"), py::arg("min_version"),
+           py::arg("grads"), py::arg("params"),
+           "push_pull(clock, min_version, grads, params) -> dict: push then pull in one "
+           "round trip.")
+      .def("start_exchange", &PyClient::StartExchange, py::arg("tensor"), py::arg("clock"),
+           py::arg("min_version"), py::arg("grad"), py::arg("params"),
+           "start_exchange(tensor, clock, min_version, grad, params): sends tensor index "
+           "`tensor`'s gradient now and pulls its parameters into params, overlapped with "
+           "the caller's work. Both buffers are held (and must not be changed) until "
+           "finish_exchanges() returns.")
+      .def("finish_exchanges", &PyClient::FinishExchanges,
+           "finish_exchanges() -> dict(max_staleness, server_wait_seconds, min_version): "
+           "waits for every started exchange; the first error raises.")
+      .def("heartbeat", &PyClient::Heartbeat, py::arg("clock"), py::arg("done") = false,
+           "heartbeat(clock, done=False) -> dict(workers=[dict(worker, clock, live, done, "
+           "...)], incarnation): tells every shard this worker is alive at clock (or done) "
+           "and returns the membership shard 0 sees.")
+      .def("status", &PyClient::Status,
+           "status() -> [dict]: every shard's StatusResponse, in shard order.")
+      .def(
+          "record_step",
+          [](PyClient& client, double compute_seconds, double push_seconds,
+             double pull_seconds, double wait_seconds, double step_seconds, int64_t samples,
+             double loss, int64_t staleness) {
+            client.RecordStep({compute_seconds, push_seconds, pull_seconds, wait_seconds,
+                               step_seconds, samples, loss, staleness});
+          },
+          py::arg("compute_seconds"), py::arg("push_seconds"), py::arg("pull_seconds"),
+          py::arg("wait_seconds"), py::arg("step_seconds"), py::arg("samples"),
+          py::arg("loss"), py::arg("staleness"),
+          "Records one training step in the worker metrics (ps-worker's families).")
+      .def("record_epoch", &PyClient::RecordEpoch, py::arg("epoch"),
+           py::arg("test_accuracy"), py::arg("samples_per_second"),
+           "Records an epoch's end; a negative test_accuracy or samples_per_second leaves "
+           "that gauge unchanged.")
+      .def("close", &PyClient::Close,
+           "Finishes exchanges under way, disconnects and stops the metrics endpoint.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyClient& client, py::args) { client.Close(); });
+}
