@@ -9,13 +9,17 @@
 # with the CPU per sample; with cores to spare it falls only with latency.
 #
 #   bench/replication_train_ratio.sh [--build DIR] [--rounds N] [--shards N]
-#       [--workers N] [--epochs N] [--replicas "1 2 3"] [--out FILE]
+#       [--workers N] [--epochs N] [--batch N] [--replicas "1 2 3"] [--out FILE]
+#
+# The cost of replication per step grows with the model's bytes, the
+# compute per step with the batch: a larger --batch shows what it costs a
+# job whose steps are not mostly communication.
 #
 # Needs ps-server and ps-worker in --build DIR/bin (default build/bin),
 # etcd (Debian etcd-server) and the dataset run-local.sh uses.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" rounds=3 shards=3 workers=2 epochs=10 replicas="1 2 3" out=""
+build="$root/build" rounds=3 shards=3 workers=2 epochs=10 batch=64 replicas="1 2 3" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -23,9 +27,10 @@ while [ $# -gt 0 ]; do
     --shards) shards=$2; shift 2 ;;
     --workers) workers=$2; shift 2 ;;
     --epochs) epochs=$2; shift 2 ;;
+    --batch) batch=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -40,7 +45,8 @@ run_once() {
   local r=$1 json="$tmp/results-$1.json"
   rm -f "$json"
   /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$build" "$root/scripts/run-local.sh" \
-    --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --replicas "$r" \
+    --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --batch "$batch" \
+    --replicas "$r" \
     --results "$json" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
   local sps acc cpu
   sps=$(sed -n 's/.*"samples_per_second": *\([0-9.]*\).*/\1/p' "$json" | head -1)
@@ -72,7 +78,7 @@ END {
       c, (base_cpu ? c / base_cpu : 0), acc[r, mid]
   }
 }')
-header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --replicas R
+header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --replicas R
 # $rounds interleaved rounds, median round per R (by samples/s); CPU = user+sys of every process of the run
 # date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)
 # machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
