@@ -128,7 +128,8 @@ cleanup() {
   # The run's directory goes; without --logs it holds the logs, which are
   # kept only when the run failed.
   if [ "$logs" = "$run_dir" ] && [ "$status" != 0 ]; then
-    rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out" "$run_dir/etcd"
+    rm -rf "$run_dir/ports" "$run_dir/certs" "$run_dir/chief.out" "$run_dir/chief.fifo" \
+      "$run_dir/etcd"
     echo "logs kept in $run_dir" >&2
   else
     rm -rf "$run_dir"
@@ -211,18 +212,20 @@ for ((w = 0; w < workers; w++)); do
   if [ "$w" = 0 ] && [ -n "$results" ]; then args+=(--results="$results"); fi
   if [ "$w" = 0 ]; then
     # The chief's report goes to the terminal and to chief.out, which is
-    # checked for the final accuracy line.
-    "$bin/ps-worker" "${args[@]}" >"$run_dir/chief.out" 2>"$logs/worker$w.log" &
+    # checked for the final accuracy line, through tee on a FIFO: tee ends
+    # when the chief's output does, so every line is shown before the run
+    # ends (-p: a closed terminal pipe does not stop the chief).
+    mkfifo "$run_dir/chief.fifo"
+    tee -p "$run_dir/chief.out" <"$run_dir/chief.fifo" &
+    chief_echo=$!
+    pids+=("$chief_echo")
+    "$bin/ps-worker" "${args[@]}" >"$run_dir/chief.fifo" 2>"$logs/worker$w.log" &
   else
     "$bin/ps-worker" "${args[@]}" >/dev/null 2>"$logs/worker$w.log" &
   fi
   pids+=($!)
   worker_pids+=($!)
 done
-
-tail -n +1 -s 0.2 -f --pid="${worker_pids[0]}" "$run_dir/chief.out" &
-chief_echo=$!
-pids+=("$chief_echo")
 
 # "exit status 3" or "killed by SIGKILL" for a wait status.
 describe_exit() {
