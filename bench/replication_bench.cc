@@ -679,8 +679,8 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
         "pushpull, all workers); p50/p99/max over all calls; srv ms/call = ps-server CPU per "
         "call; retries = worker RPC attempts retried in all rounds; x R=1 = median over rounds "
         "of MB/s / the same round's R=1 MB/s\n"
-        "# pushpull with R>1 is a Push to each group's head then a Pull from its tail (two "
-        "round trips); with R=1 one PushPull RPC per shard\n",
+        "# pushpull: one PushPull RPC per shard (R=1) or per group, to its chain's head, which "
+        "answers once the tail has the push and the versions read (R>1)\n",
         kClusterShards, options.workers, options.rounds, options.block_seconds);
     absl::StrAppend(&text, throughput);
   }

@@ -43,7 +43,8 @@ void GroupCall::Start(Kind kind, std::function<void(absl::Status)> done) {
   ShardRpc rpc;
   rpc.method = kNames[k];
   // Replicated shards: a push enters its group's chain at the head, a pull
-  // is answered by the tail (PsClient splits a PushPull in two there).
+  // is answered by the tail; a PushPull goes to the head, which answers its
+  // pull half with what the tail holds.
   rpc.role = kind == Kind::kPull ? ChainRole::kTail : ChainRole::kHead;
   rpc.attempt_timeout = kind == Kind::kPush ? context_->push_timeout : context_->pull_timeout;
   rpc.reconnect_timeout = context_->retry_for;

@@ -708,11 +708,8 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                                 PushStats* push_stats, PullStats* pull_stats) {
   RETURN_IF_ERROR(CheckGrads(grads));
   RETURN_IF_ERROR(CheckParams(params));
-  if (router_ != nullptr) {
-    // A chain's head applies pushes, its tail answers pulls: two RPCs.
-    RETURN_IF_ERROR(Push(clock, grads, push_stats));
-    return Pull(clock, min_version, params, pull_stats);
-  }
+  // Replicated shards: one RPC too, to the chain's head, which answers the
+  // pull half once the tail has the push and what it read.
   SetPushes(clock, grads);
   SetPulls(clock, min_version, params);
   RETURN_IF_ERROR(RunGroups(

@@ -50,7 +50,8 @@
 // client/chain_router.h). A group's pushes go to its chain's head, its pulls
 // to its tail, stamped with the chain's epoch; a refused or failed call
 // re-reads the chain and retries where it now says (ShardChannel). A
-// PushPull is a Push then a Pull there. Register goes to every shard that is
+// PushPull goes to the head, which answers its pull half once the tail
+// holds the push and every version it read. Register goes to every shard that is
 // a member of some chain and takes each group's versions from its tail;
 // Heartbeat goes to every member. A member that cannot be reached within
 // member_timeout is skipped with a warning (its chain drops it within the

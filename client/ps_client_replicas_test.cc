@@ -137,27 +137,19 @@ class TestShard final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* context,
                                  const PullRequest* request,
                                  PullResponse* response) override {
-    for (const PartitionKey& key : request->parts()) {
-      Note({index_, "Pull", request->chain_epoch(), GroupOf(key), 0});
-      int64_t size;
-      {
-        absl::MutexLock lock(&mu_);
-        size = sizes_[{key.tensor(), key.partition()}];
-      }
-      ParameterPart* part = response->add_parts();
-      *part->mutable_key() = key;
-      part->set_version(1000 + index_);
-      part->mutable_value()->set_dtype(DTYPE_F32);
-      common::EncodeDense(std::vector<float>(size, static_cast<float>(index_)), DTYPE_F32,
-                          part->mutable_value()->mutable_data());
-    }
+    FillPull("Pull", *request, response);
     return Answer(context, "Pull");
   }
 
   grpc::ServerUnaryReactor* PushPull(grpc::CallbackServerContext* context,
-                                     const PushPullRequest*, PushPullResponse*) override {
-    return Answer(context, "PushPull", grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                                    "a chain splits PushPull"));
+                                     const PushPullRequest* request,
+                                     PushPullResponse* response) override {
+    for (const GradientPart& part : request->push().parts()) {
+      Note({index_, "PushPull.push", request->push().chain_epoch(), GroupOf(part.key()),
+            part.version()});
+    }
+    FillPull("PushPull.pull", request->pull(), response->mutable_pull());
+    return Answer(context, "PushPull");
   }
 
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
@@ -181,6 +173,22 @@ class TestShard final : public ParameterServer::CallbackService {
  private:
   static int GroupOf(const PartitionKey& key) {
     return common::ReplicaGroupFor(key.tensor(), key.partition(), kShards);
+  }
+  void FillPull(const char* method, const PullRequest& request, PullResponse* response) {
+    for (const PartitionKey& key : request.parts()) {
+      Note({index_, method, request.chain_epoch(), GroupOf(key), 0});
+      int64_t size;
+      {
+        absl::MutexLock lock(&mu_);
+        size = sizes_[{key.tensor(), key.partition()}];
+      }
+      ParameterPart* part = response->add_parts();
+      *part->mutable_key() = key;
+      part->set_version(1000 + index_);
+      part->mutable_value()->set_dtype(DTYPE_F32);
+      common::EncodeDense(std::vector<float>(size, static_cast<float>(index_)), DTYPE_F32,
+                          part->mutable_value()->mutable_data());
+    }
   }
   void Note(Op op) {
     absl::MutexLock lock(&mu_);
@@ -312,14 +320,24 @@ TEST_F(PsClientReplicasTest, PushesGoToEachGroupsHeadAndPullsToItsTail) {
     EXPECT_EQ(params_[placed.range.offset], (placed.shard + 1) % kShards);
   }
 
-  // PushPull is a push to the head, then a pull from the tail.
+  // PushPull is one call to the head, which answers the pull half too.
   ClearOps();
   ASSERT_OK(client->PushPull(2, 0, grads, params, &push_stats, &pull_stats));
-  for (const auto& shard : shards_) EXPECT_EQ(shard->calls("PushPull"), 0);
-  for (const Op& op : NewOps("Push")) EXPECT_EQ(op.shard, op.group);
-  for (const Op& op : NewOps("Pull")) EXPECT_EQ(op.shard, (op.group + 1) % kShards);
-  EXPECT_EQ(NewOps("Push").size(), 6u);
-  EXPECT_EQ(NewOps("Pull").size(), 6u);
+  EXPECT_EQ(NewOps("Push").size(), 0u);
+  EXPECT_EQ(NewOps("Pull").size(), 0u);
+  ASSERT_EQ(NewOps("PushPull.push").size(), 6u);
+  ASSERT_EQ(NewOps("PushPull.pull").size(), 6u);
+  for (const Op& op : NewOps("PushPull.push")) {
+    EXPECT_EQ(op.shard, op.group);
+    EXPECT_EQ(op.chain_epoch, 1u);
+  }
+  for (const Op& op : NewOps("PushPull.pull")) {
+    EXPECT_EQ(op.shard, op.group) << "group " << op.group << "'s head";
+    EXPECT_EQ(op.chain_epoch, 1u);
+  }
+  for (const common::PlacedPartition& placed : common::PlaceTensor("w", kElements, config)) {
+    EXPECT_EQ(params_[placed.range.offset], placed.shard);
+  }
 
   // So does the overlapped exchange.
   ClearOps();
@@ -368,20 +386,19 @@ TEST_F(PsClientReplicasTest, ADeadMemberDoesNotStopTheWorker) {
   EXPECT_OK(client->PushPull(1, 0, grads, params, &push_stats, &pull_stats));
   reconfigure.join();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  for (const Op& op : NewOps("Push")) {
-    if (op.group == 2) {
-      EXPECT_EQ(op.shard, 0);
-      EXPECT_EQ(op.chain_epoch, 2u);
+  // One call per group, at its head: group 2's is shard 0 once shard 2 is
+  // out of its chain.
+  for (const char* half : {"PushPull.push", "PushPull.pull"}) {
+    for (const Op& op : NewOps(half)) {
+      if (op.group == 2) {
+        EXPECT_EQ(op.shard, 0) << half;
+        EXPECT_EQ(op.chain_epoch, 2u) << half;
+      } else {
+        EXPECT_EQ(op.shard, op.group) << half;
+      }
     }
+    EXPECT_EQ(NewOps(half).size(), 6u) << half;
   }
-  EXPECT_EQ(NewOps("Push").size(), 6u);
-  for (const Op& op : NewOps("Pull")) {
-    if (op.group == 1) {
-      EXPECT_EQ(op.shard, 1);
-      EXPECT_EQ(op.chain_epoch, 2u);
-    }
-  }
-  EXPECT_EQ(NewOps("Pull").size(), 6u);
   ASSERT_OK(client->router()->WaitForGroups(kShards, absl::ZeroDuration()));
   EXPECT_THAT(client->router()->MemberShards(), ElementsAre(0, 1));
 }

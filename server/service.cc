@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include <glog/logging.h>
 #include <grpcpp/support/proto_buffer_reader.h>
@@ -76,7 +77,7 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   WaitingReactor(ParameterServerService* service, const char* method,
                  absl::Time start, absl::Time deadline, size_t request_bytes,
                  PullRequest request, const PushResponse* push,
-                 grpc::ByteBuffer* response)
+                 grpc::ByteBuffer* response, bool committed_read = false)
       : service_(service),
         method_(method),
         start_(start),
@@ -85,6 +86,7 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
         request_(std::move(request)),
         push_pull_(push != nullptr),
         push_(push != nullptr ? *push : PushResponse()),
+        committed_read_(committed_read),
         response_(response) {}
 
   void OnCancel() override { service_->OnWaiterCancelled(this); }
@@ -96,9 +98,16 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   const absl::Time deadline_;
   const size_t request_bytes_;
   const PullRequest request_;
-  // A PushPull: the response of its push half, sent with the pull.
+  // A PushPull: the response of its push half, sent with the pull (a
+  // replicated one: set when the chain's tail has the push).
   const bool push_pull_;
-  const PushResponse push_;
+  PushResponse push_;
+  // Answered by a replicated chain's head: sent only once the versions it
+  // read (read_versions_) are committed. Sealed: the response is written
+  // and waits for that.
+  const bool committed_read_;
+  bool sealed_ = false;
+  std::vector<int64_t> read_versions_;
   // gRPC's response message, alive until OnDone.
   grpc::ByteBuffer* const response_;
 };
@@ -342,9 +351,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
                         view.push.worker, view.pull.worker()));
   }
   if (status.ok() && replicator_ != nullptr) {
-    status = absl::FailedPreconditionError(
-        "PushPull is not served with --replicas > 1: push to the chain's head and "
-        "pull from its tail");
+    return ReplicatedPushPull(context, start, request->Length(), message, view, response);
   }
   if (status.ok()) status = shard_->ValidatePull(view.pull);
   if (status.ok()) status = shard_->Push(view.push, &push_response);
@@ -365,11 +372,53 @@ grpc::ServerUnaryReactor* ParameterServerService::StartPull(
       std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
   auto* reactor = new WaitingReactor(this, method, start, deadline, request_bytes,
                                      std::move(request), push, response);
+  BeginPull(reactor);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::ReplicatedPushPull(
+    grpc::CallbackServerContext* context, absl::Time start, size_t request_bytes,
+    const wire::ReceivedMessage& message, wire::PushPullView& view,
+    grpc::ByteBuffer* response) {
+  // The push half is forwarded down the chain as it arrived.
+  absl::Status status;
+  if (view.push_fields != 1) {
+    status = absl::InvalidArgumentError(absl::StrFormat(
+        "a replicated PushPull needs its push half in one field, not %d", view.push_fields));
+  }
+  // The pull is checked before the push is applied, as above.
+  if (status.ok()) status = shard_->ValidatePull(view.pull);
+  if (status.ok()) status = replicator_->CheckPushPull(view.push, view.pull);
+  if (!status.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    FinishRaw(reactor, "PushPull", status, start, request_bytes, *response);
+    return reactor;
+  }
+  const absl::Time deadline =
+      std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
+  const PushResponse no_push_yet;
+  auto* reactor = new WaitingReactor(this, "PushPull", start, deadline, request_bytes,
+                                     std::move(view.pull), &no_push_yet, response,
+                                     /*committed_read=*/true);
+  replicator_->Push(message.Range(view.push_offset, view.push_size), view.push,
+                    [this, reactor](absl::Status status, const PushResponse& push) {
+                      if (!status.ok()) {
+                        VLOG(1) << "PushPull rejected: " << status;
+                        FinishWaiter(reactor, common::ToGrpcStatus(status));
+                        return;
+                      }
+                      reactor->push_ = push;
+                      BeginPull(reactor);
+                    });
+  return reactor;
+}
+
+void ParameterServerService::BeginPull(WaitingReactor* reactor) {
   const PullRequest& pull = reactor->request_;
   const absl::Status valid = shard_->ValidatePull(pull);
   if (!valid.ok()) {
     FinishWaiter(reactor, common::ToGrpcStatus(valid));
-    return reactor;
+    return;
   }
   shard_->NotePull(pull);  // may complete steps and wake waiters: before mu_
   {
@@ -379,22 +428,41 @@ grpc::ServerUnaryReactor* ParameterServerService::StartPull(
     if (!shard_->PullReady(pull)) {
       waiters_.push_back(reactor);
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
-      return reactor;
+      return;
     }
   }
   AnswerWaiter(reactor);
-  return reactor;
 }
 
 void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
+  if (waiter->committed_read_) {
+    // The chain may have moved on while the pull waited.
+    const absl::Status head = replicator_->CheckHeadPull(waiter->request_);
+    if (!head.ok()) {
+      FinishWaiter(waiter, common::ToGrpcStatus(head));
+      return;
+    }
+  }
   wire::PullResponseBuilder builder;
-  shard_->FillPull(waiter->request_, &builder);
+  shard_->FillPull(waiter->request_, &builder,
+                   waiter->committed_read_ ? &waiter->read_versions_ : nullptr);
   const double wait_seconds = absl::ToDoubleSeconds(absl::Now() - waiter->start_);
   if (waiter->push_pull_) {
     builder.FinishPushPull(waiter->push_, wait_seconds, shard_->incarnation(),
                            waiter->response_);
   } else {
     builder.Finish(wait_seconds, shard_->incarnation(), waiter->response_);
+  }
+  if (waiter->committed_read_) {
+    absl::MutexLock lock(&mu_);
+    // Under mu_, as in BeginPull: MarkCommitted's wake-up takes mu_ after
+    // raising the versions this checks.
+    if (!shard_->PullCommitted(waiter->request_, waiter->read_versions_)) {
+      waiter->sealed_ = true;
+      waiters_.push_back(waiter);
+      shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
+      return;
+    }
   }
   FinishWaiter(waiter, grpc::Status::OK);
 }
@@ -408,20 +476,24 @@ void ParameterServerService::FinishWaiter(WaitingReactor* waiter,
 
 void ParameterServerService::WakeWaiters() {
   std::vector<WaitingReactor*> ready;
+  std::vector<WaitingReactor*> committed;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (shard_->PullReady((*it)->request_)) {
-        ready.push_back(*it);
+      WaitingReactor* waiter = *it;
+      if (waiter->sealed_ ? shard_->PullCommitted(waiter->request_, waiter->read_versions_)
+                          : shard_->PullReady(waiter->request_)) {
+        (waiter->sealed_ ? committed : ready).push_back(waiter);
         it = waiters_.erase(it);
       } else {
         ++it;
       }
     }
-    if (!ready.empty()) {
+    if (!ready.empty() || !committed.empty()) {
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
     }
   }
+  for (WaitingReactor* waiter : committed) FinishWaiter(waiter, grpc::Status::OK);
   for (WaitingReactor* waiter : ready) AnswerWaiter(waiter);
 }
 

@@ -111,7 +111,18 @@ class ParameterServerService final : public ParameterServerBase {
                                       size_t request_bytes, PullRequest request,
                                       const PushResponse* push,
                                       grpc::ByteBuffer* response);
-  // Encodes the answer to `waiter`'s pull into its response and finishes it.
+  // Replicated shards: the PushPull of `view` (parsed from `message`) at the
+  // chain's head. The push half goes through the replicator; once the tail
+  // has it, the pull half is answered here with a committed read.
+  grpc::ServerUnaryReactor* ReplicatedPushPull(grpc::CallbackServerContext* context,
+                                               absl::Time start, size_t request_bytes,
+                                               const wire::ReceivedMessage& message,
+                                               wire::PushPullView& view,
+                                               grpc::ByteBuffer* response);
+  // Answers `waiter` now if its pull is ready, else parks it.
+  void BeginPull(WaitingReactor* waiter);
+  // Encodes the answer to `waiter`'s pull into its response and finishes it
+  // (a committed read: parks it, sealed, until what it read is committed).
   void AnswerWaiter(WaitingReactor* waiter);
   void FinishWaiter(WaitingReactor* waiter, const grpc::Status& status);
   void OnWaiterCancelled(WaitingReactor* waiter);

@@ -447,8 +447,10 @@ bool Shard::PullReady(const PullRequest& request) const {
   return true;
 }
 
-void Shard::FillPull(const PullRequest& request,
-                     wire::PullResponseBuilder* builder) const {
+void Shard::FillPull(const PullRequest& request, wire::PullResponseBuilder* builder,
+                     std::vector<int64_t>* versions) const {
+  if (versions != nullptr) versions->assign(request.parts_size(), 0);
+  int index = 0;
   const DType dtype =
       request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype();
   const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
@@ -457,11 +459,42 @@ void Shard::FillPull(const PullRequest& request,
     if (!found.ok()) continue;  // unreachable after ValidatePull
     const Partition& part = **found;
     absl::ReaderMutexLock lock(&part.mu);
-    char* out = builder->AddPart(key.tensor(), key.partition(),
-                                 part.version.load(std::memory_order_relaxed), dtype,
+    const int64_t version = part.version.load(std::memory_order_relaxed);
+    if (versions != nullptr) (*versions)[index] = version;
+    ++index;
+    char* out = builder->AddPart(key.tensor(), key.partition(), version, dtype,
                                  part.params.size() * width);
     wire::EncodeElements(part.params, dtype, out);
   }
+}
+
+bool Shard::PullCommitted(const PullRequest& request,
+                          absl::Span<const int64_t> versions) const {
+  for (int i = 0; i < request.parts_size(); ++i) {
+    absl::StatusOr<Partition*> found = store_.Find(request.parts(i));
+    if (!found.ok()) continue;  // unreachable after ValidatePull
+    const int64_t wrote = static_cast<size_t>(i) < versions.size() ? versions[i] : 0;
+    if ((*found)->committed.load(std::memory_order_acquire) < wrote) return false;
+  }
+  return true;
+}
+
+void Shard::MarkCommitted(const Applied& applied) {
+  for (size_t i = 0; i < applied.ops.size(); ++i) {
+    const ReplicatedOp& op = applied.ops[i];
+    Partition* part = i < applied.partitions.size() ? applied.partitions[i] : nullptr;
+    if (part == nullptr && op.has_close()) {
+      absl::StatusOr<Partition*> found = store_.Find(op.close());
+      if (found.ok()) part = *found;
+    }
+    if (part == nullptr) continue;
+    int64_t seen = part->committed.load(std::memory_order_relaxed);
+    while (op.version_after() > seen &&
+           !part->committed.compare_exchange_weak(seen, op.version_after(),
+                                                  std::memory_order_acq_rel)) {
+    }
+  }
+  NotifyProgress();
 }
 
 void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
@@ -668,6 +701,7 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
                                           absl::MakeSpan(part.slots[s])));
     }
     part.version.store(record.version());
+    part.committed.store(record.version(), std::memory_order_release);
     NoteVersion(record.version());
     part.resuming = true;
     if (part.version_gauge != nullptr) {

@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/wire/message_encoder.h"
 #include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
@@ -78,6 +79,9 @@ class Shard {
   // of the request (PushRequest.replicated). Empty for a duplicate.
   struct Applied {
     std::vector<ReplicatedOp> ops;
+    // The partition of ops[i]; null (or missing) for a step close, which
+    // names its partition itself (ReplicatedOp.close).
+    std::vector<Partition*> partitions;
   };
   // Push that also reports where each part was applied (may be null).
   absl::Status Push(const wire::PushView& request, PushResponse* response,
@@ -102,7 +106,11 @@ class Shard {
   // `close` key close that partition's sync step.
   absl::Status ApplyReplicated(const wire::PushView& request, absl::Duration wait,
                                const std::function<bool()>& still_valid,
-                               PushResponse* response);
+                               PushResponse* response, Applied* applied = nullptr);
+  // The chain's tail holds the versions `applied` produced (their forward
+  // was acknowledged, or this shard is the tail): reads of them may be
+  // answered by PullCommitted. Wakes waiting pulls.
+  void MarkCommitted(const Applied& applied);
   // The whole state of one group (partitions with their operation counts,
   // sync accumulators, and the group's push logs), for a joining tail.
   GroupStateResponse ExportGroup(int group) const;
@@ -139,7 +147,14 @@ class Shard {
   // the requested dtype, into `builder`: each partition once, under its
   // lock, straight into the memory that is sent.
   // REQUIRES: ValidatePull(request).ok().
-  void FillPull(const PullRequest& request, wire::PullResponseBuilder* builder) const;
+  // `versions` (if not null) gets the version written of each part, in
+  // request order.
+  void FillPull(const PullRequest& request, wire::PullResponseBuilder* builder,
+                std::vector<int64_t>* versions = nullptr) const;
+  // True when every part of `request` is committed at least up to the
+  // version FillPull wrote of it (`versions`): the chain's tail holds it.
+  // REQUIRES: ValidatePull(request).ok().
+  bool PullCommitted(const PullRequest& request, absl::Span<const int64_t> versions) const;
   // The same as a stock message (tests, in-process callers): encoded as
   // above and parsed back, wait_seconds 0.
   // REQUIRES: ValidatePull(request).ok().

@@ -286,7 +286,10 @@ absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* respo
       if (!verdict.ok()) break;
     }
     if (verdict.ok()) {
-      if (applied != nullptr) applied->ops.resize(parts.size());
+      if (applied != nullptr) {
+        applied->ops.resize(parts.size());
+        applied->partitions.resize(parts.size());
+      }
       for (const DecodedPart& part : parts) {
         part.partition->mu.AssertHeld();  // by `locks`
         const int64_t op = part.partition->ops++;
@@ -302,6 +305,7 @@ absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* respo
           ReplicatedOp& out = applied->ops[part.request_index];
           out.set_op(op);
           out.set_version_after(part.partition->version.load(std::memory_order_relaxed));
+          applied->partitions[part.request_index] = part.partition;
         }
         locks.Release(part.partition);
       }

@@ -71,7 +71,7 @@ absl::Status Shard::ApplyForwardedPart(Partition& p, const DecodedPart& part,
 
 absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duration wait,
                                     const std::function<bool()>& still_valid,
-                                    PushResponse* response) {
+                                    PushResponse* response, Applied* applied) {
   common::EnableFlushToZero();
   response->set_incarnation(incarnation_);
   response->set_duplicate(false);
@@ -99,6 +99,13 @@ absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duratio
   };
   int64_t max_staleness = 0;
   bool progressed = false;
+  if (applied != nullptr) {
+    applied->ops = request.replicated;
+    applied->partitions.assign(request.replicated.size(), nullptr);
+    for (const DecodedPart& part : parts) {
+      applied->partitions[part.request_index] = part.partition;
+    }
+  }
   for (const DecodedPart& part : parts) {
     const ReplicatedOp& op = request.replicated[part.request_index];
     Partition& p = *part.partition;
@@ -241,6 +248,8 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
     part.ops = record.ops();
     part.resuming = false;
     part.version.store(record.version(), std::memory_order_release);
+    // This shard joins as the group's tail: what it holds, the tail holds.
+    part.committed.store(record.version(), std::memory_order_release);
     NoteVersion(record.version());
     if (part.version_gauge != nullptr) {
       part.version_gauge->Set(static_cast<double>(record.version()));

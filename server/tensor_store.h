@@ -44,6 +44,12 @@ struct Partition {
   // Updates applied. Written only under mu; read without it to decide
   // whether a waiting pull may be answered.
   std::atomic<int64_t> version{0};
+  // Replicated shards: the highest version that the group's tail is known
+  // to hold (an operation producing it was acknowledged down the chain,
+  // or the state was restored or copied whole). A head answers a read of
+  // version v only once committed >= v, so no worker sees an update that
+  // a failover could lose.
+  std::atomic<int64_t> committed{0};
 
   mutable absl::Mutex mu;
   std::vector<float> params ABSL_GUARDED_BY(mu);

@@ -316,6 +316,21 @@ absl::Status ReceivedMessage::Take(grpc::ByteBuffer* buffer) {
   return status;
 }
 
+grpc::ByteBuffer ReceivedMessage::Range(size_t offset, size_t n) const {
+  std::vector<grpc::Slice> out;
+  size_t begin = 0;  // of the current slice in the message
+  for (const grpc::Slice& slice : slices_) {
+    const size_t end = begin + slice.size();
+    const size_t from = std::max(begin, offset);
+    const size_t to = std::min(end, offset + n);
+    if (from < to) out.push_back(slice.sub(from - begin, to - begin));
+    begin = end;
+    if (begin >= offset + n) break;
+  }
+  if (out.empty()) return grpc::ByteBuffer();
+  return grpc::ByteBuffer(out.data(), out.size());
+}
+
 ReceivedMessage ReceivedMessage::FromPieces(absl::string_view bytes,
                                             const std::vector<size_t>& cuts) {
   ReceivedMessage message;
@@ -346,6 +361,9 @@ absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view,
                            size_t max_parts) {
   Reset(&view->push);
   view->pull.Clear();
+  view->push_offset = 0;
+  view->push_size = 0;
+  view->push_fields = 0;
   const Pieces pieces = PiecesOf(message);
   WireReader reader(pieces);
   size_t too_many = 0;
@@ -354,12 +372,26 @@ absl::Status ParsePushPull(const ReceivedMessage& message, PushPullView* view,
     bool ok = reader.ReadTag(&tag);
     if (ok) {
       switch (tag) {
-        case MakeTag(1, kLengthDelimited):
-          ok = ReadMessage(reader, "push", -1, [&] {
-            return ParsePushFields(reader, max_parts, &too_many, &view->push);
-          });
+        case MakeTag(1, kLengthDelimited): {
+          size_t length;
+          ok = reader.ReadLength(&length);
+          if (!ok) {
+            reader.Within("push");
+            break;
+          }
+          view->push_offset = reader.offset();
+          view->push_size = length;
+          ++view->push_fields;
+          const size_t outer = reader.PushLimit(length);
+          ok = ParsePushFields(reader, max_parts, &too_many, &view->push);
           if (too_many > 0) return TooManyParts(too_many, max_parts);
+          if (!ok) {
+            reader.Within("push");
+            break;
+          }
+          reader.PopLimit(outer);
           break;
+        }
         case MakeTag(2, kLengthDelimited):
           ok = MergeStockField(reader, "pull", &view->pull);
           break;

@@ -63,6 +63,9 @@ class ReceivedMessage {
 
   size_t size() const { return size_; }
   const std::vector<grpc::Slice>& slices() const { return slices_; }
+  // Bytes [offset, offset + n) as a buffer referencing the same slices (no
+  // copy). REQUIRES: offset + n <= size().
+  grpc::ByteBuffer Range(size_t offset, size_t n) const;
 
  private:
   std::vector<grpc::Slice> slices_;
@@ -109,6 +112,12 @@ struct PushView {
 struct PushPullView {
   PushView push;
   PullRequest pull;
+  // Where the push half's bytes lie in the message (after its length
+  // prefix), and how many `push` fields there were: a replicated head
+  // forwards those bytes as they are when there was exactly one.
+  size_t push_offset = 0;
+  size_t push_size = 0;
+  int push_fields = 0;
 };
 
 // shardtrain.ParameterPart.

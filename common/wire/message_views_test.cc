@@ -549,5 +549,63 @@ TEST(ReceivedMessageTest, TakeReferencesTheSlicesAndClears) {
   EXPECT_EQ(message.size(), 0u);
 }
 
+TEST(ReceivedMessageTest, RangeReferencesTheSlicesItSpans) {
+  const std::string first(100, 'a');
+  const std::string second = "bcdef";
+  grpc::Slice slices[] = {grpc::Slice(first), grpc::Slice(second)};
+  grpc::ByteBuffer buffer(slices, 2);
+  ReceivedMessage message;
+  ASSERT_TRUE(message.Take(buffer).ok());
+  const auto bytes_of = [](const grpc::ByteBuffer& range) {
+    std::vector<grpc::Slice> pieces;
+    std::string out;
+    if (range.Valid()) {
+      EXPECT_TRUE(range.Dump(&pieces).ok());
+    }
+    for (const grpc::Slice& piece : pieces) {
+      out.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+    }
+    return out;
+  };
+  EXPECT_EQ(bytes_of(message.Range(98, 4)), "aabc");
+  EXPECT_EQ(bytes_of(message.Range(0, 105)), first + second);
+  EXPECT_EQ(bytes_of(message.Range(101, 3)), "cde");
+  EXPECT_EQ(bytes_of(message.Range(10, 0)), "");
+  // Within the first slice: a view of its bytes, not a copy (gRPC copies
+  // only pieces short enough to keep inside the slice itself).
+  std::vector<grpc::Slice> pieces;
+  ASSERT_TRUE(message.Range(10, 80).Dump(&pieces).ok());
+  ASSERT_EQ(pieces.size(), 1u);
+  EXPECT_EQ(pieces[0].begin(), message.slices()[0].begin() + 10);
+}
+
+// A replicated head forwards the push half of a PushPull as it arrived:
+// the view says where it lies, cut anywhere.
+TEST(WireCompatHandMade, PushPullViewLocatesItsPushHalf) {
+  const PushPullRequest stock = Sample<PushPullRequest>(DTYPE_F32, ENCODING_DENSE, 3);
+  const std::string bytes = stock.SerializeAsString();
+  const std::string push = stock.push().SerializeAsString();
+  for (size_t cut = 0; cut <= bytes.size(); cut += 7) {
+    const ReceivedMessage message = ReceivedMessage::FromPieces(bytes, {cut});
+    PushPullView view;
+    ASSERT_TRUE(ParsePushPull(message, &view).ok());
+    EXPECT_EQ(view.push_fields, 1);
+    ASSERT_EQ(view.push_size, push.size());
+    grpc::ByteBuffer range = message.Range(view.push_offset, view.push_size);
+    std::vector<grpc::Slice> pieces;
+    ASSERT_TRUE(range.Dump(&pieces).ok());
+    std::string got;
+    for (const grpc::Slice& piece : pieces) {
+      got.append(reinterpret_cast<const char*>(piece.begin()), piece.size());
+    }
+    EXPECT_EQ(got, push) << "cut at " << cut;
+  }
+  // Two push fields (merged by protobuf's rules) are counted.
+  const std::string twice = bytes + stock.SerializeAsString();
+  PushPullView view;
+  ASSERT_TRUE(ParsePushPull(ReceivedMessage::FromPieces(twice, {}), &view).ok());
+  EXPECT_EQ(view.push_fields, 2);
+}
+
 }  // namespace
 }  // namespace shardtrain::wire

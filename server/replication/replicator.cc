@@ -73,8 +73,9 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
   }
   std::optional<PushKey> tracked;
   if (view.sequence != 0) tracked = key;
-  ForwardAndAnswer(*group, WithOps(request, applied.ops),
-                   static_cast<int64_t>(applied.ops.size()), tracked, absl::Now(),
+  grpc::ByteBuffer forward = WithOps(request, applied.ops);
+  const int64_t ops = static_cast<int64_t>(applied.ops.size());
+  ForwardAndAnswer(*group, std::move(forward), ops, tracked, absl::Now(), std::move(applied),
                    std::move(response), std::move(done));
 }
 
@@ -94,23 +95,25 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
   }
   const uint64_t epoch = view.chain_epoch;
   if (status.ok()) status = table_->Check(group, epoch, ChainTable::Role::kMember);
+  Shard::Applied applied;
   if (status.ok()) {
     status = shard_->ApplyReplicated(
         view, forward_timeout_ / 2,
-        [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response);
+        [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response, &applied);
   }
   if (!status.ok()) {
     done(status, response);
     return;
   }
   // Sent on as received: the ops are the same at every member.
-  ForwardAndAnswer(group, request, 0, std::nullopt, absl::Now(), std::move(response),
-                   std::move(done));
+  ForwardAndAnswer(group, request, 0, std::nullopt, absl::Now(), std::move(applied),
+                   std::move(response), std::move(done));
 }
 
 void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
                                   std::optional<PushKey> key, absl::Time applied,
-                                  PushResponse response, Done done) {
+                                  Shard::Applied committed, PushResponse response,
+                                  Done done) {
   {
     absl::MutexLock lock(&mu_);
     if (key) in_flight_.insert(*key);
@@ -119,8 +122,10 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
   }
   forwarder_->Forward(
       group, std::move(request), forward_timeout_,
-      [this, group, ops, key, applied, response = std::move(response),
-       done = std::move(done)](absl::Status status) {
+      [this, group, ops, key, applied, committed = std::move(committed),
+       response = std::move(response), done = std::move(done)](absl::Status status) {
+        // Before the answer: a PushPull's pull half waits for this.
+        if (status.ok()) shard_->MarkCommitted(committed);
         {
           absl::MutexLock lock(&mu_);
           if (key) in_flight_.erase(*key);
@@ -142,8 +147,10 @@ void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
   for (ReplicatedOp& op : closes) *request.add_replicated() = std::move(op);
   const std::string bytes = request.SerializeAsString();
   grpc::Slice slice(bytes);
+  Shard::Applied committed;
+  committed.ops.assign(request.replicated().begin(), request.replicated().end());
   ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), request.replicated_size(),
-                   std::nullopt, absl::Now(), PushResponse(),
+                   std::nullopt, absl::Now(), std::move(committed), PushResponse(),
                    [group](absl::Status status, const PushResponse&) {
                      if (!status.ok()) {
                        LOG(WARNING) << "group " << group
@@ -155,6 +162,24 @@ void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
 absl::Status Replicator::CheckPull(const PullRequest& pull) const {
   ASSIGN_OR_RETURN(int group, shard_->GroupOf(pull));
   return table_->Check(group, pull.chain_epoch(), ChainTable::Role::kTail);
+}
+
+absl::Status Replicator::CheckHeadPull(const PullRequest& pull) const {
+  ASSIGN_OR_RETURN(int group, shard_->GroupOf(pull));
+  return table_->Check(group, pull.chain_epoch(), ChainTable::Role::kHead);
+}
+
+absl::Status Replicator::CheckPushPull(const wire::PushView& push,
+                                       const PullRequest& pull) const {
+  ASSIGN_OR_RETURN(int push_group, shard_->GroupOf(push));
+  ASSIGN_OR_RETURN(int pull_group, shard_->GroupOf(pull));
+  if (push_group != pull_group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "a replicated PushPull pushes to replica group %d but pulls from group %d; "
+        "send one per group",
+        push_group, pull_group));
+  }
+  return table_->Check(pull_group, pull.chain_epoch(), ChainTable::Role::kHead);
 }
 
 absl::StatusOr<GroupStateResponse> Replicator::GroupState(

@@ -15,6 +15,13 @@
 //    The tail holds exactly the updates every member has applied, so a pull
 //    never sees one that a failover could lose, and a worker's own
 //    acknowledged pushes are always in it (acknowledged = at the tail).
+//  - A PushPull goes to the head, which saves the worker a round trip: the
+//    push half as above, then the pull half is answered by the head with a
+//    committed read. The head's state may hold updates the tail does not
+//    have yet (applied, still being forwarded), so the parameters it reads
+//    are sent only once every version read is committed (Shard::
+//    MarkCommitted, as forwards are acknowledged; Shard::PullCommitted):
+//    what a worker sees is what the tail holds, as with a pull at the tail.
 //  - Sync steps the head closes outside a push (a worker departed) are
 //    forwarded as close ops (Shard::ReplicationHooks).
 //
@@ -57,6 +64,11 @@ class Replicator {
   void Replicate(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
   // OK when this shard may answer `pull` (the group's tail at its epoch).
   absl::Status CheckPull(const PullRequest& pull) const;
+  // OK when this shard may answer the pull half of a PushPull whose push is
+  // `push`: both name the same group, and this shard heads it at the
+  // pull's epoch (also checked again before the answer is read).
+  absl::Status CheckHeadPull(const PullRequest& pull) const;
+  absl::Status CheckPushPull(const wire::PushView& push, const PullRequest& pull) const;
   // For a joining successor: this group's state, once this shard knows the
   // configuration (request.chain_epoch) in which it has that successor.
   absl::StatusOr<GroupStateResponse> GroupState(const GroupStateRequest& request) const;
@@ -68,9 +80,11 @@ class Replicator {
  private:
   using PushKey = std::tuple<int, uint32_t, uint64_t, uint64_t>;
   // Forwards `request` plus `ops` (if any) and calls `done` with `response`.
+  // Once the successor acknowledges, what `committed` applied is marked
+  // committed here.
   void ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
                         std::optional<PushKey> key, absl::Time applied,
-                        PushResponse response, Done done);
+                        Shard::Applied committed, PushResponse response, Done done);
   void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
 
   Shard* const shard_;

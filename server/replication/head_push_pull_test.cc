@@ -1,0 +1,288 @@
+// A replicated PushPull at its chain's head (server/replication/
+// replicator.h): the head answers the pull half itself, but only with
+// versions its chain's tail holds. The successor here is a test service
+// that holds each forwarded push until the test lets it through, so the
+// test decides when the tail "has" an update.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <prometheus/registry.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "common/metrics.h"
+#include "common/partition.h"
+#include "common/payload.h"
+#include "common/testing/status_matchers.h"
+#include "gtest/gtest.h"
+#include "proto/shardtrain.grpc.pb.h"
+#include "server/replication/chain_table.h"
+#include "server/replication/forwarder.h"
+#include "server/replication/replication_metrics.h"
+#include "server/replication/replicator.h"
+#include "server/service.h"
+#include "server/shard.h"
+#include "server/shard_metrics.h"
+
+namespace shardtrain::server {
+namespace {
+
+constexpr int kShards = 3;
+constexpr int kGroup = 0;
+constexpr int kElements = 12;  // "w": partitions of 4 elements
+constexpr uint64_t kEpoch = 1;
+
+// A chain's next member that acknowledges a forwarded push only when told.
+class HeldSuccessor final : public ParameterServer::CallbackService {
+ public:
+  HeldSuccessor() {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~HeldSuccessor() override {
+    ReleaseAll();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+  grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context,
+                                      const PushRequest*, PushResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    held_.push_back(reactor);
+    return reactor;
+  }
+
+  // Waits (up to 10 s) until `n` forwards have arrived in all.
+  bool WaitForHeld(size_t n) {
+    absl::MutexLock lock(&mu_);
+    const auto arrived = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return held_.size() + released_ >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
+  }
+  // Acknowledges the oldest held forward.
+  void ReleaseOne() {
+    grpc::ServerUnaryReactor* reactor;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSERT_FALSE(held_.empty());
+      reactor = held_.front();
+      held_.pop_front();
+      ++released_;
+    }
+    reactor->Finish(grpc::Status::OK);
+  }
+  void ReleaseAll() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (held_.empty()) return;
+      }
+      ReleaseOne();
+    }
+  }
+
+ private:
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  absl::Mutex mu_;
+  std::deque<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+  size_t released_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One PushPull in flight from a test worker.
+struct Call {
+  grpc::ClientContext context;
+  PushPullRequest request;
+  PushPullResponse response;
+  grpc::Status status;
+  absl::Notification done;
+};
+
+// Shard 0 of 3 (--replicas 2, async, sgd) serving real gRPC, the head of
+// group 0's chain [shard 0, HeldSuccessor].
+class HeadPushPullTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ShardOptions options;
+    options.shard_index = 0;
+    options.num_workers = 2;
+    options.mode = ConsistencyMode::kAsync;
+    options.optimizer.name = "sgd";
+    options.optimizer.learning_rate = 1.0f;
+    options.partitioning.num_shards = kShards;
+    options.partitioning.max_partition_elements = 4;
+    options.replicas = 2;
+    shard_metrics_ = std::make_unique<ShardMetrics>(registry_);
+    rpc_metrics_ = std::make_unique<common::RpcMetrics>(registry_, "server");
+    ASSERT_OK_AND_ASSIGN(shard_, Shard::Create(options, shard_metrics_.get()));
+    metrics_ = std::make_unique<ReplicationMetrics>(registry_, 2);
+    table_ = std::make_unique<ChainTable>(0, shard_->incarnation(), shard_->groups(),
+                                          absl::Seconds(60), metrics_.get());
+    forwarder_ = std::make_unique<Forwarder>(table_.get(), grpc::InsecureChannelCredentials(),
+                                             grpc::ChannelArguments(), metrics_.get());
+    replicator_ = std::make_unique<Replicator>(shard_.get(), table_.get(), forwarder_.get(),
+                                               metrics_.get(), absl::Seconds(30));
+    service_ = std::make_unique<ParameterServerService>(
+        shard_.get(), rpc_metrics_.get(), shard_metrics_.get(), nullptr, absl::Seconds(30));
+    service_->set_replicator(replicator_.get());
+    shard_->SetProgressCallback([this] { service_->WakeWaiters(); });
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = ParameterServer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                         grpc::InsecureChannelCredentials()));
+
+    RegisterRequest request;
+    TensorSpec& spec = *request.add_tensors();
+    spec.set_name("w");
+    spec.add_shape(kElements);
+    spec.set_dtype(DTYPE_F32);
+    spec.mutable_init()->set_kind(Initializer::KIND_CONSTANT);
+    RegisterResponse response;
+    ASSERT_OK(shard_->Register(request, &response));
+    for (uint32_t p = 0; p * 4 < kElements; ++p) {
+      if (common::ReplicaGroupFor("w", p, kShards) == kGroup) partitions_.push_back(p);
+    }
+    ASSERT_FALSE(partitions_.empty());
+  }
+
+  void TearDown() override {
+    if (successor_ != nullptr) successor_->ReleaseAll();
+    if (server_ != nullptr) {
+      service_->CancelAllWaiters();
+      server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    }
+    forwarder_->Stop();
+  }
+
+  // Group 0's chain at kEpoch: `head_first` puts this shard at its head,
+  // else at its tail.
+  void SetChain(bool head_first) {
+    successor_ = std::make_unique<HeldSuccessor>();
+    const common::ChainConfig::Member self{0, "127.0.0.1:1", shard_->incarnation()};
+    const common::ChainConfig::Member other{1, successor_->address(), 7};
+    ASSERT_OK_AND_ASSIGN(common::ChainConfig config,
+                         common::MakeChainConfig(kGroup, 2,
+                                                 head_first ? std::vector{self, other}
+                                                            : std::vector{other, self}));
+    ASSERT_EQ(config.epoch, static_cast<int64_t>(kEpoch));
+    ASSERT_TRUE(table_->Update(config));
+  }
+
+  // Worker `worker`'s PushPull of gradient 1 for every partition of group 0.
+  std::unique_ptr<Call> Start(uint32_t worker) {
+    auto call = std::make_unique<Call>();
+    call->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    PushRequest& push = *call->request.mutable_push();
+    push.set_worker(worker);
+    push.set_clock(1);
+    push.set_worker_incarnation(100 + worker);
+    push.set_sequence(1);
+    push.set_chain_epoch(kEpoch);
+    PullRequest& pull = *call->request.mutable_pull();
+    pull.set_worker(worker);
+    pull.set_clock(1);
+    pull.set_chain_epoch(kEpoch);
+    for (uint32_t p : partitions_) {
+      GradientPart& part = *push.add_parts();
+      part.mutable_key()->set_tensor("w");
+      part.mutable_key()->set_partition(p);
+      part.mutable_grad()->set_dtype(DTYPE_F32);
+      common::EncodeDense(std::vector<float>(4, 1.0f), DTYPE_F32,
+                          part.mutable_grad()->mutable_data());
+      *pull.add_parts() = part.key();
+    }
+    Call* raw = call.get();
+    stub_->async()->PushPull(&raw->context, &raw->request, &raw->response,
+                             [raw](grpc::Status status) {
+                               raw->status = std::move(status);
+                               raw->done.Notify();
+                             });
+    return call;
+  }
+
+  prometheus::Registry registry_;
+  std::unique_ptr<ShardMetrics> shard_metrics_;
+  std::unique_ptr<common::RpcMetrics> rpc_metrics_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ReplicationMetrics> metrics_;
+  std::unique_ptr<ChainTable> table_;
+  std::unique_ptr<Forwarder> forwarder_;
+  std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<ParameterServerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ParameterServer::Stub> stub_;
+  std::unique_ptr<HeldSuccessor> successor_;
+  std::vector<uint32_t> partitions_;
+};
+
+// Worker 0's push is applied, then worker 1's; worker 0's is acknowledged
+// down the chain first. Worker 0's answer is read after both were applied,
+// so it waits for worker 1's acknowledgement too: no worker sees a version
+// the tail does not hold.
+TEST_F(HeadPushPullTest, PullHalfWaitsUntilEveryVersionReadIsAtTheTail) {
+  SetChain(/*head_first=*/true);
+  std::unique_ptr<Call> first = Start(0);
+  ASSERT_TRUE(successor_->WaitForHeld(1));
+  EXPECT_FALSE(first->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << "answered before the tail had the push: " << first->status.error_message();
+
+  std::unique_ptr<Call> second = Start(1);
+  ASSERT_TRUE(successor_->WaitForHeld(2));
+  successor_->ReleaseOne();  // worker 0's push is at the tail
+  EXPECT_FALSE(first->done.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "answered with worker 1's update before the tail had it";
+  EXPECT_FALSE(second->done.HasBeenNotified());
+
+  successor_->ReleaseOne();
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(second->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  for (Call* call : {first.get(), second.get()}) {
+    ASSERT_TRUE(call->status.ok()) << call->status.error_message();
+    EXPECT_FALSE(call->response.push().duplicate());
+    ASSERT_EQ(call->response.pull().parts_size(), static_cast<int>(partitions_.size()));
+    for (const ParameterPart& part : call->response.pull().parts()) {
+      EXPECT_EQ(part.version(), 2);
+      std::vector<float> values(4);
+      ASSERT_OK(common::DecodeDense(DTYPE_F32, part.value().data(), absl::MakeSpan(values)));
+      EXPECT_EQ(values, std::vector<float>(4, -2.0f));  // 0 - 1.0 * (1 + 1)
+    }
+  }
+
+  // A retry of worker 0's PushPull (its answer lost) is a duplicate and
+  // reads the committed state at once.
+  std::unique_ptr<Call> again = Start(0);
+  ASSERT_TRUE(again->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(again->status.ok()) << again->status.error_message();
+  EXPECT_TRUE(again->response.push().duplicate());
+  EXPECT_EQ(again->response.pull().parts(0).version(), 2);
+}
+
+TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {
+  SetChain(/*head_first=*/false);
+  const uint64_t before = shard_->Checksum();
+  std::unique_ptr<Call> call = Start(0);
+  ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << call->status.error_message();
+  EXPECT_NE(call->status.error_message().find("not its head"), std::string::npos)
+      << call->status.error_message();
+  EXPECT_EQ(shard_->Checksum(), before);
+}
+
+}  // namespace
+}  // namespace shardtrain::server
