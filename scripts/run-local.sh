@@ -238,10 +238,24 @@ failed=0 remaining=$workers
 declare -A index_of
 for ((w = 0; w < workers; w++)); do index_of[${worker_pids[$w]}]=$w; done
 running=("${worker_pids[@]}")
+# Sets `ended` to a worker that has ended and `status` to its exit status.
+# Polled: bash 5.2's `wait -n -p` can miss a worker that ended while the
+# shell was reaping another one and then block for good (a finished run
+# once hung here with its shards still up).
+next_ended() {
+  while true; do
+    for pid in "${running[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        ended=$pid status=0
+        wait "$pid" || status=$?
+        return
+      fi
+    done
+    sleep 0.1
+  done
+}
 while [ "$remaining" -gt 0 ]; do
-  ended="" status=0
-  wait -n -p ended "${running[@]}" || status=$?
-  [ -n "$ended" ] || break
+  next_ended
   remaining=$((remaining - 1))
   w=${index_of[$ended]}
   still=()
