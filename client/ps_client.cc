@@ -348,8 +348,9 @@ void PsClient::BuildCalls(const Layout& layout) {
       }
     }
   }
-  exchange_ = std::make_unique<TensorExchange>(
-      std::move(by_tensor), &versions_, group_context_.replay, options_.rpc_timeout);
+  exchange_ = std::make_unique<TensorExchange>(std::move(by_tensor), &versions_,
+                                               group_context_.replay, options_.rpc_timeout,
+                                               /*push_pull=*/!sync_);
 }
 
 absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchPartitions(

@@ -339,13 +339,29 @@ TEST_F(PsClientReplicasTest, PushesGoToEachGroupsHeadAndPullsToItsTail) {
     EXPECT_EQ(params_[placed.range.offset], placed.shard);
   }
 
-  // So does the overlapped exchange.
+  // So does the overlapped exchange of an async job.
   ClearOps();
   client->StartExchange(0, 3, 0, grad_, nullptr, absl::MakeSpan(params_));
   ASSERT_OK(client->FinishExchanges(&push_stats, &pull_stats));
+  EXPECT_EQ(NewOps("Push").size(), 0u);
+  EXPECT_EQ(NewOps("Pull").size(), 0u);
+  for (const Op& op : NewOps("PushPull.pull")) EXPECT_EQ(op.shard, op.group);
+  EXPECT_EQ(NewOps("PushPull.push").size(), 6u);
+  EXPECT_EQ(NewOps("PushPull.pull").size(), 6u);
+
+  // A sync job's exchange pushes to the head, then pulls from the tail.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> sync_client,
+                       PsClient::Create(Options(), nullptr));
+  sync_client->set_sync_mode(true);
+  ASSERT_OK(sync_client->Register({spec_}));
+  ClearOps();
+  sync_client->StartExchange(0, 1, 1, grad_, nullptr, absl::MakeSpan(params_));
+  ASSERT_OK(sync_client->FinishExchanges(&push_stats, &pull_stats));
   for (const Op& op : NewOps("Push")) EXPECT_EQ(op.shard, op.group);
   for (const Op& op : NewOps("Pull")) EXPECT_EQ(op.shard, (op.group + 1) % kShards);
+  EXPECT_EQ(NewOps("Push").size(), 6u);
   EXPECT_EQ(NewOps("Pull").size(), 6u);
+  EXPECT_EQ(NewOps("PushPull.push").size(), 0u);
 
   // Heartbeats reach every member.
   ASSERT_OK_AND_ASSIGN(HeartbeatResponse beat, client->Heartbeat(3, false));

@@ -9,11 +9,12 @@ namespace shardtrain::client {
 
 TensorExchange::TensorExchange(std::vector<std::vector<GroupCall*>> groups,
                                VersionTable* versions, SyncReplay* replay,
-                               absl::Duration release_timeout)
+                               absl::Duration release_timeout, bool push_pull)
     : groups_(std::move(groups)),
       versions_(versions),
       replay_(replay),
-      release_timeout_(release_timeout) {
+      release_timeout_(release_timeout),
+      push_pull_(push_pull) {
   sender_ = std::thread([this] { SendLoop(); });
 }
 
@@ -73,7 +74,11 @@ void TensorExchange::Send(Task& task) {
     // One sequence number per push, kept by its retries.
     call->requests().SetPush(task.clock, call->NextSequence(), grad_of, *versions_);
     call->requests().SetPull(task.clock, task.min_version, params_of);
-    call->StartPush([this, call](absl::Status status) { OnPushed(call, status); });
+    if (push_pull_) {
+      call->StartPushPull([this, call](absl::Status status) { OnPushPulled(call, status); });
+    } else {
+      call->StartPush([this, call](absl::Status status) { OnPushed(call, status); });
+    }
   }
 }
 
@@ -92,6 +97,16 @@ void TensorExchange::OnPushed(GroupCall* call, const absl::Status& status) {
 void TensorExchange::OnPulled(GroupCall* call, const absl::Status& status) {
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
+    max_wait_seconds_ = std::max(max_wait_seconds_, call->pull_result().wait_seconds);
+    min_version_ = std::min(min_version_, call->pull_result().min_version);
+  }
+  Complete(status);
+}
+
+void TensorExchange::OnPushPulled(GroupCall* call, const absl::Status& status) {
+  if (status.ok()) {
+    absl::MutexLock lock(&mu_);
+    max_staleness_ = std::max(max_staleness_, call->push_result().max_staleness);
     max_wait_seconds_ = std::max(max_wait_seconds_, call->pull_result().wait_seconds);
     min_version_ = std::min(min_version_, call->pull_result().min_version);
   }

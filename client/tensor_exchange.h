@@ -5,7 +5,11 @@
 // and, as each shard acknowledges it, asks that shard for the tensor's
 // parameters for the next step, so communication of layer L overlaps the
 // backward of layers < L and the next step's parameters arrive while the
-// rest of the model is still being computed (prefetch). Finish() waits for
+// rest of the model is still being computed (prefetch). Async jobs send
+// both as one PushPull per call (one round trip; with replicated shards to
+// the chain's head); sync jobs push, then pull once the push is
+// acknowledged (the sync replay and a late gradient's recovery need the
+// push's own answer). Finish() waits for
 // everything started. Encoding and sending run on the exchange's own thread,
 // so the thread computing backward only enqueues.
 //
@@ -53,8 +57,10 @@ class TensorExchange {
   // groups[t] are tensor t's calls (not owned; they and `versions` must
   // outlive this). `release_timeout` bounds Finish's wait for gRPC to let go
   // of the gradients.
+  // `push_pull`: one PushPull per call instead of a push, then a pull.
   TensorExchange(std::vector<std::vector<GroupCall*>> groups, VersionTable* versions,
-                 SyncReplay* replay, absl::Duration release_timeout);
+                 SyncReplay* replay, absl::Duration release_timeout,
+                 bool push_pull = false);
   ~TensorExchange();
 
   // Sends `grad` once `grad_ready` (if not empty) has returned OK, then
@@ -87,12 +93,14 @@ class TensorExchange {
   void Send(Task& task);
   void OnPushed(GroupCall* call, const absl::Status& status);
   void OnPulled(GroupCall* call, const absl::Status& status);
+  void OnPushPulled(GroupCall* call, const absl::Status& status);
   void Complete(const absl::Status& status);
 
   const std::vector<std::vector<GroupCall*>> groups_;  // by tensor
   VersionTable* const versions_;
   SyncReplay* const replay_;
   const absl::Duration release_timeout_;
+  const bool push_pull_;
 
   absl::Mutex mu_;
   // Started and not yet finished (queued, pushing or pulling).
