@@ -43,7 +43,9 @@ class ProcessGroup {
 };
 
 // A TCP port that is free on every local address now (bound and released),
-// for a process that must keep its address across restarts.
+// for a process that must keep its address across restarts; picked below
+// the kernel's ephemeral range, so that no outgoing connection takes it
+// before the process binds it.
 absl::StatusOr<int> PickFreePort();
 
 // Waits until `path` holds a whitespace-separated list of integers.
