@@ -514,16 +514,19 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
     }
   }
   for (WaitingReactor* waiter : expired) {
+    const std::string why =
+        waiter->sealed_
+            ? "the chain's tail acknowledging the versions it read"
+            : "the step completing or the staleness bound allowing it";
     FinishWaiter(waiter,
                  grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                               absl::StrFormat(
                                   "pull from worker %d (clock %d, min_version "
-                                  "%d) waited %s without the step completing "
-                                  "or the staleness bound allowing it",
+                                  "%d) waited %s without %s",
                                   waiter->request_.worker(),
                                   waiter->request_.clock(),
                                   waiter->request_.min_version(),
-                                  absl::FormatDuration(now - waiter->start_))));
+                                  absl::FormatDuration(now - waiter->start_), why)));
   }
 }
 
