@@ -479,7 +479,7 @@ bool Shard::PullCommitted(const PullRequest& request,
   return true;
 }
 
-void Shard::MarkCommitted(const Applied& applied) {
+void Shard::MarkCommitted(const Applied& applied, bool wake) {
   for (size_t i = 0; i < applied.ops.size(); ++i) {
     const ReplicatedOp& op = applied.ops[i];
     Partition* part = i < applied.partitions.size() ? applied.partitions[i] : nullptr;
@@ -494,7 +494,7 @@ void Shard::MarkCommitted(const Applied& applied) {
                                                   std::memory_order_acq_rel)) {
     }
   }
-  NotifyProgress();
+  if (wake) NotifyProgress();
 }
 
 void Shard::FillPull(const PullRequest& request, PullResponse* response) const {

@@ -109,8 +109,9 @@ class Shard {
                                PushResponse* response, Applied* applied = nullptr);
   // The chain's tail holds the versions `applied` produced (their forward
   // was acknowledged, or this shard is the tail): reads of them may be
-  // answered by PullCommitted. Wakes waiting pulls.
-  void MarkCommitted(const Applied& applied);
+  // answered by PullCommitted. With `wake`, wakes waiting pulls (only a
+  // head has reads waiting for this).
+  void MarkCommitted(const Applied& applied, bool wake);
   // The whole state of one group (partitions with their operation counts,
   // sync accumulators, and the group's push logs), for a joining tail.
   GroupStateResponse ExportGroup(int group) const;

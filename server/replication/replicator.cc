@@ -125,7 +125,7 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
       [this, group, ops, key, applied, committed = std::move(committed),
        response = std::move(response), done = std::move(done)](absl::Status status) {
         // Before the answer: a PushPull's pull half waits for this.
-        if (status.ok()) shard_->MarkCommitted(committed);
+        if (status.ok()) shard_->MarkCommitted(committed, table_->IsHead(group));
         {
           absl::MutexLock lock(&mu_);
           if (key) in_flight_.erase(*key);
