@@ -368,10 +368,8 @@ grpc::ServerUnaryReactor* ParameterServerService::StartPull(
     grpc::CallbackServerContext* context, const char* method, absl::Time start,
     size_t request_bytes, PullRequest request, const PushResponse* push,
     grpc::ByteBuffer* response) {
-  const absl::Time deadline =
-      std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
-  auto* reactor = new WaitingReactor(this, method, start, deadline, request_bytes,
-                                     std::move(request), push, response);
+  auto* reactor = new WaitingReactor(this, method, start, PullDeadline(context, start),
+                                     request_bytes, std::move(request), push, response);
   BeginPull(reactor);
   return reactor;
 }
@@ -394,11 +392,9 @@ grpc::ServerUnaryReactor* ParameterServerService::ReplicatedPushPull(
     FinishRaw(reactor, "PushPull", status, start, request_bytes, *response);
     return reactor;
   }
-  const absl::Time deadline =
-      std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
   const PushResponse no_push_yet;
-  auto* reactor = new WaitingReactor(this, "PushPull", start, deadline, request_bytes,
-                                     std::move(view.pull), &no_push_yet, response,
+  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
+                                     request_bytes, std::move(view.pull), &no_push_yet, response,
                                      /*committed_read=*/true);
   replicator_->Push(message.Range(view.push_offset, view.push_size), view.push,
                     [this, reactor](absl::Status status, const PushResponse& push) {
@@ -411,6 +407,11 @@ grpc::ServerUnaryReactor* ParameterServerService::ReplicatedPushPull(
                       BeginPull(reactor);
                     });
   return reactor;
+}
+
+absl::Time ParameterServerService::PullDeadline(grpc::CallbackServerContext* context,
+                                                absl::Time start) const {
+  return std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
 }
 
 void ParameterServerService::BeginPull(WaitingReactor* reactor) {

@@ -119,6 +119,9 @@ class ParameterServerService final : public ParameterServerBase {
                                                const wire::ReceivedMessage& message,
                                                wire::PushPullView& view,
                                                grpc::ByteBuffer* response);
+  // When a parked pull of a call that started at `start` gives up: the
+  // client's deadline or --max_pull_wait, whichever comes first.
+  absl::Time PullDeadline(grpc::CallbackServerContext* context, absl::Time start) const;
   // Answers `waiter` now if its pull is ready, else parks it.
   void BeginPull(WaitingReactor* waiter);
   // Encodes the answer to `waiter`'s pull into its response and finishes it
