@@ -1,5 +1,6 @@
 #include "common/chain_config.h"
 
+#include <algorithm>
 #include <limits>
 #include <utility>
 
@@ -168,6 +169,19 @@ absl::StatusOr<ChainConfig> ChainConfig::AppendTail(const Member& member) const 
   ChainConfig next = *this;
   next.epoch = epoch + 1;
   next.members.push_back(member);
+  return next;
+}
+
+absl::StatusOr<ChainConfig> ChainConfig::Reorder(const std::vector<int>& preferred) const {
+  RETURN_IF_ERROR(CheckCanChange(*this));
+  auto rank = [&preferred](const Member& m) {
+    const auto it = std::find(preferred.begin(), preferred.end(), m.shard);
+    return static_cast<size_t>(it - preferred.begin());  // size() when not named
+  };
+  ChainConfig next = *this;
+  next.epoch = epoch + 1;
+  std::stable_sort(next.members.begin(), next.members.end(),
+                   [&rank](const Member& a, const Member& b) { return rank(a) < rank(b); });
   return next;
 }
 

@@ -85,6 +85,13 @@ struct ChainConfig {
   // incarnation.
   absl::StatusOr<ChainConfig> AppendTail(const Member& member) const;
 
+  // The same members ordered as in `preferred` (shard indices, head first;
+  // members it does not name keep their order, after those it names), one
+  // epoch later: after a failure and a rejoin, the placement's order
+  // (InitialChain) back. The caller compares members: an unchanged order
+  // is still a new epoch.
+  absl::StatusOr<ChainConfig> Reorder(const std::vector<int>& preferred) const;
+
   friend bool operator==(const ChainConfig& a, const ChainConfig& b) {
     return a.group == b.group && a.epoch == b.epoch &&
            a.replicas == b.replicas && a.members == b.members;

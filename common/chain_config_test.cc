@@ -166,6 +166,30 @@ TEST(ChainConfigTest, AppendTailRefusesMembersFullChainsAndBadMembers) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ChainConfigTest, ReorderPutsThePlacementOrderBack) {
+  ASSERT_OK_AND_ASSIGN(const ChainConfig config, ThreeMemberChain());  // 3 -> 0 -> 1
+  ASSERT_OK_AND_ASSIGN(ChainConfig removed, config.Remove(3));
+  const Member back = MemberFor(3, 4242);
+  ASSERT_OK_AND_ASSIGN(const ChainConfig rejoined, removed.AppendTail(back));  // 0 -> 1 -> 3
+  ASSERT_OK_AND_ASSIGN(const ChainConfig restored, rejoined.Reorder(InitialChain(3, 4, 3)));
+  EXPECT_EQ(Shards(restored), (std::vector<int>{3, 0, 1}));
+  EXPECT_EQ(restored.head(), back) << "the same members, incarnations included";
+  EXPECT_EQ(restored.epoch, rejoined.epoch + 1);
+  ASSERT_OK(ValidateChainConfig(restored));
+
+  // Members the order does not name go last, in their order; the named
+  // ones that are not members are skipped.
+  ASSERT_OK_AND_ASSIGN(const ChainConfig partial, rejoined.Reorder({1, 2}));
+  EXPECT_EQ(Shards(partial), (std::vector<int>{1, 0, 3}));
+  ASSERT_OK_AND_ASSIGN(const ChainConfig same, config.Reorder({3, 0, 1}));
+  EXPECT_EQ(same.members, config.members);
+  EXPECT_EQ(same.epoch, config.epoch + 1);
+
+  ChainConfig last = config;
+  last.epoch = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(last.Reorder({0}).status().code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST(ChainConfigTest, TransitionsOfAnInvalidConfigFail) {
   ChainConfig empty;  // no members
   EXPECT_EQ(empty.AppendTail(MemberFor(0)).status().code(),

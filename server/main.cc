@@ -108,6 +108,11 @@ ABSL_FLAG(int, lease_ttl_s, 2,
           "With --replicas > 1: etcd lease ttl in seconds; a shard that dies is "
           "dropped from its chains about this long after (etcd's default "
           "election timeout allows >= 2; see the README for 1)");
+ABSL_FLAG(bool, restore_chain_order, true,
+          "With --replicas > 1: after a failure and a rejoin, a chain's head hands "
+          "its place back to the placement's order once every member has all its "
+          "operations (pushes to that group pause for a moment), so primaries stay "
+          "balanced");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --replicas > 1: host:port the other shards reach this one at "
           "(default: the --listen host and the bound port; required when "
@@ -154,6 +159,7 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
     }
     options.replication.lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_lease_ttl_s));
     options.replication.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+    options.replication.restore_order = absl::GetFlag(FLAGS_restore_chain_order);
     if (options.security.tls()) {
       shardtrain::common::ClientSecurity& peer = options.peer_security;
       peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()

@@ -543,8 +543,13 @@ void Shard::NotePull(const PullRequest& request) {
 bool Shard::FinishSteps() {
   bool finished = false;
   std::vector<std::vector<ReplicatedOp>> closes(groups_.size());
+  // Asked once per group: a true is answered by one on_closed call below.
+  enum class Lead : uint8_t { kUnasked, kYes, kNo };
+  std::vector<Lead> leads(groups_.size(), Lead::kUnasked);
   for (Partition* part : store_.All()) {
-    if (!Leads(part->group)) continue;  // followers close steps as told
+    Lead& lead = leads[group_slot_[part->group]];
+    if (lead == Lead::kUnasked) lead = Leads(part->group) ? Lead::kYes : Lead::kNo;
+    if (lead == Lead::kNo) continue;  // followers close steps as told
     absl::MutexLock lock(&part->mu);
     const int64_t op = part->ops;
     if (!MaybeFinishStep(*part)) continue;
@@ -563,7 +568,7 @@ bool Shard::FinishSteps() {
   }
   if (on_closed) {
     for (size_t slot = 0; slot < groups_.size(); ++slot) {
-      if (!closes[slot].empty()) on_closed(groups_[slot], std::move(closes[slot]));
+      if (leads[slot] == Lead::kYes) on_closed(groups_[slot], std::move(closes[slot]));
     }
   }
   return finished;

@@ -123,11 +123,14 @@ class Shard {
   const std::vector<int>& groups() const { return groups_; }
 
   struct ReplicationHooks {
-    // True when this shard heads `group`'s chain: only the head decides
-    // when a sync step completes; a follower closes steps only as told.
+    // True when this shard heads `group`'s chain (and may start operations
+    // on it now): only the head decides when a sync step completes; a
+    // follower closes steps only as told. Each true is followed by exactly
+    // one on_closed(group, ...) call.
     std::function<bool(int group)> leads;
-    // The head closed sync steps outside a push (a departed worker):
-    // `closes` must be forwarded (PushRequest.replicated close entries).
+    // After a true leads(group): the sync steps the head closed outside a
+    // push (a departed worker), possibly none; `closes` must be forwarded
+    // (PushRequest.replicated close entries).
     std::function<void(int group, std::vector<ReplicatedOp> closes)> on_closed;
   };
   // Set before serving; without hooks the shard leads every group.

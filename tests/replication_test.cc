@@ -25,6 +25,7 @@
 #include "common/chain_config.h"
 #include "common/etcd/etcd_client.h"
 #include "common/etcd/testing/etcd_process.h"
+#include "common/partition.h"
 #include "common/replication_keys.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
@@ -99,6 +100,17 @@ bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
     absl::SleepFor(absl::Milliseconds(100));
   }
   return false;
+}
+
+// True when `chain` has its `replicas` members in the placement's order
+// (common::InitialChain): heads are back where they started.
+bool InPlacementOrder(const common::ChainConfig& chain, int replicas) {
+  const std::vector<int> initial = common::InitialChain(chain.group, kShards, replicas);
+  if (chain.members.size() != initial.size()) return false;
+  for (size_t i = 0; i < initial.size(); ++i) {
+    if (chain.members[i].shard != initial[i]) return false;
+  }
+  return true;
 }
 
 // Mutual TLS credentials from PEM files.
@@ -200,8 +212,10 @@ class ReplicationTest : public ::testing::Test {
   std::unique_ptr<etcd::EtcdClient> client_;
 };
 
-// Sync, R=2: shard 1 SIGKILLed mid-run. No worker exits, and the model the
-// replicas end with is bit-identical to a fault-free run's.
+// Sync, R=2: shard 1 SIGKILLed mid-run; 20 steps later it restarts, rejoins
+// its chains as tail and gets the head of group 1 back. No worker exits,
+// and the model the replicas end with is bit-identical to a fault-free
+// run's.
 TEST_F(ReplicationTest, ReplicatedBitIdentical) {
   std::map<std::string, std::string> clean;
   {
@@ -225,6 +239,16 @@ TEST_F(ReplicationTest, ReplicatedBitIdentical) {
   WaitForSteps(*cluster, 0, steps_at_kill + 20);
   std::printf("FAILOVER sync R=2: 20 steps after the SIGKILL in %s\n",
               absl::FormatDuration(absl::Now() - killed).c_str());
+  ASSERT_TRUE(testutil::RestartShard(group, *cluster, 1).ok());
+  const absl::Time restarted = absl::Now();
+  ASSERT_TRUE(WaitForChains(
+      *client_, "faulty", [](const common::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      absl::Seconds(30)))
+      << "the heads did not go back to the placement's order";
+  std::printf("HEADS RESTORED sync R=2: %s after the restart; worker 0 at step %lld of %d\n",
+              absl::FormatDuration(absl::Now() - restarted).c_str(),
+              static_cast<long long>(WorkerSteps(*cluster, 0)), kStepsPerEpoch);
+  EXPECT_LT(WorkerSteps(*cluster, 0), kStepsPerEpoch) << "the job ended before the hand-over";
   Finish(group, *cluster);
   const std::map<std::string, std::string> faulty = Model(*client_, "faulty", *cluster, nullptr);
   ASSERT_FALSE(clean.empty());
@@ -239,9 +263,10 @@ TEST_F(ReplicationTest, ReplicatedBitIdentical) {
 }
 
 // Async, R=2: the primary of group 0 is SIGKILLed, restarts and rejoins as a
-// tail (the chains are back to 2 members before the job ends), then the
-// other member of its chains is killed. Every acknowledged push is in the
-// final model: each partition's version is exactly the pushes made.
+// tail (the chains are back to 2 members before the job ends), gets group
+// 0's head back, then the other member of its chains is killed. Every
+// acknowledged push is in the final model: each partition's version is
+// exactly the pushes made.
 TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
   ProcessGroup group;
   absl::StatusOr<LocalCluster> cluster =
@@ -264,6 +289,15 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
               absl::FormatDuration(absl::Now() - restarted).c_str(),
               static_cast<long long>(WorkerSteps(*cluster, 0)), 2 * kStepsPerEpoch);
   EXPECT_LT(WorkerSteps(*cluster, 0), 2 * kStepsPerEpoch) << "the job ended before the rejoin";
+  ASSERT_TRUE(WaitForChains(
+      *client_, "rejoin", [](const common::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      absl::Seconds(30)))
+      << "the heads did not go back to the placement's order";
+  std::printf("HEADS RESTORED: %s after the restart; worker 0 at step %lld of %d\n",
+              absl::FormatDuration(absl::Now() - restarted).c_str(),
+              static_cast<long long>(WorkerSteps(*cluster, 0)), 2 * kStepsPerEpoch);
+  EXPECT_LT(WorkerSteps(*cluster, 0), 2 * kStepsPerEpoch)
+      << "the job ended before the hand-over";
   ASSERT_TRUE(group.Signal(cluster->shards[1], SIGKILL).ok());
   (void)group.Wait(cluster->shards[1], absl::Seconds(10));
   const double accuracy = Finish(group, *cluster);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace shardtrain::server {
 
@@ -79,12 +80,16 @@ absl::Status ChainTable::Refuse(std::string message) const {
 }
 
 absl::Status ChainTable::Check(int group, uint64_t epoch, Role role) const {
+  absl::MutexLock lock(&mu_);
+  return CheckLocked(group, epoch, role);
+}
+
+absl::Status ChainTable::CheckLocked(int group, uint64_t epoch, Role role) const {
   if (!Serves(group)) {
     // No configuration routes this group here: the sender is wrong, not late.
     return absl::InvalidArgumentError(absl::StrFormat(
         "shard %d does not hold replica group %d", shard_, group));
   }
-  absl::MutexLock lock(&mu_);
   if (!fenced_.empty()) {
     return Refuse(absl::StrFormat("not serving group %d: shard %d is fenced (%s)", group,
                                   shard_, fenced_));
@@ -100,6 +105,13 @@ absl::Status ChainTable::Check(int group, uint64_t epoch, Role role) const {
                                   group, shard_));
   }
   const common::ChainConfig& config = it->second;
+  if (static_cast<int64_t>(epoch) > config.epoch) {
+    // The sender read a newer configuration than this shard's watch has
+    // delivered yet: a moment's wait, not a stale sender.
+    return Refuse(absl::StrFormat(
+        "not serving group %d yet: shard %d is at chain epoch %d, behind the request's %d",
+        group, shard_, config.epoch, epoch));
+  }
   if (static_cast<int64_t>(epoch) != config.epoch) {
     return Refuse(absl::StrFormat(
         "stale chain epoch %d for group %d: shard %d is at epoch %d", epoch, group,
@@ -137,9 +149,54 @@ bool ChainTable::MemberAt(int group, uint64_t epoch) const {
 
 bool ChainTable::IsHead(int group) const {
   absl::MutexLock lock(&mu_);
+  return IsHeadLocked(group);
+}
+
+bool ChainTable::IsHeadLocked(int group) const {
   auto it = configs_.find(group);
   return it != configs_.end() && IsMember(it->second) &&
          it->second.head().shard == shard_;
+}
+
+absl::Status ChainTable::AdmitHead(int group, uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckLocked(group, epoch, Role::kHead));
+  if (frozen_[group]) {
+    return Refuse(absl::StrFormat(
+        "not serving group %d: shard %d is handing its head over (chain epoch %d); retry",
+        group,
+        shard_, epoch));
+  }
+  ++admitted_[group];
+  return absl::OkStatus();
+}
+
+bool ChainTable::AdmitLead(int group) {
+  absl::MutexLock lock(&mu_);
+  if (!IsHeadLocked(group) || frozen_[group]) return false;
+  ++admitted_[group];
+  return true;
+}
+
+void ChainTable::Release(int group) {
+  absl::MutexLock lock(&mu_);
+  int64_t& admitted = admitted_[group];
+  CHECK_GT(admitted, 0) << "group " << group << ": Release without an admission";
+  --admitted;
+}
+
+bool ChainTable::Freeze(int group, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  frozen_[group] = true;
+  auto drained = [this, group]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return admitted_[group] == 0;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+}
+
+void ChainTable::Unfreeze(int group) {
+  absl::MutexLock lock(&mu_);
+  frozen_[group] = false;
 }
 
 std::optional<common::ChainConfig::Member> ChainTable::Successor(int group,

@@ -18,6 +18,13 @@
 // refused. While etcd itself is unreachable the ticks go on and the shard
 // keeps serving its current configuration: no other member can change it.
 //
+// Head admissions (handing the head over, server/replication/coordinator.h):
+// every operation the head starts (a worker's push, a sync-step close it
+// decides) is admitted here and released once the tail has it, or once it
+// failed. Freeze stops admissions to a group and waits for those held to
+// be released: then every member has applied exactly the same operations,
+// and the chain can be reordered without losing or repeating one.
+//
 //   ChainTable table(/*shard=*/1, incarnation, {1, 0}, absl::Seconds(1), &metrics);
 //   table.Update(config);
 //   RETURN_IF_ERROR(table.Check(group, request_epoch, ChainTable::Role::kHead));
@@ -64,6 +71,18 @@ class ChainTable {
   // `role` now (see the file comment); UNAVAILABLE saying why otherwise,
   // INVALID_ARGUMENT for a group this shard never holds.
   absl::Status Check(int group, uint64_t epoch, Role role) const;
+  // Check(group, epoch, kHead), and not frozen: then one admission is held
+  // until Release(group). A frozen group is refused with UNAVAILABLE.
+  absl::Status AdmitHead(int group, uint64_t epoch);
+  // True (holding one admission) when this shard heads `group` and it is
+  // not frozen: it may close the group's sync steps itself.
+  bool AdmitLead(int group);
+  void Release(int group);
+  // Stops admissions to `group` and waits up to `timeout` for those held to
+  // be released. False on timeout; the group stays frozen until Unfreeze.
+  bool Freeze(int group, absl::Duration timeout);
+  void Unfreeze(int group);
+
   // True while this process (this incarnation) is a member of `group`'s
   // newest chain at `epoch`.
   bool MemberAt(int group, uint64_t epoch) const;
@@ -93,6 +112,9 @@ class ChainTable {
 
  private:
   bool IsMember(const common::ChainConfig& config) const;
+  absl::Status CheckLocked(int group, uint64_t epoch, Role role) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsHeadLocked(int group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Refuse(std::string message) const;
   void PublishLocked(int group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -105,6 +127,8 @@ class ChainTable {
   mutable absl::Mutex mu_;
   std::map<int, common::ChainConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::map<int, bool> catching_up_ ABSL_GUARDED_BY(mu_);
+  std::map<int, int64_t> admitted_ ABSL_GUARDED_BY(mu_);  // by group
+  std::map<int, bool> frozen_ ABSL_GUARDED_BY(mu_);
   absl::Time last_tick_ ABSL_GUARDED_BY(mu_);
   std::string fenced_ ABSL_GUARDED_BY(mu_);  // why; empty when not fenced
 };

@@ -16,6 +16,17 @@ namespace shardtrain::server {
 namespace {
 
 constexpr absl::Duration kTick = absl::Milliseconds(100);
+// A head handing its place over waits this long for its operations to
+// reach the tail (pushes are refused meanwhile), and each member this long
+// for its answer.
+constexpr absl::Duration kHandOverDrain = absl::Seconds(2);
+constexpr absl::Duration kHandOverAsk = absl::Seconds(1);
+// A hand-over not yet possible (a new tail still copying) is tried again
+// this soon rather than a whole period later.
+constexpr absl::Duration kHandOverRetry = absl::Milliseconds(50);
+// A hand-over that found the members disagreeing after its pause backs off
+// up to this.
+constexpr absl::Duration kHandOverMaxBackoff = absl::Seconds(60);
 
 }  // namespace
 
@@ -162,9 +173,10 @@ void Coordinator::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), period);
+      mu_.AwaitWithTimeout(absl::Condition(&woken), hand_over_pending_ ? kHandOverRetry : period);
       if (stopping_) return;
       wake_ = false;
+      hand_over_pending_ = false;
       problem = lease_problem_;
     }
     if (problem == LeaseProblem::kExpired) {
@@ -279,7 +291,11 @@ void Coordinator::ReconcileGroup(int group,
       Swap(group, chain, *next, "member_lost");
       return;  // one change per pass: the next pass re-reads
     }
-    if (table_->CatchingUp(group)) CatchUp(group, *config);
+    if (table_->CatchingUp(group)) {
+      CatchUp(group, *config);
+    } else if (options_.restore_order && *index == 0) {
+      RestoreOrder(group, *chain, *config);
+    }
     return;
   }
   if (drained) return;
@@ -329,6 +345,66 @@ bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
   if (std::string(reason) != "formed") metrics_->reconfigurations(reason).Increment();
   table_->Update(next);
   return true;
+}
+
+void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
+                               const common::ChainConfig& config) {
+  if (static_cast<int>(config.members.size()) < config.replicas) return;  // a tail may join
+  absl::StatusOr<common::ChainConfig> next = config.Reorder(
+      common::InitialChain(group, options_.num_shards, options_.replicas));
+  if (!next.ok() || next->members == config.members) return;
+  HandOverBackoff& backoff = hand_over_backoff_[group];
+  if (backoff.epoch == config.epoch && absl::Now() < backoff.not_before) return;
+  // Asked before pushes pause: a new tail copying state is the usual wait.
+  std::string behind = MembersBehind(group, config, std::nullopt);
+  if (!behind.empty()) {
+    VLOG(1) << "group " << group << ": head hand-over waits: " << behind;
+    absl::MutexLock lock(&mu_);
+    hand_over_pending_ = true;
+    return;
+  }
+  const absl::Time start = absl::Now();
+  if (!table_->Freeze(group, kHandOverDrain)) {
+    behind = absl::StrCat("its operations did not reach the tail within ",
+                          absl::FormatDuration(kHandOverDrain));
+  } else {
+    behind = MembersBehind(group, config, shard_->GroupOps(group));
+  }
+  if (behind.empty() && Swap(group, kv, *next, "head_restored")) {
+    LOG(INFO) << "group " << group << ": handed the head to shard " << next->head().shard
+              << " (placement order restored); its pushes paused for "
+              << absl::Now() - start;
+  } else if (!behind.empty()) {
+    // Not a transient state: try again later, less and less often.
+    backoff.delay = backoff.epoch == config.epoch
+                        ? std::min(kHandOverMaxBackoff, backoff.delay * 2)
+                        : kHandOverRetry;
+    backoff.epoch = config.epoch;
+    backoff.not_before = absl::Now() + backoff.delay;
+    LOG(WARNING) << "group " << group << ": head stays on shard " << table_->shard()
+                 << " (tried again in " << backoff.delay << "): " << behind;
+  }
+  table_->Unfreeze(group);
+}
+
+std::string Coordinator::MembersBehind(int group, const common::ChainConfig& config,
+                                       std::optional<int64_t> ops) {
+  for (const common::ChainConfig::Member& m : config.members) {
+    if (m.shard == table_->shard()) continue;
+    absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
+    if (!state.ok()) return state.status().ToString();
+    const int position = static_cast<int>(*config.IndexOf(m.shard));
+    if (state->epoch() != config.epoch || state->position() != position ||
+        state->catching_up() || (ops && state->applied_ops() != *ops)) {
+      return absl::StrFormat(
+          "shard %d is at epoch %d, position %d, with %d operations%s (the chain: epoch %d, "
+          "position %d; the head: %d operations)",
+          m.shard, state->epoch(), state->position(), state->applied_ops(),
+          state->catching_up() ? ", copying state" : "", config.epoch, position,
+          shard_->GroupOps(group));
+    }
+  }
+  return "";
 }
 
 void Coordinator::CatchUp(int group, const common::ChainConfig& config) {

@@ -18,6 +18,17 @@
 // no copy left. A drained shard (/drained/<shard>, `psctl drain`) does not
 // rejoin until the key is deleted.
 //
+// Heads go back (restore_order): after a failure and a rejoin a chain is
+// out of the placement's order (common::InitialChain), and a shard may head
+// two groups. The head of a full chain out of order hands its place back:
+// it freezes the group (ChainTable::Freeze: new pushes are refused with
+// UNAVAILABLE, the workers retry), waits until the tail has every
+// operation it started, asks each other member (Status) that it is at the
+// same epoch, not copying state, with exactly as many operations applied,
+// and only then swaps in the reordered chain by compare-and-swap. Every
+// member holds the same state at that moment, so no update is lost or
+// applied twice; the workers follow the new epoch as after any change.
+//
 // While etcd is unreachable nothing changes: the shard keeps serving its
 // current chains (no member can change them) and catches up on events once
 // etcd is back. A shard whose lease expired (it was paused or cut off)
@@ -34,6 +45,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -60,6 +72,8 @@ struct CoordinatorOptions {
   int replicas = 2;
   // A new group's head waits this long for every initial member to be up.
   absl::Duration form_timeout = absl::Seconds(30);
+  // Heads hand their place back to the placement's order (file comment).
+  bool restore_order = true;
 };
 
 class Coordinator {
@@ -93,6 +107,14 @@ class Coordinator {
   bool Swap(int group, const std::optional<etcd::KeyValue>& kv,
             const common::ChainConfig& next, const char* reason);
   void CatchUp(int group, const common::ChainConfig& config);
+  // At the head of `config` (etcd's value `kv`): the hand-over above, if
+  // the chain is full and out of order.
+  void RestoreOrder(int group, const etcd::KeyValue& kv, const common::ChainConfig& config);
+  // Empty when every other member of `config` is at its epoch and
+  // position, not copying state, with exactly `ops` operations of `group`
+  // if given; what is not so else.
+  std::string MembersBehind(int group, const common::ChainConfig& config,
+                            std::optional<int64_t> ops);
   void Wake();
 
   const CoordinatorOptions options_;
@@ -115,8 +137,20 @@ class Coordinator {
   // before the watches started, so nothing else would wake it).
   bool wake_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A head hand-over waits for its chain to catch up: the next pass comes
+  // sooner.
+  bool hand_over_pending_ ABSL_GUARDED_BY(mu_) = false;
   // Fenced after a pause at this many lease refreshes.
   int64_t fenced_at_refreshes_ ABSL_GUARDED_BY(mu_) = -1;
+
+  // Hand-overs that failed after pausing pushes, by group: not tried again
+  // at that epoch before not_before. Used by the loop thread only.
+  struct HandOverBackoff {
+    int64_t epoch = 0;
+    absl::Time not_before;
+    absl::Duration delay;
+  };
+  std::map<int, HandOverBackoff> hand_over_backoff_;
 
   std::unique_ptr<etcd::Watcher> chain_watch_;
   std::unique_ptr<etcd::Watcher> member_watch_;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/reconnect.h"
 
 namespace shardtrain::server {
 namespace {
@@ -17,6 +18,7 @@ namespace {
 constexpr char kReplicateMethod[] = "/shardtrain.ParameterServer/Replicate";
 constexpr absl::Duration kAttemptTimeout = absl::Seconds(10);
 constexpr absl::Duration kMaxBackoff = absl::Milliseconds(200);
+constexpr absl::Duration kReconnectWait = absl::Milliseconds(50);
 
 // `request` followed by a chain_epoch field: protobuf keeps the last value
 // of a repeated scalar, so this re-stamps the push without copying it.
@@ -127,24 +129,35 @@ void Forwarder::Attempt(Call* call) {
     End(call, absl::OkStatus());
     return;
   }
+  bool stopped;
   {
     absl::MutexLock lock(&mu_);
-    if (stopped_) {
-      End(call, absl::UnavailableError("shard is shutting down"));
-      return;
-    }
+    stopped = stopped_;
+  }
+  if (stopped) {
+    End(call, absl::UnavailableError("shard is shutting down"));
+    return;
   }
   ++call->attempts;
   call->target = next->address;
   call->context = std::make_unique<grpc::ClientContext>();
+  const std::shared_ptr<grpc::Channel> channel = ChannelTo(next->address);
+  absl::Duration attempt_timeout = kAttemptTimeout;
+  // A successor that came back (it rejoined as tail) may still sit in the
+  // channel's reconnect backoff from when it was down: connect now and let
+  // this attempt wait briefly for that rather than fail.
+  if (common::ReconnectIfBackingOff(*channel)) {
+    call->context->set_wait_for_ready(true);
+    attempt_timeout = kReconnectWait;
+  }
   call->context->set_deadline(
-      absl::ToChronoTime(std::min(call->deadline, absl::Now() + kAttemptTimeout)));
+      absl::ToChronoTime(std::min(call->deadline, absl::Now() + attempt_timeout)));
   call->sent = Stamped(call->request, epoch);
   call->response.Clear();
   if (metrics_ != nullptr) {
     metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
   }
-  grpc::GenericStub stub(ChannelTo(next->address));
+  grpc::GenericStub stub(channel);
   stub.UnaryCall(call->context.get(), kReplicateMethod, grpc::StubOptions(), &call->sent,
                  &call->response, [this, call](grpc::Status status) {
                    if (status.ok()) {
@@ -196,6 +209,26 @@ absl::StatusOr<GroupStateResponse> Forwarder::FetchGroupState(const std::string&
                                                       group, address, error.message()));
   }
   return response;
+}
+
+absl::StatusOr<ChainState> Forwarder::MemberState(const std::string& address, int group,
+                                                  absl::Duration timeout) {
+  std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(ChannelTo(address));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  StatusRequest request;
+  request.set_max_partitions(1);  // the chains are all that is read
+  StatusResponse response;
+  const grpc::Status status = stub->Status(&context, request, &response);
+  if (!status.ok()) {
+    const absl::Status error = common::FromGrpcStatus(status);
+    return absl::Status(error.code(), absl::StrFormat("status of %s: %s", address,
+                                                      error.message()));
+  }
+  for (const ChainState& chain : response.chains()) {
+    if (chain.group() == group) return chain;
+  }
+  return absl::NotFoundError(absl::StrFormat("%s does not hold group %d", address, group));
 }
 
 }  // namespace shardtrain::server

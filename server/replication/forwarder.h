@@ -1,5 +1,5 @@
-// Forwarder: sends pushes down a replica chain and fetches a group's state,
-// shard to shard.
+// Forwarder: sends pushes down a replica chain, fetches a group's state and
+// asks how a member sees it, shard to shard.
 //
 // Forward sends a push (the worker's request bytes as received plus the
 // replicated ops the head appended; no copy of the tensors) to this shard's
@@ -56,6 +56,12 @@ class Forwarder {
   // for the group's state.
   absl::StatusOr<GroupStateResponse> FetchGroupState(const std::string& address, int group,
                                                      int64_t epoch, absl::Duration timeout);
+
+  // How the shard at `address` sees `group` (its Status RPC's chain entry):
+  // its epoch, position, operations applied and whether it still copies
+  // the group's state. NOT_FOUND when it does not hold the group.
+  absl::StatusOr<ChainState> MemberState(const std::string& address, int group,
+                                         absl::Duration timeout);
 
   // Ends retries: forwards still waiting fail with UNAVAILABLE.
   void Stop();

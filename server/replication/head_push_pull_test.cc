@@ -2,7 +2,8 @@
 // replicator.h): the head answers the pull half itself, but only with
 // versions its chain's tail holds. The successor here is a test service
 // that holds each forwarded push until the test lets it through, so the
-// test decides when the tail "has" an update.
+// test decides when the tail "has" an update. Also: a head handing its
+// place over (ChainTable::Freeze) waits for that and refuses new pushes.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -270,6 +271,41 @@ TEST_F(HeadPushPullTest, PullHalfWaitsUntilEveryVersionReadIsAtTheTail) {
   ASSERT_TRUE(again->status.ok()) << again->status.error_message();
   EXPECT_TRUE(again->response.push().duplicate());
   EXPECT_EQ(again->response.pull().parts(0).version(), 2);
+}
+
+// A head handing its place over: Freeze waits until the tail has every
+// push it admitted; meanwhile new pushes (and sync-step closes) are refused
+// and change nothing; after Unfreeze the group takes pushes again.
+TEST_F(HeadPushPullTest, FreezeWaitsForTheTailAndRefusesNewPushes) {
+  SetChain(/*head_first=*/true);
+  std::unique_ptr<Call> first = Start(0);
+  ASSERT_TRUE(successor_->WaitForHeld(1));
+  EXPECT_FALSE(table_->Freeze(kGroup, absl::Milliseconds(200)))
+      << "drained while worker 0's push was not at the tail";
+
+  const uint64_t before = shard_->Checksum();
+  std::unique_ptr<Call> refused = Start(1);
+  ASSERT_TRUE(refused->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused->status.error_message();
+  EXPECT_NE(refused->status.error_message().find("handing its head over"), std::string::npos)
+      << refused->status.error_message();
+  EXPECT_EQ(shard_->Checksum(), before);
+  EXPECT_FALSE(table_->AdmitLead(kGroup)) << "a frozen head closed a sync step";
+
+  successor_->ReleaseOne();
+  EXPECT_TRUE(table_->Freeze(kGroup, absl::Seconds(10)));
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(first->status.ok()) << first->status.error_message();
+
+  table_->Unfreeze(kGroup);
+  std::unique_ptr<Call> again = Start(1);
+  ASSERT_TRUE(successor_->WaitForHeld(2));
+  successor_->ReleaseOne();
+  ASSERT_TRUE(again->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(again->status.ok()) << again->status.error_message();
+  EXPECT_EQ(again->response.pull().parts(0).version(), 2);
+  EXPECT_TRUE(table_->Freeze(kGroup, absl::Seconds(10))) << "an admission was not released";
 }
 
 TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {

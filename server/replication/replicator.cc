@@ -35,9 +35,13 @@ Replicator::Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
       metrics_(metrics),
       forward_timeout_(forward_timeout) {
   Shard::ReplicationHooks hooks;
-  hooks.leads = [table](int group) { return table->IsHead(group); };
+  hooks.leads = [table](int group) { return table->AdmitLead(group); };
   hooks.on_closed = [this](int group, std::vector<ReplicatedOp> closes) {
-    ForwardCloses(group, std::move(closes));
+    if (closes.empty()) {
+      table_->Release(group);
+    } else {
+      ForwardCloses(group, std::move(closes));
+    }
   };
   shard_->SetReplicationHooks(std::move(hooks));
 }
@@ -47,12 +51,15 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
   PushResponse response;
   absl::StatusOr<int> group = shard_->GroupOf(view);
   absl::Status status = group.status();
-  if (status.ok()) {
-    status = table_->Check(*group, view.chain_epoch, ChainTable::Role::kHead);
+  if (status.ok()) status = table_->AdmitHead(*group, view.chain_epoch);
+  if (!status.ok()) {
+    done(status, response);
+    return;
   }
   Shard::Applied applied;
-  if (status.ok()) status = shard_->Push(view, *group, &response, &applied);
+  status = shard_->Push(view, *group, &response, &applied);
   if (!status.ok()) {
+    table_->Release(*group);
     done(status, response);
     return;
   }
@@ -68,6 +75,7 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
           "push %d of worker %d is still being replicated; retry", view.sequence,
           view.worker));
     }
+    table_->Release(*group);
     done(status, response);
     return;
   }
@@ -75,8 +83,8 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
   if (view.sequence != 0) tracked = key;
   grpc::ByteBuffer forward = WithOps(request, applied.ops);
   const int64_t ops = static_cast<int64_t>(applied.ops.size());
-  ForwardAndAnswer(*group, std::move(forward), ops, tracked, absl::Now(), std::move(applied),
-                   std::move(response), std::move(done));
+  ForwardAndAnswer(*group, std::move(forward), ops, tracked, /*admitted=*/true, absl::Now(),
+                   std::move(applied), std::move(response), std::move(done));
 }
 
 void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView& view,
@@ -106,12 +114,12 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
     return;
   }
   // Sent on as received: the ops are the same at every member.
-  ForwardAndAnswer(group, request, 0, std::nullopt, absl::Now(), std::move(applied),
-                   std::move(response), std::move(done));
+  ForwardAndAnswer(group, request, 0, std::nullopt, /*admitted=*/false, absl::Now(),
+                   std::move(applied), std::move(response), std::move(done));
 }
 
 void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
-                                  std::optional<PushKey> key, absl::Time applied,
+                                  std::optional<PushKey> key, bool admitted, absl::Time applied,
                                   Shard::Applied committed, PushResponse response,
                                   Done done) {
   {
@@ -122,7 +130,7 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
   }
   forwarder_->Forward(
       group, std::move(request), forward_timeout_,
-      [this, group, ops, key, applied, committed = std::move(committed),
+      [this, group, ops, key, admitted, applied, committed = std::move(committed),
        response = std::move(response), done = std::move(done)](absl::Status status) {
         // Before the answer: a PushPull's pull half waits for this.
         if (status.ok()) shard_->MarkCommitted(committed, table_->IsHead(group));
@@ -132,6 +140,8 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
           pending_ops_[group] -= ops;
           metrics_->inflight().Set(static_cast<double>(in_flight_.size()));
         }
+        // The tail has it, or it failed.
+        if (admitted) table_->Release(group);
         if (status.ok() && ops > 0) {
           metrics_->lag().Observe(absl::ToDoubleSeconds(absl::Now() - applied));
         }
@@ -150,7 +160,8 @@ void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
   Shard::Applied committed;
   committed.ops.assign(request.replicated().begin(), request.replicated().end());
   ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), request.replicated_size(),
-                   std::nullopt, absl::Now(), std::move(committed), PushResponse(),
+                   std::nullopt, /*admitted=*/true, absl::Now(), std::move(committed),
+                   PushResponse(),
                    [group](absl::Status status, const PushResponse&) {
                      if (!status.ok()) {
                        LOG(WARNING) << "group " << group

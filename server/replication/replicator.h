@@ -24,6 +24,9 @@
 //    what a worker sees is what the tail holds, as with a pull at the tail.
 //  - Sync steps the head closes outside a push (a worker departed) are
 //    forwarded as close ops (Shard::ReplicationHooks).
+//  - Every operation the head starts is admitted by the ChainTable and
+//    released once the tail has it (or it failed), so a head handing its
+//    place over (Coordinator) can wait until the members agree.
 //
 // Thread-safe.
 #ifndef SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_
@@ -81,9 +84,10 @@ class Replicator {
   using PushKey = std::tuple<int, uint32_t, uint64_t, uint64_t>;
   // Forwards `request` plus `ops` (if any) and calls `done` with `response`.
   // Once the successor acknowledges, what `committed` applied is marked
-  // committed here.
+  // committed here; then an `admitted` head operation is released
+  // (ChainTable::AdmitHead).
   void ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
-                        std::optional<PushKey> key, absl::Time applied,
+                        std::optional<PushKey> key, bool admitted, absl::Time applied,
                         Shard::Applied committed, PushResponse response, Done done);
   void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
 

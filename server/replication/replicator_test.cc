@@ -92,10 +92,16 @@ TEST_F(ReplicatorTest, ForwardToATailStillCopyingIsRetryable) {
 }
 
 TEST_F(ReplicatorTest, ForwardAtAnotherEpochIsRetryable) {
-  push_.set_chain_epoch(2);
-  const absl::Status status = Replicate();
+  push_.set_chain_epoch(2);  // newer than this shard's configuration
+  absl::Status status = Replicate();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
-  EXPECT_NE(status.message().find("stale chain epoch"), absl::string_view::npos) << status;
+  EXPECT_NE(status.message().find("behind the request's 2"), absl::string_view::npos) << status;
+  common::ChainConfig newer = *table_->Get(kGroup);
+  newer.epoch = 3;
+  ASSERT_TRUE(table_->Update(newer));
+  status = Replicate();  // older than this shard's configuration
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_NE(status.message().find("stale chain epoch 2"), absl::string_view::npos) << status;
 }
 
 TEST_F(ReplicatorTest, AGroupThisShardNeverHoldsIsABadRequest) {
