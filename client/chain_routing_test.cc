@@ -133,18 +133,23 @@ class ChainRoutingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     for (int s = 0; s < 2; ++s) shards_.push_back(std::make_unique<TestShard>(s));
-    ASSERT_OK_AND_ASSIGN(ChannelFactory factory, ChannelFactory::Create(ChannelOptions()));
     RetryPolicy policy;
     policy.initial_backoff = absl::Milliseconds(10);
     policy.max_backoff = absl::Milliseconds(100);
     policy.reconnect_timeout = absl::Seconds(20);
+    MakeChannels(policy);
+    for (int i = 0; i < 2; ++i) versions_.emplace_back(0);
+  }
+
+  void MakeChannels(const RetryPolicy& policy) {
+    ASSERT_OK_AND_ASSIGN(ChannelFactory factory, ChannelFactory::Create(ChannelOptions()));
+    channels_.clear();
     for (int s = 0; s < 2; ++s) {
       channels_.push_back(std::make_unique<ShardChannel>(
           s, shards_[s]->address(),
           std::vector<std::shared_ptr<grpc::Channel>>{factory.Make(shards_[s]->address())},
           policy, nullptr));
     }
-    for (int i = 0; i < 2; ++i) versions_.emplace_back(0);
   }
 
   // Chains in etcd and a router; every channel routes through it. Without
@@ -283,6 +288,61 @@ TEST_F(ChainRoutingTest, AStaleEpochRefusalIsRetriedWhereTheNewConfigSays) {
   EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
   ASSERT_OK_AND_ASSIGN(ChainRoute head, router_->Route(0, ChainRole::kHead));
   EXPECT_EQ(head.shard, 1);
+}
+
+// A head that handed its place over refuses; the chain the retry reads is
+// newer than the attempt's, so the retry goes at once: no backoff (here a
+// minute long) for a chain that simply moved on.
+TEST_F(ChainRoutingTest, ARefusalUnderANewerChainIsRetriedAtOnce) {
+  RetryPolicy slow;
+  slow.initial_backoff = absl::Seconds(60);
+  slow.max_backoff = absl::Seconds(60);
+  slow.routed_max_backoff = absl::Seconds(60);
+  slow.reconnect_timeout = absl::Seconds(120);
+  MakeChannels(slow);
+  Route(/*watch=*/false);
+  if (IsSkipped()) return;
+  shards_[0]->set_policy([this](const Received& received) {
+    if (received.method != "Push") return grpc::Status::OK;
+    EXPECT_OK(chains_->Change(0, {1, 0}).status());
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "stale chain epoch 1 for group 0: shard 0 is not its head (shard 1 is)");
+  });
+  std::unique_ptr<GroupCall> call = Call(0);
+  const absl::Time start = absl::Now();
+  ASSERT_OK(Push(*call));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "the retry waited for a backoff";
+  EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
+}
+
+// Refusals that last milliseconds (the head has not read the epoch the
+// worker routed by yet; a head handing its place over) are retried after
+// a few milliseconds, not after the backoff (a minute here).
+TEST_F(ChainRoutingTest, MomentaryRefusalsAreRetriedWithinMilliseconds) {
+  RetryPolicy slow;
+  slow.initial_backoff = absl::Seconds(60);
+  slow.max_backoff = absl::Seconds(60);
+  slow.routed_max_backoff = absl::Seconds(60);
+  slow.reconnect_timeout = absl::Seconds(120);
+  MakeChannels(slow);
+  Route(/*watch=*/false);
+  if (IsSkipped()) return;
+  int refusals = 0;
+  shards_[0]->set_policy([&refusals](const Received& received) {
+    if (received.method != "Push" || refusals >= 2) return grpc::Status::OK;
+    ++refusals;
+    return grpc::Status(
+        grpc::StatusCode::UNAVAILABLE,
+        refusals == 1
+            ? "not serving group 0 yet: shard 0 is at chain epoch 0, behind the request's 1"
+            : "not serving group 0: shard 0 is handing its head over (chain epoch 1); retry");
+  });
+  std::unique_ptr<GroupCall> call = Call(0);
+  const absl::Time start = absl::Now();
+  ASSERT_OK(Push(*call));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "a momentary refusal waited for a backoff";
+  EXPECT_EQ(refusals, 2);
+  EXPECT_EQ(shards_[0]->received().size(), 3u);
 }
 
 TEST_F(ChainRoutingTest, ADeadHeadIsReplacedByItsSuccessor) {

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/reconnect.h"
 
 namespace shardtrain::client {
 
@@ -58,6 +59,21 @@ bool IsChainRefusal(const grpc::Status& status) {
          absl::StartsWith(message, "not serving group");
 }
 
+// A refusal that ends within milliseconds: the shard has not read the
+// chain's newest epoch from etcd yet, or a head is handing its place over
+// (the new chain follows at once).
+bool IsMomentaryRefusal(const grpc::Status& status) {
+  if (!IsChainRefusal(status)) return false;
+  const std::string& message = status.error_message();
+  return absl::StrContains(message, "behind the request's") ||
+         absl::StrContains(message, "handing its head over");
+}
+
+// The wait before the n-th retry of momentary refusals in a row.
+constexpr absl::Duration kMomentaryRetry = absl::Milliseconds(5);
+// How long a routed attempt waits for a connection it restarted.
+constexpr absl::Duration kReconnectWait = absl::Milliseconds(50);
+
 struct ShardChannel::PendingCall {
   ShardRpc rpc;
   std::function<void(absl::Status)> done;
@@ -68,6 +84,8 @@ struct ShardChannel::PendingCall {
   absl::Time first_failure = absl::InfinitePast();
   int retries = 0;
   uint64_t sent_incarnation = 0;
+  uint64_t sent_epoch = 0;  // routed: the chain epoch of the last attempt
+  int momentary_retries = 0;  // IsMomentaryRefusal retries in a row
   // Routed by the chain of the channel's replica group (ShardRpc::role).
   bool routed = false;
   // The shard the last attempt went to; null when a routed attempt found
@@ -125,6 +143,16 @@ void ShardChannel::StartAttempt(PendingCall* call) {
     }
     call->target = peers_[route->shard];
     attempt.chain_epoch = route->epoch;
+    call->sent_epoch = route->epoch;
+    // A member that came back (it rejoined, or got its head back) may
+    // still sit in gRPC's reconnect backoff from when it was down: connect
+    // now, and let this attempt wait briefly for that instead of failing
+    // (briefly: the member may be the one that is down).
+    if (call->target->Reconnect()) {
+      call->context->set_wait_for_ready(true);
+      call->context->set_deadline(absl::ToChronoTime(
+          std::min(absl::FromChrono(call->context->deadline()), now + kReconnectWait)));
+    }
   } else {
     call->target = this;
     // The first attempt fails fast when the channel is known to be down,
@@ -137,6 +165,14 @@ void ShardChannel::StartAttempt(PendingCall* call) {
   call->rpc.start(attempt, [this, call](grpc::Status status) {
     OnAttemptDone(call, std::move(status));
   });
+}
+
+bool ShardChannel::Reconnect() {
+  bool any = false;
+  for (const std::shared_ptr<grpc::Channel>& connection : connections_) {
+    any = common::ReconnectIfBackingOff(*connection) || any;
+  }
+  return any;
 }
 
 void ShardChannel::Finish(PendingCall* call, absl::Status status) {
@@ -227,9 +263,27 @@ void ShardChannel::Retry(PendingCall* call) {
     ScheduleRetry(call);
     return;
   }
-  // The chain may have changed (a member died or joined): the retry goes
-  // where the configuration read now says.
-  routes_->Refresh(index_, [this, call] { ScheduleRetry(call); });
+  // The chain may have changed (a member died or joined, a head handed its
+  // place back): the retry goes where the configuration read now says, at
+  // once if that is a newer one than the attempt's (no backoff: the chain
+  // moved on, nothing is overloaded).
+  // A momentary refusal is retried after a few milliseconds, doubling.
+  routes_->Refresh(index_, [this, call] {
+    const absl::StatusOr<ChainRoute> route = routes_->Route(index_, call->rpc.role);
+    if (route.ok() && route->epoch > call->sent_epoch) {
+      call->momentary_retries = 0;
+      StartAttempt(call);
+    } else if (IsMomentaryRefusal(call->last_error)) {
+      const absl::Duration wait =
+          std::min(policy_.routed_max_backoff,
+                   kMomentaryRetry * (1 << std::min(call->momentary_retries, 10)));
+      ++call->momentary_retries;
+      ScheduleRetryAfter(call, wait);
+    } else {
+      call->momentary_retries = 0;
+      ScheduleRetry(call);
+    }
+  });
 }
 
 absl::Duration ShardChannel::Jitter(int retry, bool routed) {
@@ -240,12 +294,16 @@ absl::Duration ShardChannel::Jitter(int retry, bool routed) {
 }
 
 void ShardChannel::ScheduleRetry(PendingCall* call) {
+  const absl::Duration backoff = Jitter(call->retries, call->routed);
+  ++call->retries;
+  ScheduleRetryAfter(call, backoff);
+}
+
+void ShardChannel::ScheduleRetryAfter(PendingCall* call, absl::Duration backoff) {
   const absl::Time now = absl::Now();
   const absl::Duration left =
       call->first_failure + call->reconnect_timeout - now;
-  const absl::Duration wait =
-      std::max(absl::ZeroDuration(), std::min(Jitter(call->retries, call->routed), left));
-  ++call->retries;
+  const absl::Duration wait = std::max(absl::ZeroDuration(), std::min(backoff, left));
   call->alarm = std::make_unique<grpc::Alarm>();
   call->alarm->Set(absl::ToChronoTime(now + wait), [this, call](bool fired) {
     if (!fired) {

@@ -27,7 +27,10 @@
 // carries the chain's epoch. A retryable failure, including a shard's
 // refusal of a stale epoch ("stale chain epoch", "not serving group", both
 // UNAVAILABLE), re-reads the chain before the retry, which may go to
-// another shard. No resync: the chain keeps the state across shard
+// another shard; when the chain read has a newer epoch than the failed
+// attempt's, the retry goes at once, without a backoff, and a refusal that
+// lasts milliseconds (the shard has not read the newest epoch yet, or a
+// head hands its place over) is retried after 5 ms, doubling. No resync: the chain keeps the state across shard
 // failures, so a routed call sends shard_incarnation 0. Calls without a
 // role (the control RPCs) always go to the channel's own shard.
 //
@@ -216,7 +219,10 @@ class ShardChannel {
   void OnAttemptDone(PendingCall* call, grpc::Status status);
   // Before a retry: re-reads the chain of a routed call, then ScheduleRetry.
   void Retry(PendingCall* call);
+  // The next attempt after the call's backoff (and one more retry counted),
+  // or after `wait`.
   void ScheduleRetry(PendingCall* call);
+  void ScheduleRetryAfter(PendingCall* call, absl::Duration wait);
   static void Finish(PendingCall* call, absl::Status status);
   // "Push to shard 2 (host:port)" or, routed, "Push of group 1 to shard 2
   // (host:port)": the shard the last attempt went to.
@@ -226,6 +232,9 @@ class ShardChannel {
   void RequestResync(uint64_t sent_incarnation, std::function<void(absl::Status)> then);
   void NoteFailure(const char* method, const grpc::Status& status, absl::Duration budget);
   void NoteAnswer();
+  // Connections still in gRPC's reconnect backoff (the shard was down)
+  // connect again now. True when there was one.
+  bool Reconnect();
   // The backoff before retry `retry`; a routed call's is capped by
   // RetryPolicy::routed_max_backoff.
   absl::Duration Jitter(int retry, bool routed);
