@@ -35,7 +35,8 @@
 // expired) and when the group's chain changed; polling the worker's
 // ChainRouter says when the worker saw the new chain; the rest is the
 // worker's retry backoff. The killed shard is then restarted on its port,
-// and the next repeat starts once every chain has 2 members again.
+// and the next repeat starts once every chain has 2 members again and the
+// heads are back in the placement order.
 //
 // Every process the bench starts is stopped (by PID) when it ends, on
 // error, and on SIGINT/SIGTERM/SIGHUP (etcd dies with the bench).
@@ -363,6 +364,8 @@ struct Failover {
   double push_ms = -1;        // the first push after the kill acknowledged
   double rejoin_ms = -1;      // restart to every chain at 2 members again
   double resume_ms = -1;      // then to the first push started after it acknowledged
+  double heads_ms = -1;       // restart to every chain in the placement order again
+  double after_ms = -1;       // then to the first push started after it acknowledged
   int64_t retries = 0;        // worker RPC attempts retried meanwhile
 };
 
@@ -469,6 +472,20 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
     }
     absl::SleepFor(absl::Milliseconds(5));
   }
+  // The rejoined shard gets its group's head back (--restore_chain_order).
+  RETURN_IF_ERROR(WaitForPlacementOrder(etcd, job, 2, timeout));
+  const Clock::time_point ordered = Clock::now();
+  f.heads_ms = Ms(ordered - restarted);
+  std::optional<Clock::time_point> after;
+  while (!(after = pusher.FirstOkAfter(ordered)).has_value()) {
+    if (Clock::now() > resume_deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no push succeeded after the heads went back; last push error: ",
+          pusher.last_error()));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  f.after_ms = Ms(*after - ordered);
   return f;
 }
 
@@ -551,19 +568,24 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
                   "failover time); retries = worker RPC attempts retried until then; "
                   "rejoin = ms from restarting the killed shard until every chain has 2 "
                   "members again; resume = ms from then until the first push started after "
-                  "it is acknowledged\n");
-  absl::StrAppendFormat(&text, "%-3s %5s %5s %6s %6s %6s %6s %6s %7s %7s %7s\n", "#", "group",
-                        "shard", "lease", "chain", "all", "router", "push", "retries",
-                        "rejoin", "resume");
-  std::vector<double> lease, chain, router, push, cas, watch, retry, rejoin, resume;
+                  "it is acknowledged; heads = ms from the restart until every chain is in "
+                  "the placement order again (the rejoined shard heads its group); after = "
+                  "ms from then until the first push started after it is acknowledged\n");
+  absl::StrAppendFormat(&text, "%-3s %5s %5s %6s %6s %6s %6s %6s %7s %7s %7s %6s %6s\n", "#",
+                        "group", "shard", "lease", "chain", "all", "router", "push", "retries",
+                        "rejoin", "resume", "heads", "after");
+  std::vector<double> lease, chain, router, push, cas, watch, retry, rejoin, resume, heads,
+      after;
   for (size_t i = 0; i < failovers.size(); ++i) {
     const Failover& f = failovers[i];
-    absl::StrAppendFormat(&text, "%-3d %5d %5d %6s %6s %6s %6s %6s %7d %7s %7s\n", i + 1,
-                          f.group, f.shard, FormatMs(f.lease_ms), FormatMs(f.chain_ms),
+    absl::StrAppendFormat(&text, "%-3d %5d %5d %6s %6s %6s %6s %6s %7d %7s %7s %6s %6s\n",
+                          i + 1, f.group, f.shard, FormatMs(f.lease_ms), FormatMs(f.chain_ms),
                           FormatMs(f.all_chains_ms), FormatMs(f.router_ms),
                           FormatMs(f.push_ms), f.retries, FormatMs(f.rejoin_ms),
-                          FormatMs(f.resume_ms));
+                          FormatMs(f.resume_ms), FormatMs(f.heads_ms), FormatMs(f.after_ms));
     resume.push_back(f.resume_ms);
+    heads.push_back(f.heads_ms);
+    after.push_back(f.after_ms);
     lease.push_back(f.lease_ms);
     chain.push_back(f.chain_ms);
     router.push_back(f.router_ms);
@@ -591,6 +613,8 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
   row("router saw it -> first push acknowledged (backoff)", retry);
   row("restart -> chains back to 2 members (rejoin, copy)", rejoin);
   row("chains back -> first push after it acknowledged", resume);
+  row("restart -> heads back in the placement order", heads);
+  row("heads back -> first push after it acknowledged", after);
   return text;
 }
 
@@ -688,7 +712,7 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
     absl::StrAppendFormat(&text,
                           "\n## failover: R=2, %d ps-server processes, one worker pushing the "
                           "model continuously; repeat i SIGKILLs the head of group i %% 3, then "
-                          "restarts it on its port and waits for full chains\n",
+                          "restarts it on its port and waits for full chains and the heads back\n",
                           kClusterShards);
     absl::StrAppend(&text, failover);
   }

@@ -73,6 +73,31 @@ absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, i
                                                   members, " members: ", last.message()));
 }
 
+absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& job,
+                                   int replicas, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last = "not read yet";
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::vector<common::ChainConfig>> chains = ReadChains(etcd, job);
+    if (chains.ok()) {
+      last.clear();
+      for (const common::ChainConfig& chain : *chains) {
+        std::vector<int> order;
+        for (const common::ChainConfig::Member& m : chain.members) order.push_back(m.shard);
+        if (order != common::InitialChain(chain.group, kClusterShards, replicas)) {
+          last = absl::StrCat("group ", chain.group, " is headed by shard ", order.front());
+        }
+      }
+      if (last.empty()) return absl::OkStatus();
+    } else {
+      last = std::string(chains.status().message());
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("the chains of job ", job, " did not go back to the placement order: ", last));
+}
+
 absl::StatusOr<Cluster> StartCluster(Children& children, etcd::EtcdClient* etcd,
                                      const ClusterOptions& options) {
   Cluster cluster;

@@ -96,6 +96,11 @@ absl::StatusOr<std::vector<common::ChainConfig>> ReadChains(etcd::EtcdClient& et
 absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
                                absl::Duration timeout);
 
+// Waits until every chain of `job` has its members in the placement's
+// order (common::InitialChain with `replicas`): the heads went back.
+absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& job,
+                                   int replicas, absl::Duration timeout);
+
 // The tensors a worker pushes and pulls.
 struct Model {
   std::vector<TensorSpec> specs;
