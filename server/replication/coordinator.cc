@@ -22,7 +22,7 @@ constexpr absl::Duration kTick = absl::Milliseconds(100);
 constexpr absl::Duration kHandOverDrain = absl::Seconds(2);
 constexpr absl::Duration kHandOverAsk = absl::Seconds(1);
 // A hand-over not yet possible (a new tail still copying) is tried again
-// this soon rather than a whole period later.
+// this soon rather than a whole period later, doubling while it waits.
 constexpr absl::Duration kHandOverRetry = absl::Milliseconds(50);
 // A hand-over that found the members disagreeing after its pause backs off
 // up to this.
@@ -37,7 +37,8 @@ Coordinator::Coordinator(const CoordinatorOptions& options, Shard* shard, ChainT
       table_(table),
       forwarder_(forwarder),
       metrics_(metrics),
-      start_(absl::Now()) {}
+      start_(absl::Now()),
+      hand_over_retry_(kHandOverRetry) {}
 
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     const CoordinatorOptions& options, Shard* shard, ChainTable* table,
@@ -173,7 +174,13 @@ void Coordinator::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
-      mu_.AwaitWithTimeout(absl::Condition(&woken), hand_over_pending_ ? kHandOverRetry : period);
+      if (hand_over_pending_) {
+        mu_.AwaitWithTimeout(absl::Condition(&woken), hand_over_retry_);
+        hand_over_retry_ = std::min(period, hand_over_retry_ * 2);
+      } else {
+        mu_.AwaitWithTimeout(absl::Condition(&woken), period);
+        hand_over_retry_ = kHandOverRetry;
+      }
       if (stopping_) return;
       wake_ = false;
       hand_over_pending_ = false;

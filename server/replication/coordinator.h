@@ -140,6 +140,7 @@ class Coordinator {
   // A head hand-over waits for its chain to catch up: the next pass comes
   // sooner.
   bool hand_over_pending_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration hand_over_retry_ ABSL_GUARDED_BY(mu_);  // the next wait then
   // Fenced after a pause at this many lease refreshes.
   int64_t fenced_at_refreshes_ ABSL_GUARDED_BY(mu_) = -1;
 
