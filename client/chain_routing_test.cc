@@ -362,6 +362,31 @@ TEST_F(ChainRoutingTest, ADeadHeadIsReplacedByItsSuccessor) {
   EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
 }
 
+// The call to the dead head is waiting out a long backoff when the watch
+// delivers the chain without it: the retry goes then, not after the
+// backoff (a minute here).
+TEST_F(ChainRoutingTest, ACallWaitingOutABackoffFollowsTheWatchAtOnce) {
+  RetryPolicy slow;
+  slow.initial_backoff = absl::Seconds(60);
+  slow.max_backoff = absl::Seconds(60);
+  slow.routed_max_backoff = absl::Seconds(60);
+  slow.reconnect_timeout = absl::Seconds(120);
+  MakeChannels(slow);
+  Route();
+  if (IsSkipped()) return;
+  shards_[0]->Stop();
+  std::thread reconfigure([this] {
+    absl::SleepFor(absl::Milliseconds(300));
+    EXPECT_OK(chains_->Change(0, {1}).status());
+  });
+  std::unique_ptr<GroupCall> call = Call(0);
+  const absl::Time start = absl::Now();
+  EXPECT_OK(Push(*call));
+  reconfigure.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the retry waited for its backoff";
+  EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
+}
+
 TEST_F(ChainRoutingTest, ErrorsNameTheGroupAndTheShardTried) {
   Route();
   if (IsSkipped()) return;

@@ -73,6 +73,8 @@ bool IsMomentaryRefusal(const grpc::Status& status) {
 constexpr absl::Duration kMomentaryRetry = absl::Milliseconds(5);
 // How long a routed attempt waits for a connection it restarted.
 constexpr absl::Duration kReconnectWait = absl::Milliseconds(50);
+// How often a routed call waiting out a backoff looks for a newer chain.
+constexpr absl::Duration kRoutePoll = absl::Milliseconds(20);
 
 struct ShardChannel::PendingCall {
   ShardRpc rpc;
@@ -86,6 +88,7 @@ struct ShardChannel::PendingCall {
   uint64_t sent_incarnation = 0;
   uint64_t sent_epoch = 0;  // routed: the chain epoch of the last attempt
   int momentary_retries = 0;  // IsMomentaryRefusal retries in a row
+  absl::Time retry_at;        // the end of the backoff being waited out
   // Routed by the chain of the channel's replica group (ShardRpc::role).
   bool routed = false;
   // The shard the last attempt went to; null when a routed attempt found
@@ -303,13 +306,31 @@ void ShardChannel::ScheduleRetryAfter(PendingCall* call, absl::Duration backoff)
   const absl::Time now = absl::Now();
   const absl::Duration left =
       call->first_failure + call->reconnect_timeout - now;
-  const absl::Duration wait = std::max(absl::ZeroDuration(), std::min(backoff, left));
+  call->retry_at = now + std::max(absl::ZeroDuration(), std::min(backoff, left));
+  ArmRetry(call);
+}
+
+void ShardChannel::ArmRetry(PendingCall* call) {
+  // A routed call looks every kRoutePoll whether its chain moved on (a dead
+  // head replaced, say): then the retry goes at once, not after the backoff.
+  absl::Time at = call->retry_at;
+  if (call->routed) at = std::min(at, absl::Now() + kRoutePoll);
+  // Replacing the alarm from its own callback is safe: gRPC keeps the
+  // firing alarm's state alive until the callback returns.
   call->alarm = std::make_unique<grpc::Alarm>();
-  call->alarm->Set(absl::ToChronoTime(now + wait), [this, call](bool fired) {
+  call->alarm->Set(absl::ToChronoTime(at), [this, call](bool fired) {
     if (!fired) {
       Finish(call, absl::CancelledError(
                        absl::StrFormat("%s: retry cancelled", Describe(*call))));
       return;
+    }
+    if (call->routed && absl::Now() < call->retry_at) {
+      const absl::StatusOr<ChainRoute> route = routes_->Route(index_, call->rpc.role);
+      if (!route.ok() || route->epoch <= call->sent_epoch) {
+        ArmRetry(call);
+        return;
+      }
+      call->momentary_retries = 0;
     }
     StartAttempt(call);
   });

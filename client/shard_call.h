@@ -30,7 +30,10 @@
 // another shard; when the chain read has a newer epoch than the failed
 // attempt's, the retry goes at once, without a backoff, and a refusal that
 // lasts milliseconds (the shard has not read the newest epoch yet, or a
-// head hands its place over) is retried after 5 ms, doubling. No resync: the chain keeps the state across shard
+// head hands its place over) is retried after 5 ms, doubling. A call
+// waiting out a backoff looks every 20 ms whether its chain moved on (the
+// router's watch saw a dead head replaced) and then retries at once. No
+// resync: the chain keeps the state across shard
 // failures, so a routed call sends shard_incarnation 0. Calls without a
 // role (the control RPCs) always go to the channel's own shard.
 //
@@ -223,6 +226,9 @@ class ShardChannel {
   // or after `wait`.
   void ScheduleRetry(PendingCall* call);
   void ScheduleRetryAfter(PendingCall* call, absl::Duration wait);
+  // Waits until call->retry_at (a routed call: or its chain's epoch moves
+  // past the attempt's), then starts the next attempt.
+  void ArmRetry(PendingCall* call);
   static void Finish(PendingCall* call, absl::Status status);
   // "Push to shard 2 (host:port)" or, routed, "Push of group 1 to shard 2
   // (host:port)": the shard the last attempt went to.

@@ -19,6 +19,7 @@ constexpr char kReplicateMethod[] = "/shardtrain.ParameterServer/Replicate";
 constexpr absl::Duration kAttemptTimeout = absl::Seconds(10);
 constexpr absl::Duration kMaxBackoff = absl::Milliseconds(200);
 constexpr absl::Duration kReconnectWait = absl::Milliseconds(50);
+constexpr absl::Duration kChainPoll = absl::Milliseconds(20);
 
 // `request` followed by a chain_epoch field: protobuf keeps the last value
 // of a repeated scalar, so this re-stamps the push without copying it.
@@ -59,6 +60,8 @@ struct Forwarder::Call {
   std::unique_ptr<grpc::Alarm> alarm;
   int attempts = 0;
   std::string target;
+  int64_t epoch = 0;   // the chain epoch of the last attempt
+  absl::Time retry_at;  // the end of the backoff being waited out
 };
 
 Forwarder::Forwarder(const ChainTable* table,
@@ -153,6 +156,7 @@ void Forwarder::Attempt(Call* call) {
   call->context->set_deadline(
       absl::ToChronoTime(std::min(call->deadline, absl::Now() + attempt_timeout)));
   call->sent = Stamped(call->request, epoch);
+  call->epoch = epoch;
   call->response.Clear();
   if (metrics_ != nullptr) {
     metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
@@ -186,9 +190,27 @@ void Forwarder::Retry(Call* call, absl::Status why) {
       std::min(kMaxBackoff, absl::Milliseconds(5) * (1 << std::min(call->attempts, 6)));
   VLOG(1) << "forward of group " << call->group << " to " << call->target
           << " failed (" << why << "); again in " << backoff;
+  call->retry_at = std::min(call->deadline, now + backoff);
+  ArmRetry(call);
+}
+
+void Forwarder::ArmRetry(Call* call) {
+  // Looks every kChainPoll whether the chain moved on (the dead successor
+  // removed): then the next attempt goes at once, not after the backoff.
+  // Replacing the alarm from its own callback is safe: gRPC keeps the
+  // firing alarm's state alive until the callback returns.
   call->alarm = std::make_unique<grpc::Alarm>();
-  call->alarm->Set(absl::ToChronoTime(std::min(call->deadline, now + backoff)),
-                   [this, call](bool) { Attempt(call); });
+  call->alarm->Set(absl::ToChronoTime(std::min(call->retry_at, absl::Now() + kChainPoll)),
+                   [this, call](bool) {
+                     int64_t epoch = 0;
+                     bool member = false;
+                     (void)table_->Successor(call->group, &epoch, &member);
+                     if (absl::Now() < call->retry_at && member && epoch == call->epoch) {
+                       ArmRetry(call);
+                     } else {
+                       Attempt(call);
+                     }
+                   });
 }
 
 absl::StatusOr<GroupStateResponse> Forwarder::FetchGroupState(const std::string& address,

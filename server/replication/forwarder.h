@@ -7,7 +7,8 @@
 // once the successor answered OK, which it does only after the tail has
 // applied it. When the chain changes under a forward (the successor died,
 // a new tail joined) the forward is sent again to whoever is the successor
-// now; a member that already applied it skips it (per-partition operation
+// now (at once when this shard sees the new chain, even mid-backoff); a
+// member that already applied it skips it (per-partition operation
 // counts), so nothing is applied twice. A shard that became the tail
 // completes its forwards at once; one that left the chain fails them.
 // Forwards are pipelined: any number may be in flight.
@@ -70,6 +71,9 @@ class Forwarder {
   struct Call;
   void Attempt(Call* call);
   void Retry(Call* call, absl::Status why);
+  // Waits until call->retry_at, or until the group's chain epoch moves past
+  // the attempt's, then attempts again.
+  void ArmRetry(Call* call);
   void End(Call* call, absl::Status status);
   std::shared_ptr<grpc::Channel> ChannelTo(const std::string& address);
 
