@@ -141,6 +141,17 @@ class ChainRoutingTest : public ::testing::Test {
     for (int i = 0; i < 2; ++i) versions_.emplace_back(0);
   }
 
+  // Every backoff a minute long: a call that ends within seconds did not
+  // wait for one.
+  static RetryPolicy MinuteBackoff() {
+    RetryPolicy policy;
+    policy.initial_backoff = absl::Seconds(60);
+    policy.max_backoff = absl::Seconds(60);
+    policy.routed_max_backoff = absl::Seconds(60);
+    policy.reconnect_timeout = absl::Seconds(120);
+    return policy;
+  }
+
   void MakeChannels(const RetryPolicy& policy) {
     ASSERT_OK_AND_ASSIGN(ChannelFactory factory, ChannelFactory::Create(ChannelOptions()));
     channels_.clear();
@@ -203,6 +214,24 @@ class ChainRoutingTest : public ::testing::Test {
     });
     done.WaitForNotification();
     return status;
+  }
+
+  // Group 0's head (shard 0) is down; 300 ms into the push the chain drops
+  // it, as the shards would once its lease expired. The push lands on shard
+  // 1; returns how long it took.
+  absl::Duration PushWhileTheHeadDies() {
+    shards_[0]->Stop();
+    std::thread reconfigure([this] {
+      absl::SleepFor(absl::Milliseconds(300));
+      EXPECT_OK(chains_->Change(0, {1}).status());
+    });
+    std::unique_ptr<GroupCall> call = Call(0);
+    const absl::Time start = absl::Now();
+    EXPECT_OK(Push(*call));
+    const absl::Duration took = absl::Now() - start;
+    reconfigure.join();
+    EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
+    return took;
   }
 
   // Runs a control RPC (no role) on `channel`; which shard got it is in
@@ -294,12 +323,7 @@ TEST_F(ChainRoutingTest, AStaleEpochRefusalIsRetriedWhereTheNewConfigSays) {
 // newer than the attempt's, so the retry goes at once: no backoff (here a
 // minute long) for a chain that simply moved on.
 TEST_F(ChainRoutingTest, ARefusalUnderANewerChainIsRetriedAtOnce) {
-  RetryPolicy slow;
-  slow.initial_backoff = absl::Seconds(60);
-  slow.max_backoff = absl::Seconds(60);
-  slow.routed_max_backoff = absl::Seconds(60);
-  slow.reconnect_timeout = absl::Seconds(120);
-  MakeChannels(slow);
+  MakeChannels(MinuteBackoff());
   Route(/*watch=*/false);
   if (IsSkipped()) return;
   shards_[0]->set_policy([this](const Received& received) {
@@ -319,12 +343,7 @@ TEST_F(ChainRoutingTest, ARefusalUnderANewerChainIsRetriedAtOnce) {
 // worker routed by yet; a head handing its place over) are retried after
 // a few milliseconds, not after the backoff (a minute here).
 TEST_F(ChainRoutingTest, MomentaryRefusalsAreRetriedWithinMilliseconds) {
-  RetryPolicy slow;
-  slow.initial_backoff = absl::Seconds(60);
-  slow.max_backoff = absl::Seconds(60);
-  slow.routed_max_backoff = absl::Seconds(60);
-  slow.reconnect_timeout = absl::Seconds(120);
-  MakeChannels(slow);
+  MakeChannels(MinuteBackoff());
   Route(/*watch=*/false);
   if (IsSkipped()) return;
   int refusals = 0;
@@ -348,43 +367,17 @@ TEST_F(ChainRoutingTest, MomentaryRefusalsAreRetriedWithinMilliseconds) {
 TEST_F(ChainRoutingTest, ADeadHeadIsReplacedByItsSuccessor) {
   Route();
   if (IsSkipped()) return;
-  shards_[0]->Stop();
-  std::thread reconfigure([this] {
-    // The shards notice the lost lease a little later.
-    absl::SleepFor(absl::Milliseconds(300));
-    EXPECT_OK(chains_->Change(0, {1}).status());
-  });
-  std::unique_ptr<GroupCall> call = Call(0);
-  const absl::Time start = absl::Now();
-  EXPECT_OK(Push(*call));
-  reconfigure.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
+  EXPECT_LT(PushWhileTheHeadDies(), absl::Seconds(10));
 }
 
 // The call to the dead head is waiting out a long backoff when the watch
 // delivers the chain without it: the retry goes then, not after the
 // backoff (a minute here).
 TEST_F(ChainRoutingTest, ACallWaitingOutABackoffFollowsTheWatchAtOnce) {
-  RetryPolicy slow;
-  slow.initial_backoff = absl::Seconds(60);
-  slow.max_backoff = absl::Seconds(60);
-  slow.routed_max_backoff = absl::Seconds(60);
-  slow.reconnect_timeout = absl::Seconds(120);
-  MakeChannels(slow);
+  MakeChannels(MinuteBackoff());
   Route();
   if (IsSkipped()) return;
-  shards_[0]->Stop();
-  std::thread reconfigure([this] {
-    absl::SleepFor(absl::Milliseconds(300));
-    EXPECT_OK(chains_->Change(0, {1}).status());
-  });
-  std::unique_ptr<GroupCall> call = Call(0);
-  const absl::Time start = absl::Now();
-  EXPECT_OK(Push(*call));
-  reconfigure.join();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "the retry waited for its backoff";
-  EXPECT_THAT(shards_[1]->received(), ElementsAre(Received{"Push", 2, 0, 1}));
+  EXPECT_LT(PushWhileTheHeadDies(), absl::Seconds(5)) << "the retry waited for its backoff";
 }
 
 TEST_F(ChainRoutingTest, ErrorsNameTheGroupAndTheShardTried) {
