@@ -497,6 +497,20 @@ void Shard::MarkCommitted(const Applied& applied, bool wake) {
   if (wake) NotifyProgress();
 }
 
+void Shard::CommitGroup(int group) {
+  bool changed = false;
+  for (Partition* part : store_.All()) {
+    if (part->group != group) continue;
+    const int64_t version = part->version.load(std::memory_order_acquire);
+    int64_t seen = part->committed.load(std::memory_order_relaxed);
+    while (version > seen &&
+           !part->committed.compare_exchange_weak(seen, version, std::memory_order_acq_rel)) {
+    }
+    changed = changed || version > seen;
+  }
+  if (changed) NotifyProgress();
+}
+
 void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
   wire::PullResponseBuilder builder;
   FillPull(request, &builder);

@@ -112,6 +112,10 @@ class Shard {
   // answered by PullCommitted. With `wake`, wakes waiting pulls (only a
   // head has reads waiting for this).
   void MarkCommitted(const Applied& applied, bool wake);
+  // This shard is `group`'s tail (it may have just become it, with
+  // versions applied whose forward failed): everything it holds of the
+  // group is committed. Wakes waiting pulls when that changed anything.
+  void CommitGroup(int group);
   // The whole state of one group (partitions with their operation counts,
   // sync accumulators, and the group's push logs), for a joining tail.
   GroupStateResponse ExportGroup(int group) const;

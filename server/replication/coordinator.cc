@@ -27,6 +27,8 @@ constexpr absl::Duration kHandOverRetry = absl::Milliseconds(50);
 // A hand-over that found the members disagreeing after its pause backs off
 // up to this.
 constexpr absl::Duration kHandOverMaxBackoff = absl::Seconds(60);
+// A chain must have stayed unchanged this long before its head hands over.
+constexpr absl::Duration kHandOverCalm = absl::Milliseconds(250);
 
 }  // namespace
 
@@ -230,17 +232,30 @@ void Coordinator::Reconcile() {
     absl::StatusOr<int> group = common::GroupFromChainKey(options_.job, kv.key);
     if (group.ok()) by_group[*group] = kv;
   }
+  // A shard whose own liveness key is gone (its lease expired: after an
+  // etcd outage every lease may have) changes no chain until it has taken
+  // a new lease: it would remove members that are alive, whose keys are
+  // gone for the same reason, and they it, copying state back and forth.
+  auto self = live.find(table_->shard());
+  const bool may_change =
+      self != live.end() && self->second.incarnation == table_->incarnation();
+  if (!may_change) {
+    LOG_EVERY_N(WARNING, 20) << "shard " << table_->shard()
+                             << ": its own etcd liveness key is gone; no chain changes "
+                                "until it has a lease again";
+  }
   for (int group : table_->groups()) {
     std::optional<etcd::KeyValue> chain;
     auto it = by_group.find(group);
     if (it != by_group.end()) chain = it->second;
-    ReconcileGroup(group, live, drained.ok(), chain);
+    ReconcileGroup(group, live, drained.ok(), may_change, chain);
   }
 }
 
 void Coordinator::ReconcileGroup(int group,
                                  const std::map<int, common::ChainConfig::Member>& live,
-                                 bool drained, std::optional<etcd::KeyValue> chain) {
+                                 bool drained, bool may_change,
+                                 std::optional<etcd::KeyValue> chain) {
   const int me = table_->shard();
   const uint64_t incarnation = table_->incarnation();
   const common::ChainConfig::Member self{me, options_.advertise_address, incarnation};
@@ -249,7 +264,7 @@ void Coordinator::ReconcileGroup(int group,
     return it != live.end() && it->second.incarnation == m.incarnation;
   };
   if (!chain) {
-    if (group != me || drained) return;  // the initial head forms the chain
+    if (group != me || drained || !may_change) return;  // the initial head forms it
     std::vector<common::ChainConfig::Member> members;
     bool all_up = true;
     for (int shard : common::InitialChain(group, options_.num_shards, options_.replicas)) {
@@ -282,6 +297,13 @@ void Coordinator::ReconcileGroup(int group,
   if (table_->Update(*config)) Wake();
   const std::optional<size_t> index = config->IndexOf(me);
   const bool member = index && config->members[*index].incarnation == incarnation;
+  // Whatever a tail holds is committed, also versions it applied as head
+  // whose forward failed before the chain dropped its successor.
+  if (member && config->tail().shard == me) shard_->CommitGroup(group);
+  if (member && !may_change) {
+    if (table_->CatchingUp(group)) CatchUp(group, *config);
+    return;
+  }
   if (member) {
     // Drop members whose liveness key is gone (or belongs to a newer
     // incarnation: they restarted and will rejoin as tails).
@@ -301,11 +323,11 @@ void Coordinator::ReconcileGroup(int group,
     if (table_->CatchingUp(group)) {
       CatchUp(group, *config);
     } else if (options_.restore_order && *index == 0) {
-      RestoreOrder(group, *chain, *config);
+      RestoreOrder(group, *chain, *config, live);
     }
     return;
   }
-  if (drained) return;
+  if (drained || !may_change) return;
   // A dead incarnation of this shard still listed: drop it first.
   if (index) {
     absl::StatusOr<common::ChainConfig> next =
@@ -351,17 +373,40 @@ bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
   LOG(INFO) << "group " << group << ": chain " << reason << " -> epoch " << next.epoch;
   if (std::string(reason) != "formed") metrics_->reconfigurations(reason).Increment();
   table_->Update(next);
+  if (next.tail().shard == table_->shard() && next.tail().incarnation == table_->incarnation()) {
+    shard_->CommitGroup(group);
+  }
   return true;
 }
 
 void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
-                               const common::ChainConfig& config) {
+                               const common::ChainConfig& config,
+                               const std::map<int, common::ChainConfig::Member>& live) {
   if (static_cast<int>(config.members.size()) < config.replicas) return;  // a tail may join
   absl::StatusOr<common::ChainConfig> next = config.Reorder(
       common::InitialChain(group, options_.num_shards, options_.replicas));
   if (!next.ok() || next->members == config.members) return;
   HandOverBackoff& backoff = hand_over_backoff_[group];
   if (backoff.epoch == config.epoch && absl::Now() < backoff.not_before) return;
+  // Only in calm: the chain unchanged for a moment, every member's lease
+  // alive with its incarnation, this shard's own lease sound. A storm of
+  // changes (every lease expired at once after an etcd outage, members
+  // dropping and re-adding each other) is left to settle first.
+  ChainSeen& seen = chain_seen_[group];
+  if (seen.epoch != config.epoch) seen = ChainSeen{config.epoch, absl::Now()};
+  bool calm = absl::Now() - seen.since >= kHandOverCalm && !table_->Fenced();
+  for (const common::ChainConfig::Member& m : config.members) {
+    auto it = live.find(m.shard);
+    calm = calm && it != live.end() && it->second.incarnation == m.incarnation;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    calm = calm && lease_problem_ == LeaseProblem::kNone;
+    if (!calm) {
+      hand_over_pending_ = true;
+      return;
+    }
+  }
   // Asked before pushes pause: a new tail copying state is the usual wait.
   std::string behind = MembersBehind(group, config, std::nullopt);
   if (!behind.empty()) {

@@ -20,14 +20,22 @@
 //
 // Heads go back (restore_order): after a failure and a rejoin a chain is
 // out of the placement's order (common::InitialChain), and a shard may head
-// two groups. The head of a full chain out of order hands its place back:
-// it freezes the group (ChainTable::Freeze: new pushes are refused with
+// two groups. The head of a full chain out of order hands its place back,
+// once the chain has been calm for 250 ms (no change, every member's
+// lease alive, its own lease sound): it freezes the group (ChainTable::Freeze: new pushes are refused with
 // UNAVAILABLE, the workers retry), waits until the tail has every
 // operation it started, asks each other member (Status) that it is at the
 // same epoch, not copying state, with exactly as many operations applied,
 // and only then swaps in the reordered chain by compare-and-swap. Every
 // member holds the same state at that moment, so no update is lost or
 // applied twice; the workers follow the new epoch as after any change.
+//
+// A shard whose own liveness key is gone (its lease expired, as every
+// lease may after an etcd outage) changes no chain until it holds a new
+// lease: members would otherwise drop and re-add each other in a storm of
+// state copies. A shard that is a group's tail treats all it holds of the
+// group as committed (Shard::CommitGroup), also what it applied as head
+// before the chain dropped its successor.
 //
 // While etcd is unreachable nothing changes: the shard keeps serving its
 // current chains (no member can change them) and catches up on events once
@@ -99,8 +107,9 @@ class Coordinator {
   // One pass over every served group; errors (etcd down) are logged.
   void Reconcile();
   // `live`: the liveness keys read this pass, by shard.
+  // `may_change`: this shard's own liveness key was among them.
   void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
-                      bool drained,
+                      bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
   // Compare-and-swap of `group`'s chain from `kv` (nullopt: absent) to
   // `next`; adopts it on success.
@@ -109,7 +118,9 @@ class Coordinator {
   void CatchUp(int group, const common::ChainConfig& config);
   // At the head of `config` (etcd's value `kv`): the hand-over above, if
   // the chain is full and out of order.
-  void RestoreOrder(int group, const etcd::KeyValue& kv, const common::ChainConfig& config);
+  // `live`: the liveness keys read this pass, by shard.
+  void RestoreOrder(int group, const etcd::KeyValue& kv, const common::ChainConfig& config,
+                    const std::map<int, common::ChainConfig::Member>& live);
   // Empty when every other member of `config` is at its epoch and
   // position, not copying state, with exactly `ops` operations of `group`
   // if given; what is not so else.
@@ -152,6 +163,13 @@ class Coordinator {
     absl::Duration delay;
   };
   std::map<int, HandOverBackoff> hand_over_backoff_;
+  // When this shard first saw each group's current chain epoch. Loop
+  // thread only.
+  struct ChainSeen {
+    int64_t epoch = 0;
+    absl::Time since;
+  };
+  std::map<int, ChainSeen> chain_seen_;
 
   std::unique_ptr<etcd::Watcher> chain_watch_;
   std::unique_ptr<etcd::Watcher> member_watch_;
