@@ -164,8 +164,7 @@ absl::Status ChainTable::AdmitHead(int group, uint64_t epoch) {
   if (frozen_[group]) {
     return Refuse(absl::StrFormat(
         "not serving group %d: shard %d is handing its head over (chain epoch %d); retry",
-        group,
-        shard_, epoch));
+        group, shard_, epoch));
   }
   ++admitted_[group];
   return absl::OkStatus();
