@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/partition.h"
 #include "common/replication_keys.h"
 #include "common/status_macros.h"
 
@@ -86,6 +87,20 @@ bool Degraded(const ChainConfig& chain) {
   return static_cast<int>(chain.members.size()) < chain.replicas;
 }
 
+bool OutOfPlacementOrder(const ChainConfig& chain, int num_shards) {
+  if (Degraded(chain) || chain.group < 0 || chain.group >= num_shards ||
+      !common::ValidateReplicas(num_shards, chain.replicas).ok()) {
+    return false;
+  }
+  const std::vector<int> placement =
+      common::InitialChain(chain.group, num_shards, chain.replicas);
+  if (placement.size() != chain.members.size()) return false;
+  for (size_t i = 0; i < placement.size(); ++i) {
+    if (chain.members[i].shard != placement[i]) return true;
+  }
+  return false;
+}
+
 std::string FormatMember(const ChainConfig::Member& member) {
   return absl::StrFormat("%d@%s/%08x", member.shard, member.address,
                          static_cast<uint32_t>(member.incarnation >> 32));
@@ -150,11 +165,14 @@ std::string FormatChains(const ChainsView& view) {
                           "with --replicas > 1?\n",
                           common::ChainsPrefix(view.job));
   } else {
-    absl::StrAppendFormat(&out, "%-5s %6s %7s %-8s  %s\n", "GROUP", "EPOCH", "MEMBERS",
+    absl::StrAppendFormat(&out, "%-5s %6s %7s %-9s  %s\n", "GROUP", "EPOCH", "MEMBERS",
                           "STATE", "CHAIN head..tail (shard@address/incarnation)");
   }
   std::set<int> shards;
   std::vector<int> degraded;
+  std::vector<int> reordered;
+  // Every shard heads one group in the placement: as many shards as groups.
+  const int num_shards = static_cast<int>(view.chains.size());
   for (const ChainConfig& chain : view.chains) {
     std::vector<std::string> members;
     for (const ChainConfig::Member& member : chain.members) {
@@ -162,10 +180,16 @@ std::string FormatChains(const ChainsView& view) {
       shards.insert(member.shard);
     }
     shards.insert(chain.group);  // its primary shard
-    if (Degraded(chain)) degraded.push_back(chain.group);
-    absl::StrAppendFormat(&out, "%-5d %6d %7s %-8s  %s\n", chain.group, chain.epoch,
-                          absl::StrCat(chain.members.size(), "/", chain.replicas),
-                          Degraded(chain) ? "DEGRADED" : "ok",
+    const char* state = "ok";
+    if (Degraded(chain)) {
+      degraded.push_back(chain.group);
+      state = "DEGRADED";
+    } else if (OutOfPlacementOrder(chain, num_shards)) {
+      reordered.push_back(chain.group);
+      state = "reordered";
+    }
+    absl::StrAppendFormat(&out, "%-5d %6d %7s %-9s  %s\n", chain.group, chain.epoch,
+                          absl::StrCat(chain.members.size(), "/", chain.replicas), state,
                           absl::StrJoin(members, " -> "));
   }
   for (const auto& [shard, member] : view.live) shards.insert(shard);
@@ -208,6 +232,13 @@ std::string FormatChains(const ChainsView& view) {
     absl::StrAppendFormat(&out, "\ngroups: %d, degraded: %s\n",
                           static_cast<int>(view.chains.size()),
                           degraded.empty() ? "none" : absl::StrJoin(degraded, ", "));
+    if (!reordered.empty()) {
+      absl::StrAppendFormat(
+          &out,
+          "reordered (all members, not in the placement's order): %s; the head hands "
+          "its place back once the chain is calm (not with --restore_chain_order=false)\n",
+          absl::StrJoin(reordered, ", "));
+    }
   }
   if (!shards.empty()) {
     absl::StrAppendFormat(&out, "shards: live %s; not live %s; drained %s\n",

@@ -48,13 +48,23 @@ struct ChainsView {
 // Whether the chain has fewer members than its target length.
 bool Degraded(const common::ChainConfig& chain);
 
+// Whether the chain has all its members but not in the placement's order
+// (common::InitialChain(group, num_shards, replicas)): a shard that
+// restarted or was undrained rejoined as tail and its group's head has not
+// handed it its place back yet (the head does so once the chain is calm,
+// unless the shards run with --restore_chain_order=false). Such a chain is
+// safe; its shards just carry an uneven share of the work.
+bool OutOfPlacementOrder(const common::ChainConfig& chain, int num_shards);
+
 // Reads every key of `job`. INVALID_ARGUMENT for a bad job name; etcd's
 // error when it cannot be read. Undecodable keys end up in `bad_keys`.
 absl::StatusOr<ChainsView> ReadChains(etcd::EtcdClient& etcd, absl::string_view job);
 
 // What psctl chains prints: one line per group (epoch, members / replicas,
-// DEGRADED, members head..tail as shard@address/incarnation), one line per
-// shard (live, drained, its place in each chain) and the bad keys.
+// state: ok, DEGRADED or "reordered" (OutOfPlacementOrder; the number of
+// shards is the number of groups), members head..tail as
+// shard@address/incarnation), one line per shard (live, drained, its place
+// in each chain) and the bad keys.
 std::string FormatChains(const ChainsView& view);
 
 struct DrainOptions {

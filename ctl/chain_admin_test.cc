@@ -151,6 +151,32 @@ TEST_F(ChainAdminTest, ListingReportsKeysThatDoNotDecode) {
   EXPECT_THAT(out, HasSubstr(absl::StrCat("BAD KEY ", common::MemberKey(kJob, 0))));
 }
 
+// Formatting needs no etcd: a view as ReadChains would return it.
+TEST(FormatChainsTest, MarksFullChainsOutOfThePlacementOrder) {
+  ChainsView view;
+  view.job = kJob;
+  auto chain = [](int group, const std::vector<int>& shards) {
+    std::vector<ChainConfig::Member> members;
+    for (int shard : shards) members.push_back(Member(shard));
+    absl::StatusOr<ChainConfig> made = common::MakeChainConfig(group, 2, members);
+    EXPECT_OK(made.status());
+    return *made;
+  };
+  // Placement with 3 shards, R=2: g0 {0, 1}, g1 {1, 2}, g2 {2, 0}.
+  view.chains = {chain(0, {0, 1}), chain(1, {2, 1}), chain(2, {0})};
+  EXPECT_FALSE(OutOfPlacementOrder(view.chains[0], 3));
+  EXPECT_TRUE(OutOfPlacementOrder(view.chains[1], 3));
+  EXPECT_FALSE(OutOfPlacementOrder(view.chains[2], 3));  // degraded: that says more
+  EXPECT_FALSE(OutOfPlacementOrder(view.chains[1], 1));   // not a valid placement
+
+  const std::string out = FormatChains(view);
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("2/2 reordered  ", FormatMember(Member(2)),
+                                          " -> ", FormatMember(Member(1)))));
+  EXPECT_THAT(out, HasSubstr("2/2 ok"));
+  EXPECT_THAT(out, HasSubstr("1/2 DEGRADED"));
+  EXPECT_THAT(out, HasSubstr("reordered (all members, not in the placement's order): 1;"));
+}
+
 TEST_F(ChainAdminTest, AnotherJobsKeysAreNotListed) {
   ThreeGroups();
   ASSERT_OK_AND_ASSIGN(ChainsView view, ReadChains(*etcd_, "admin-test2"));
