@@ -18,7 +18,8 @@
 //   MB/s         payload bytes per second of wall time (both directions for
 //                pushpull; all workers together): the median round
 //   calls/s      calls per second, all workers together: the median round
-//   p50, p99, max  call latency over all rounds' calls, ms
+//   p50, p99, max  call latency over all rounds' calls, ms (after one
+//                untimed call per worker and block: see TimeBlock)
 //   srv ms/call  CPU time of the cluster's ps-server processes per call
 //   retries      worker RPC attempts retried (client metrics), all rounds
 //   x R=1        median over rounds of MB/s / the R=1 MB/s of that round
@@ -58,6 +59,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -138,22 +140,35 @@ struct Case {
 };
 
 // Runs every worker's op at once for `block_seconds`; adds the block to `c`.
+// Each worker first makes one untimed call: its connections sat idle while
+// the other clusters' blocks ran, and the first call of a block then took
+// ~100 ms now and then, at every R alike (the only calls over 15 ms).
+// It is the connection's idleness: with gRPC's BDP probe off (the HTTP/2
+// window then stays at 64 KB) about half of the blocks' first calls took
+// ~100 ms, and with Linux's restart of slow start after idle turned off as
+// well (sysctl net.ipv4.tcp_slow_start_after_idle=0) 1 in 15. Training
+// keeps its connections busy; the figures are the busy connection's.
 absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
                        double megabytes_per_call, const std::vector<pid_t>& servers, Case* c) {
   std::vector<Sampler> samplers(ops.size());
   std::vector<absl::Status> statuses(ops.size());
-  ASSIGN_OR_RETURN(const double cpu_before, ProcessesCpuSeconds(servers));
+  absl::BlockingCounter warm(static_cast<int>(ops.size()));
   absl::Notification go;
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ops.size(); ++i) {
     threads.emplace_back([&, i] {
+      statuses[i] = ops[i]();
+      warm.DecrementCount();
       go.WaitForNotification();
-      statuses[i] = samplers[i].RunBlock(ops[i], block_seconds);
+      if (statuses[i].ok()) statuses[i] = samplers[i].RunBlock(ops[i], block_seconds);
     });
   }
+  warm.Wait();
+  const absl::StatusOr<double> cpu_before = ProcessesCpuSeconds(servers);
   const Clock::time_point start = Clock::now();
   go.Notify();
   for (std::thread& thread : threads) thread.join();
+  RETURN_IF_ERROR(cpu_before.status());
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   ASSIGN_OR_RETURN(const double cpu_after, ProcessesCpuSeconds(servers));
   for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
@@ -165,7 +180,7 @@ absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
   c->rates.push_back(megabytes_per_call * calls / seconds);
   c->call_rates.push_back(calls / seconds);
   c->total_calls += calls;
-  c->server_cpu_seconds += cpu_after - cpu_before;
+  c->server_cpu_seconds += cpu_after - *cpu_before;
   return absl::OkStatus();
 }
 
@@ -700,8 +715,9 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
         "R=1 (no etcd), R=2, R=3; %d worker(s) each; %d rounds, each one block of %.2f s per "
         "(op, R), R order rotating by round\n"
         "# MB/s and calls/s: the median round (MB = 1e6 payload bytes, both directions for "
-        "pushpull, all workers); p50/p99/max over all calls; srv ms/call = ps-server CPU per "
-        "call; retries = worker RPC attempts retried in all rounds; x R=1 = median over rounds "
+        "pushpull, all workers); p50/p99/max over all timed calls (each worker makes one "
+        "untimed call before each block: the first call on a connection idle for a second "
+        "took ~100 ms now and then); srv ms/call = ps-server CPU per call; retries = worker RPC attempts retried in all rounds; x R=1 = median over rounds "
         "of MB/s / the same round's R=1 MB/s\n"
         "# pushpull: one PushPull RPC per shard (R=1) or per group, to its chain's head, which "
         "answers once the tail has the push and the versions read (R>1)\n",
