@@ -509,6 +509,7 @@ absl::StatusOr<EpochResult> Trainer::EndEpoch(const EpochTally& tally, const Dat
   EpochResult epoch_result;
   epoch_result.epoch = tally.epoch;
   epoch_result.train_loss = tally.loss_sum / tally.steps;
+  if (metrics_ != nullptr) metrics_->epoch_loss().Set(epoch_result.train_loss);
   epoch_result.seconds = absl::ToDoubleSeconds(absl::Now() - tally.start);
   epoch_result.mean_staleness = staleness_sum_ / tally.steps;
   epoch_result.max_staleness = max_staleness_;

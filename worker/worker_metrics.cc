@@ -48,6 +48,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry)
                                 "Training examples per second, smoothed")),
       loss_(Gauge(registry, "shardtrain_worker_loss",
                   "Training loss of the latest step")),
+      epoch_loss_(Gauge(registry, "shardtrain_worker_epoch_loss",
+                        "Mean training loss of the latest finished epoch (0 before the "
+                        "first one ends)")),
       test_accuracy_(Gauge(registry, "shardtrain_worker_test_accuracy",
                            "Test accuracy at the latest evaluation")),
       epoch_(Gauge(registry, "shardtrain_worker_epoch", "Current epoch")),

@@ -28,6 +28,7 @@ class WorkerMetrics {
   prometheus::Counter& samples() { return samples_; }
   prometheus::Gauge& samples_per_second() { return samples_per_second_; }
   prometheus::Gauge& loss() { return loss_; }
+  prometheus::Gauge& epoch_loss() { return epoch_loss_; }
   prometheus::Gauge& test_accuracy() { return test_accuracy_; }
   prometheus::Gauge& epoch() { return epoch_; }
   // Sync: times this worker was dropped (a late gradient) and rejoined.
@@ -45,6 +46,7 @@ class WorkerMetrics {
   prometheus::Counter& samples_;
   prometheus::Gauge& samples_per_second_;
   prometheus::Gauge& loss_;
+  prometheus::Gauge& epoch_loss_;
   prometheus::Gauge& test_accuracy_;
   prometheus::Gauge& epoch_;
   prometheus::Counter& rejoins_;
