@@ -184,6 +184,19 @@ class HeadPushPullTest : public ::testing::Test {
     ASSERT_TRUE(table_->Update(config));
   }
 
+  // Worker `worker`'s PushPull is refused UNAVAILABLE with `why` in its
+  // message, and the shard's state is unchanged.
+  void ExpectRefusedUnchanged(uint32_t worker, const std::string& why) {
+    const uint64_t before = shard_->Checksum();
+    std::unique_ptr<Call> call = Start(worker);
+    ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    EXPECT_EQ(call->status.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << call->status.error_message();
+    EXPECT_NE(call->status.error_message().find(why), std::string::npos)
+        << call->status.error_message();
+    EXPECT_EQ(shard_->Checksum(), before);
+  }
+
   // Worker `worker`'s PushPull of gradient 1 for every partition of group 0.
   std::unique_ptr<Call> Start(uint32_t worker) {
     auto call = std::make_unique<Call>();
@@ -283,14 +296,7 @@ TEST_F(HeadPushPullTest, FreezeWaitsForTheTailAndRefusesNewPushes) {
   EXPECT_FALSE(table_->Freeze(kGroup, absl::Milliseconds(200)))
       << "drained while worker 0's push was not at the tail";
 
-  const uint64_t before = shard_->Checksum();
-  std::unique_ptr<Call> refused = Start(1);
-  ASSERT_TRUE(refused->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(refused->status.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << refused->status.error_message();
-  EXPECT_NE(refused->status.error_message().find("handing its head over"), std::string::npos)
-      << refused->status.error_message();
-  EXPECT_EQ(shard_->Checksum(), before);
+  ExpectRefusedUnchanged(1, "handing its head over");
   EXPECT_FALSE(table_->AdmitLead(kGroup)) << "a frozen head closed a sync step";
 
   successor_->ReleaseOne();
@@ -310,14 +316,7 @@ TEST_F(HeadPushPullTest, FreezeWaitsForTheTailAndRefusesNewPushes) {
 
 TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {
   SetChain(/*head_first=*/false);
-  const uint64_t before = shard_->Checksum();
-  std::unique_ptr<Call> call = Start(0);
-  ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::UNAVAILABLE)
-      << call->status.error_message();
-  EXPECT_NE(call->status.error_message().find("not its head"), std::string::npos)
-      << call->status.error_message();
-  EXPECT_EQ(shard_->Checksum(), before);
+  ExpectRefusedUnchanged(0, "not its head");
 }
 
 }  // namespace
