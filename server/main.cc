@@ -100,7 +100,8 @@ ABSL_FLAG(int, replicas, 1,
           "shard can die without losing an update. 1: unreplicated, no etcd");
 ABSL_FLAG(std::string, etcd_endpoints, "",
           "With --replicas > 1: etcd host:port[,host:port...] holding the chain "
-          "configurations and the shards' leases");
+          "configurations and the shards' leases; list every member: calls move to "
+          "the next one when one is dead, stopped or without a leader");
 ABSL_FLAG(std::string, job, "shardtrain",
           "With --replicas > 1: this job's name; its keys live under "
           "/shardtrain/<job>/ in etcd");

@@ -101,8 +101,9 @@ ABSL_FLAG(int, replicas, 1,
           "number of shards); must match the shards' --replicas. 1: no "
           "replication, no etcd");
 ABSL_FLAG(std::string, etcd_endpoints, "",
-          "With --replicas > 1: etcd host:port[,host:port] holding the chains "
-          "(required then)");
+          "With --replicas > 1: etcd host:port[,host:port...] holding the chains "
+          "(required then); list every member: calls move to the next one when "
+          "one is dead, stopped or without a leader");
 ABSL_FLAG(std::string, job, "shardtrain",
           "With --replicas > 1: the job's etcd namespace /shardtrain/<job>/, "
           "as the shards' --job");

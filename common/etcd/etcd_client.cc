@@ -12,37 +12,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/etcd/internal/connection.h"
-#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::etcd {
-namespace internal {
-
-Connection::Connection(std::string endpoint_in, std::shared_ptr<grpc::Channel> channel_in,
-                       absl::Duration rpc_timeout_in)
-    : endpoint(std::move(endpoint_in)),
-      rpc_timeout(rpc_timeout_in),
-      channel(std::move(channel_in)),
-      kv(etcdserverpb::KV::NewStub(channel)),
-      lease(etcdserverpb::Lease::NewStub(channel)),
-      watch(etcdserverpb::Watch::NewStub(channel)) {}
-
-void Connection::SetDeadline(grpc::ClientContext* context) const {
-  SetDeadline(context, rpc_timeout);
-}
-
-void Connection::SetDeadline(grpc::ClientContext* context, absl::Duration timeout) const {
-  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-absl::Status Connection::ToStatus(absl::string_view method, const grpc::Status& status) const {
-  const absl::Status converted = common::FromGrpcStatus(status);
-  if (converted.ok()) return converted;
-  return absl::Status(converted.code(),
-                      absl::StrCat("etcd ", endpoint, " ", method, ": ", converted.message()));
-}
-
-}  // namespace internal
 
 namespace {
 
@@ -113,11 +85,17 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
     endpoints.emplace_back(absl::StripAsciiWhitespace(e));
   }
   if (endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoints given");
+  std::vector<std::unique_ptr<Connection::Member>> members;
   for (const std::string& endpoint : endpoints) {
-    std::shared_ptr<grpc::Channel> channel = MakeChannel(endpoint, options);
-    if (channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    members.push_back(
+        std::make_unique<Connection::Member>(endpoint, MakeChannel(endpoint, options)));
+  }
+  // The others stay idle until a failure moves the connection to them.
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i]->channel->WaitForConnected(
+            absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
       return absl::WrapUnique(new EtcdClient(
-          std::make_shared<const Connection>(endpoint, std::move(channel), options.rpc_timeout)));
+          std::make_shared<Connection>(std::move(members), i, options.rpc_timeout)));
     }
   }
   return absl::UnavailableError(absl::StrCat("etcd: no endpoint accepted a connection within ",
@@ -125,21 +103,23 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
                                              ": ", absl::StrJoin(endpoints, ",")));
 }
 
-EtcdClient::EtcdClient(std::shared_ptr<const Connection> connection)
+EtcdClient::EtcdClient(std::shared_ptr<Connection> connection)
     : connection_(std::move(connection)) {}
 
 EtcdClient::~EtcdClient() = default;
 
-const std::string& EtcdClient::endpoint() const { return connection_->endpoint; }
+const std::string& EtcdClient::endpoint() const { return connection_->current().endpoint; }
 
 absl::StatusOr<KeyValue> EtcdClient::Get(absl::string_view key) {
   RETURN_IF_ERROR(CheckKey(key));
   etcdserverpb::RangeRequest request;
   request.set_key(std::string(key));
   etcdserverpb::RangeResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus("Range", connection_->kv->Range(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(
+      connection_->Check(member, "Range", member.kv->Range(&context, request, &response)));
   if (response.kvs_size() == 0) {
     return absl::NotFoundError(absl::StrCat("etcd: no key ", key));
   }
@@ -151,9 +131,11 @@ absl::StatusOr<RangeResult> EtcdClient::GetPrefix(absl::string_view prefix) {
   request.set_key(prefix.empty() ? std::string(1, '\0') : std::string(prefix));
   request.set_range_end(PrefixRangeEnd(prefix));
   etcdserverpb::RangeResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus("Range", connection_->kv->Range(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(
+      connection_->Check(member, "Range", member.kv->Range(&context, request, &response)));
   RangeResult result;
   result.revision = response.header().revision();
   result.kvs.reserve(response.kvs_size());
@@ -169,9 +151,10 @@ absl::StatusOr<int64_t> EtcdClient::Put(absl::string_view key, absl::string_view
   request.set_value(std::string(value));
   request.set_lease(lease);
   etcdserverpb::PutResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus("Put", connection_->kv->Put(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(connection_->Check(member, "Put", member.kv->Put(&context, request, &response)));
   return response.header().revision();
 }
 
@@ -180,10 +163,11 @@ absl::StatusOr<bool> EtcdClient::Delete(absl::string_view key) {
   etcdserverpb::DeleteRangeRequest request;
   request.set_key(std::string(key));
   etcdserverpb::DeleteRangeResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus(
-      "DeleteRange", connection_->kv->DeleteRange(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(connection_->Check(member, "DeleteRange",
+                                     member.kv->DeleteRange(&context, request, &response)));
   return response.deleted() > 0;
 }
 
@@ -210,15 +194,16 @@ absl::StatusOr<CasResult> EtcdClient::CompareAndSwap(absl::string_view key,
   request.add_failure()->mutable_request_range()->set_key(std::string(key));
 
   etcdserverpb::TxnResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus("Txn", connection_->kv->Txn(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(connection_->Check(member, "Txn", member.kv->Txn(&context, request, &response)));
   CasResult result;
   result.succeeded = response.succeeded();
   result.revision = response.header().revision();
   if (!result.succeeded) {
     if (response.responses_size() != 1 || !response.responses(0).has_response_range()) {
-      return absl::InternalError(absl::StrCat("etcd ", connection_->endpoint,
+      return absl::InternalError(absl::StrCat("etcd ", member.endpoint,
                                               " Txn: a failed compare answered without the range"
                                               " it was asked for"));
     }
@@ -237,16 +222,17 @@ absl::StatusOr<Lease> EtcdClient::GrantLease(absl::Duration ttl) {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(seconds);
   etcdserverpb::LeaseGrantResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  RETURN_IF_ERROR(connection_->ToStatus(
-      "LeaseGrant", connection_->lease->LeaseGrant(&context, request, &response)));
+  connection_->Prepare(&context);
+  RETURN_IF_ERROR(connection_->Check(member, "LeaseGrant",
+                                     member.lease->LeaseGrant(&context, request, &response)));
   if (!response.error().empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("etcd ", connection_->endpoint, " LeaseGrant: ", response.error()));
+        absl::StrCat("etcd ", member.endpoint, " LeaseGrant: ", response.error()));
   }
   if (response.id() == 0 || response.ttl() <= 0) {
-    return absl::InternalError(absl::StrCat("etcd ", connection_->endpoint,
+    return absl::InternalError(absl::StrCat("etcd ", member.endpoint,
                                             " LeaseGrant: granted id ", response.id(),
                                             " with ttl ", response.ttl()));
   }
@@ -257,10 +243,11 @@ absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease_id);
   etcdserverpb::LeaseRevokeResponse response;
+  const Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context);
-  return connection_->ToStatus("LeaseRevoke",
-                               connection_->lease->LeaseRevoke(&context, request, &response));
+  connection_->Prepare(&context);
+  return connection_->Check(member, "LeaseRevoke",
+                            member.lease->LeaseRevoke(&context, request, &response));
 }
 
 std::unique_ptr<LeaseKeeper> EtcdClient::KeepLeaseAlive(const Lease& lease,

@@ -16,7 +16,9 @@
 //
 // Every call carries a deadline (Options::rpc_timeout); when etcd cannot be
 // reached a call fails with UNAVAILABLE or DEADLINE_EXCEEDED naming the
-// endpoint. etcd's own refusals keep etcd's code and message.
+// endpoint, and the next call goes to the next member listed in
+// Options::endpoints (not repeated by the client: a failed write may or may
+// not have been applied). etcd's own refusals keep etcd's code and message.
 //
 // EtcdClient is thread-safe. LeaseKeeper and Watcher (lease_keeper.h,
 // watcher.h) each own one thread and share the connection, so they may
@@ -41,7 +43,7 @@
 namespace shardtrain::etcd {
 
 namespace internal {
-struct Connection;
+class Connection;
 }  // namespace internal
 
 // One key as etcd stores it.
@@ -77,8 +79,10 @@ struct CasResult {
 class EtcdClient {
  public:
   struct Options {
-    // Comma-separated host:port list; the first one that accepts a
-    // connection within connect_timeout is used.
+    // Comma-separated host:port list of the cluster's members. Calls go to
+    // the first one that accepts a connection within connect_timeout, and
+    // move on to the next one listed when a call to it fails as a dead or
+    // cut-off member's do (internal/connection.h).
     std::string endpoints = "127.0.0.1:2379";
     // Deadline of every unary call and of each lease keep-alive round.
     absl::Duration rpc_timeout = absl::Seconds(2);
@@ -96,7 +100,7 @@ class EtcdClient {
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
 
-  // The endpoint in use.
+  // The endpoint calls go to now.
   const std::string& endpoint() const;
 
   // The key, NOT_FOUND when absent.
@@ -136,10 +140,10 @@ class EtcdClient {
                                  Watcher::ErrorCallback on_error = nullptr);
 
  private:
-  explicit EtcdClient(std::shared_ptr<const internal::Connection> connection);
+  explicit EtcdClient(std::shared_ptr<internal::Connection> connection);
 
   // Constant after construction; shared with keepers and watchers.
-  const std::shared_ptr<const internal::Connection> connection_;
+  const std::shared_ptr<internal::Connection> connection_;
 };
 
 // The first key after every key with this prefix ("\0" for the empty prefix

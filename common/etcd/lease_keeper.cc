@@ -24,7 +24,7 @@ constexpr absl::Duration kRetryAfterFailure = absl::Milliseconds(200);
 // deadline: a stopped etcd can never hold the keeper past the point where
 // it must report the loss, and stopping needs only to cancel the one round
 // in flight.
-LeaseKeeper::LeaseKeeper(std::shared_ptr<const internal::Connection> connection, Lease lease,
+LeaseKeeper::LeaseKeeper(std::shared_ptr<internal::Connection> connection, Lease lease,
                          LossCallback on_lost)
     : connection_(std::move(connection)),
       lease_(lease),
@@ -51,8 +51,9 @@ int64_t LeaseKeeper::refreshes() const {
 }
 
 absl::Status LeaseKeeper::RefreshOnce(absl::Duration timeout, int64_t* ttl_seconds) {
+  const internal::Connection::Member& member = connection_->current();
   grpc::ClientContext context;
-  connection_->SetDeadline(&context, timeout);
+  connection_->Prepare(&context, timeout);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("lease keeper stopping");
@@ -66,7 +67,7 @@ absl::Status LeaseKeeper::RefreshOnce(absl::Duration timeout, int64_t* ttl_secon
   {
     std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
                                              etcdserverpb::LeaseKeepAliveResponse>>
-        stream = connection_->lease->LeaseKeepAlive(&context);
+        stream = member.lease->LeaseKeepAlive(&context);
     answered = stream->Write(request) && stream->Read(&response);
     stream->WritesDone();
     status = stream->Finish();
@@ -81,10 +82,12 @@ absl::Status LeaseKeeper::RefreshOnce(absl::Duration timeout, int64_t* ttl_secon
     return absl::OkStatus();
   }
   if (status.ok()) {
-    return absl::UnavailableError(absl::StrCat("etcd ", connection_->endpoint,
-                                               " LeaseKeepAlive: stream ended without an answer"));
+    absl::Status unanswered = absl::UnavailableError(absl::StrCat(
+        "etcd ", member.endpoint, " LeaseKeepAlive: stream ended without an answer"));
+    connection_->MemberFailed(member, unanswered);
+    return unanswered;
   }
-  return connection_->ToStatus("LeaseKeepAlive", status);
+  return connection_->Check(member, "LeaseKeepAlive", status);
 }
 
 void LeaseKeeper::Run() {
@@ -103,12 +106,18 @@ void LeaseKeeper::Run() {
                                        "; last error: ", last_error.message()));
       break;
     }
+    // With other members to move to, a round that waits longer than the
+    // refresh interval is given up, so that a stopped member (whose
+    // connection stays open) leaves time to refresh through another.
+    absl::Duration timeout = std::min(connection_->rpc_timeout(), left);
+    if (connection_->size() > 1) timeout = std::min(timeout, interval);
+    const internal::Connection::Member* member = &connection_->current();
     int64_t ttl_seconds = 0;
-    absl::Status status = RefreshOnce(std::min(connection_->rpc_timeout, left), &ttl_seconds);
+    absl::Status status = RefreshOnce(timeout, &ttl_seconds);
     absl::Duration wait = interval;
     if (status.ok()) {
       if (ttl_seconds <= 0) {
-        lost = absl::NotFoundError(absl::StrCat("etcd ", connection_->endpoint, ": lease ",
+        lost = absl::NotFoundError(absl::StrCat("etcd ", member->endpoint, ": lease ",
                                                 lease_.id, " has expired"));
         break;
       }
@@ -125,6 +134,8 @@ void LeaseKeeper::Run() {
       // Retry soon, but check for the loss as soon as the ttl has run out.
       wait = std::min({interval, kRetryAfterFailure,
                        std::max(last_ok_sent + lease_.ttl - absl::Now(), absl::ZeroDuration())});
+      // The round failed over to another member: try it at once.
+      if (&connection_->current() != member) wait = absl::ZeroDuration();
     }
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), wait);

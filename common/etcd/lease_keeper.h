@@ -14,6 +14,11 @@
 // or DEADLINE_EXCEEDED: etcd may already have expired it). on_lost is then
 // called once, on the keeper's thread, and the keeper stops.
 //
+// A round that fails on one etcd member as a dead or cut-off member's calls
+// do moves the connection to the next member and is retried there at once;
+// with more than one member a round waits at most ttl/3, so a stopped
+// member costs one round, not the lease.
+//
 // Thread-safe; the destructor stops and joins the thread within about one
 // rpc_timeout (an RPC in flight is cancelled).
 #ifndef SHARDTRAIN_COMMON_ETCD_LEASE_KEEPER_H_
@@ -36,7 +41,7 @@ class ClientContext;
 namespace shardtrain::etcd {
 
 namespace internal {
-struct Connection;
+class Connection;
 }  // namespace internal
 
 // A granted lease: its id and the ttl etcd granted (at least the one asked for).
@@ -50,7 +55,7 @@ class LeaseKeeper {
   using LossCallback = std::function<void(absl::Status)>;
 
   // Starts the thread. Prefer EtcdClient::KeepLeaseAlive.
-  LeaseKeeper(std::shared_ptr<const internal::Connection> connection, Lease lease,
+  LeaseKeeper(std::shared_ptr<internal::Connection> connection, Lease lease,
               LossCallback on_lost);
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
@@ -66,7 +71,7 @@ class LeaseKeeper {
   // One keep-alive round trip; OK with the remaining ttl etcd reported.
   absl::Status RefreshOnce(absl::Duration timeout, int64_t* ttl_seconds);
 
-  const std::shared_ptr<const internal::Connection> connection_;
+  const std::shared_ptr<internal::Connection> connection_;
   const Lease lease_;
   const LossCallback on_lost_;
 

@@ -32,13 +32,22 @@ WatchEvent FromProto(const mvccpb::Event& event) {
 // one long stream that mostly waits, so a blocked Read costs nothing but
 // the thread; the destructor unblocks it with TryCancel. Callbacks then run
 // on that thread in stream order without any queue between them.
-Watcher::Watcher(std::shared_ptr<const internal::Connection> connection, std::string prefix,
+Watcher::Watcher(std::shared_ptr<internal::Connection> connection, std::string prefix,
                  int64_t start_revision, EventCallback on_event, ErrorCallback on_error)
     : connection_(std::move(connection)),
       prefix_(std::move(prefix)),
       on_event_(std::move(on_event)),
       on_error_(std::move(on_error)),
       next_revision_(std::max<int64_t>(start_revision, 0)),
+      // A stream open on a member the connection moved away from (another
+      // call found it dead or cut off) is ended, so the watch resumes on
+      // the new member instead of waiting on a stopped one.
+      listener_(connection_->AddListener([this] {
+        absl::MutexLock lock(&mu_);
+        if (in_flight_ != nullptr && in_flight_member_ != &connection_->current()) {
+          in_flight_->TryCancel();
+        }
+      })),
       thread_([this] { Run(); }) {}
 
 Watcher::~Watcher() {
@@ -48,6 +57,7 @@ Watcher::~Watcher() {
     if (in_flight_ != nullptr) in_flight_->TryCancel();
   }
   thread_.join();
+  connection_->RemoveListener(listener_);
 }
 
 int64_t Watcher::next_revision() const {
@@ -69,14 +79,16 @@ void Watcher::Run() {
   absl::Duration backoff = kFirstBackoff;
   while (true) {
     bool created = false;
+    const internal::Connection::Member* member = &connection_->current();
     absl::Status status = RunStream(&created);
+    const bool moved = &connection_->current() != member;
     if (Stopping()) return;
     if (absl::IsFailedPrecondition(status) || absl::IsOutOfRange(status)) {
       LOG(WARNING) << "watch on " << prefix_ << " ended: " << status;
       if (on_error_) on_error_(status);
       return;
     }
-    if (created) backoff = kFirstBackoff;
+    if (created || moved) backoff = kFirstBackoff;
     LOG(WARNING) << "watch on " << prefix_ << " broke (" << status << "); resuming from revision "
                  << next_revision() << " in " << absl::FormatDuration(backoff);
     absl::MutexLock lock(&mu_);
@@ -87,12 +99,15 @@ void Watcher::Run() {
 }
 
 absl::Status Watcher::RunStream(bool* created) {
+  const internal::Connection::Member& member = connection_->current();
   grpc::ClientContext context;  // No deadline: a watch is open-ended.
+  internal::Connection::RequireLeader(&context);
   int64_t start = 0;
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::OkStatus();
     in_flight_ = &context;
+    in_flight_member_ = &member;
     start = next_revision_;
     ++streams_;
   }
@@ -107,19 +122,19 @@ absl::Status Watcher::RunStream(bool* created) {
   {
     std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
                                              etcdserverpb::WatchResponse>>
-        stream = connection_->watch->Watch(&context);
+        stream = member.watch->Watch(&context);
     etcdserverpb::WatchResponse response;
     if (stream->Write(request)) {
       while (stream->Read(&response)) {
         if (response.compact_revision() > 0) {
           ended = absl::OutOfRangeError(absl::StrCat(
-              "etcd ", connection_->endpoint, " Watch: revision ", start,
+              "etcd ", member.endpoint, " Watch: revision ", start,
               " was compacted; the oldest available is ", response.compact_revision()));
           break;
         }
         if (response.canceled()) {
           ended = absl::FailedPreconditionError(absl::StrCat(
-              "etcd ", connection_->endpoint, " Watch: cancelled: ", response.cancel_reason()));
+              "etcd ", member.endpoint, " Watch: cancelled: ", response.cancel_reason()));
           break;
         }
         int64_t resume_from = 0;
@@ -156,13 +171,16 @@ absl::Status Watcher::RunStream(bool* created) {
   {
     absl::MutexLock lock(&mu_);
     in_flight_ = nullptr;
+    in_flight_member_ = nullptr;
   }
   if (!ended.ok()) return ended;
   if (finished.ok() || finished.error_code() == grpc::StatusCode::CANCELLED) {
-    return absl::UnavailableError(absl::StrCat("etcd ", connection_->endpoint,
-                                               " Watch: stream ended"));
+    absl::Status broke =
+        absl::UnavailableError(absl::StrCat("etcd ", member.endpoint, " Watch: stream ended"));
+    if (!Stopping()) connection_->MemberFailed(member, broke);
+    return broke;
   }
-  return connection_->ToStatus("Watch", finished);
+  return connection_->Check(member, "Watch", finished);
 }
 
 }  // namespace shardtrain::etcd

@@ -10,7 +10,10 @@
 //
 // When the stream breaks (etcd restarted, connection lost) the watcher
 // reconnects with a backoff and resumes from the revision after the last
-// one it delivered, so no event is lost or delivered twice. It ends for
+// one it delivered, so no event is lost or delivered twice. A stream on an
+// etcd member that loses its leader, or that another call on the connection
+// found dead or cut off, resumes on the next member (one that just stops
+// answering is noticed by gRPC's keep-alive pings within 15 s). It ends for
 // good only when etcd refuses the watch (e.g. the revision to resume from
 // was compacted): on_error is then called once.
 //
@@ -37,7 +40,8 @@ class ClientContext;
 namespace shardtrain::etcd {
 
 namespace internal {
-struct Connection;
+class Connection;
+struct Member;
 }  // namespace internal
 
 struct WatchEvent {
@@ -56,7 +60,7 @@ class Watcher {
   using ErrorCallback = std::function<void(absl::Status)>;
 
   // Starts the thread. Prefer EtcdClient::Watch.
-  Watcher(std::shared_ptr<const internal::Connection> connection, std::string prefix,
+  Watcher(std::shared_ptr<internal::Connection> connection, std::string prefix,
           int64_t start_revision, EventCallback on_event, ErrorCallback on_error);
   ~Watcher();
   Watcher(const Watcher&) = delete;
@@ -76,7 +80,7 @@ class Watcher {
   absl::Status RunStream(bool* created);
   bool Stopping() const;
 
-  const std::shared_ptr<const internal::Connection> connection_;
+  const std::shared_ptr<internal::Connection> connection_;
   const std::string prefix_;
   const EventCallback on_event_;
   const ErrorCallback on_error_;
@@ -88,7 +92,11 @@ class Watcher {
   // The open stream's context (owned by RunStream's stack), so that the
   // destructor can cancel a blocked Read.
   grpc::ClientContext* in_flight_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The member that stream is open on.
+  const internal::Member* in_flight_member_ ABSL_GUARDED_BY(mu_) = nullptr;
 
+  // Connection::AddListener's id, removed by the destructor.
+  const int listener_;
   std::thread thread_;  // Last: starts after everything above is set.
 };
 

@@ -18,7 +18,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/etcd/etcd_client.h"
 #include "common/status_macros.h"
@@ -60,12 +62,9 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start() {
     ASSIGN_OR_RETURN(int client_port, FreePort());
     ASSIGN_OR_RETURN(int peer_port, FreePort());
     if (peer_port == client_port) continue;
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "shardtrain_etcd_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
-    }
-    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(pattern, client_port, peer_port));
+    ASSIGN_OR_RETURN(std::string dir, MakeDir());
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(
+        std::move(dir), client_port, peer_port, "t", absl::StrCat("t=", Url(peer_port))));
     last = etcd->Spawn();
     if (last.ok()) last = etcd->WaitServing(kStartTimeout);
     if (last.ok()) return etcd;
@@ -73,8 +72,61 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start() {
   return last;
 }
 
-EtcdProcess::EtcdProcess(std::string dir, int client_port, int peer_port)
-    : dir_(std::move(dir)), client_port_(client_port), peer_port_(peer_port) {}
+absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> EtcdProcess::StartCluster(int members) {
+  if (members < 1) return absl::InvalidArgumentError("a cluster needs at least one member");
+  absl::Status last = absl::InternalError("could not pick distinct free ports");
+  for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
+    std::vector<int> ports;  // client, peer, client, peer, ...
+    for (int i = 0; i < 2 * members; ++i) {
+      ASSIGN_OR_RETURN(int port, FreePort());
+      ports.push_back(port);
+    }
+    if (absl::flat_hash_set<int>(ports.begin(), ports.end()).size() != ports.size()) continue;
+    std::vector<std::string> initial;
+    for (int i = 0; i < members; ++i) {
+      initial.push_back(absl::StrCat("m", i, "=", Url(ports[2 * i + 1])));
+    }
+    std::vector<std::unique_ptr<EtcdProcess>> cluster;
+    last = absl::OkStatus();
+    // All members first: none answers before a quorum has elected a leader.
+    for (int i = 0; i < members && last.ok(); ++i) {
+      ASSIGN_OR_RETURN(std::string dir, MakeDir());
+      cluster.emplace_back(new EtcdProcess(std::move(dir), ports[2 * i], ports[2 * i + 1],
+                                           absl::StrCat("m", i), absl::StrJoin(initial, ",")));
+      last = cluster.back()->Spawn();
+    }
+    for (size_t i = 0; i < cluster.size() && last.ok(); ++i) {
+      last = cluster[i]->WaitServing(kStartTimeout);
+    }
+    if (last.ok()) return cluster;
+  }
+  return last;
+}
+
+std::string EtcdProcess::Endpoints(const std::vector<std::unique_ptr<EtcdProcess>>& cluster) {
+  std::vector<std::string> endpoints;
+  for (const std::unique_ptr<EtcdProcess>& member : cluster) {
+    endpoints.push_back(member->endpoint());
+  }
+  return absl::StrJoin(endpoints, ",");
+}
+
+absl::StatusOr<std::string> EtcdProcess::MakeDir() {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "shardtrain_etcd_XXXXXX").string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+  }
+  return pattern;
+}
+
+EtcdProcess::EtcdProcess(std::string dir, int client_port, int peer_port, std::string name,
+                         std::string initial_cluster)
+    : dir_(std::move(dir)),
+      client_port_(client_port),
+      peer_port_(peer_port),
+      name_(std::move(name)),
+      initial_cluster_(std::move(initial_cluster)) {}
 
 EtcdProcess::~EtcdProcess() {
   Kill().IgnoreError();
@@ -90,13 +142,13 @@ absl::Status EtcdProcess::Spawn() {
   const std::string log_path = dir_ + "/etcd.log";
   std::vector<std::string> args = {
       kBinary,
-      "--name", "t",
+      "--name", name_,
       "--data-dir", data_dir,
       "--listen-client-urls", Url(client_port_),
       "--advertise-client-urls", Url(client_port_),
       "--listen-peer-urls", Url(peer_port_),
       "--initial-advertise-peer-urls", Url(peer_port_),
-      "--initial-cluster", absl::StrCat("t=", Url(peer_port_)),
+      "--initial-cluster", initial_cluster_,
       // Fast elections let leases as short as 1 s be granted.
       "--heartbeat-interval", "25", "--election-timeout", "250",
   };

@@ -1,6 +1,7 @@
-// EtcdProcess: a real single-member etcd server for tests, on 127.0.0.1
-// ports chosen free at run time and a temporary data directory, killed by
-// its PID when the object goes away. It can also pause (SIGSTOP), resume,
+// EtcdProcess: a real etcd server for tests (a single-member cluster, or one
+// member of a cluster made by StartCluster), on 127.0.0.1 ports chosen free
+// at run time and a temporary data directory, killed by its PID when the
+// object goes away. It can also pause (SIGSTOP), resume,
 // kill and restart etcd on the same ports and data, to test failures.
 //
 //   if (!EtcdProcess::Available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
@@ -11,6 +12,9 @@
 //   ASSERT_OK(etcd->Kill());
 //   ASSERT_OK(etcd->Restart());  // same endpoint, same keys
 //
+//   ASSERT_OK_AND_ASSIGN(auto cluster, EtcdProcess::StartCluster(3));
+//   options.endpoints = EtcdProcess::Endpoints(cluster);  // all three
+//
 // Not thread-safe: one test thread drives it.
 #ifndef SHARDTRAIN_COMMON_ETCD_TESTING_ETCD_PROCESS_H_
 #define SHARDTRAIN_COMMON_ETCD_TESTING_ETCD_PROCESS_H_
@@ -19,6 +23,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -40,6 +45,11 @@ class EtcdProcess {
   // Starts etcd and waits (bounded) until it answers a read. Retries with
   // other ports when a port was taken between choosing and binding it.
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start();
+  // Starts a cluster of `members` etcd processes and waits (bounded) until
+  // every member answers a read.
+  static absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> StartCluster(int members);
+  // The members' endpoints, comma-separated, in order.
+  static std::string Endpoints(const std::vector<std::unique_ptr<EtcdProcess>>& cluster);
 
   // Kills etcd (if running) and deletes its data directory.
   ~EtcdProcess();
@@ -58,7 +68,11 @@ class EtcdProcess {
   absl::Status Restart();
 
  private:
-  EtcdProcess(std::string dir, int client_port, int peer_port);
+  // `initial_cluster`: etcd's --initial-cluster, naming this member `name`.
+  EtcdProcess(std::string dir, int client_port, int peer_port, std::string name,
+              std::string initial_cluster);
+  // A temporary directory for one member's data and log.
+  static absl::StatusOr<std::string> MakeDir();
 
   absl::Status Spawn();
   // Waits until etcd answers, or fails when it exits or the time is up.
@@ -69,6 +83,8 @@ class EtcdProcess {
   const std::string dir_;  // Owned: data directory and log live under it.
   const int client_port_;
   const int peer_port_;
+  const std::string name_;
+  const std::string initial_cluster_;
   pid_t pid_ = -1;  // -1 when not running.
 };
 
