@@ -384,9 +384,13 @@ grpc::ServerUnaryReactor* ParameterServerService::ReplicatedPushPull(
     status = absl::InvalidArgumentError(absl::StrFormat(
         "a replicated PushPull needs its push half in one field, not %d", view.push_fields));
   }
-  // The pull is checked before the push is applied, as above.
-  if (status.ok()) status = shard_->ValidatePull(view.pull);
+  // The chain first: a shard that is not (yet) the group's head at the
+  // request's epoch (one restarted at a dead one's address, still waiting
+  // for its place or copying the group's state) answers with a refusal the
+  // worker retries elsewhere, not "unknown tensor". Then the pull, before
+  // the push is applied, as above.
   if (status.ok()) status = replicator_->CheckPushPull(view.push, view.pull);
+  if (status.ok()) status = shard_->ValidatePull(view.pull);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     FinishRaw(reactor, "PushPull", status, start, request_bytes, *response);

@@ -19,6 +19,7 @@
 #include <grpcpp/security/credentials.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -613,6 +614,71 @@ TEST_F(ReplicationTest, EtcdDown) {
   Model(*client_, "etcddown", *cluster, &versions);
   for (const auto& [key, version] : versions) {
     EXPECT_EQ(version, int64_t{kWorkers} * kEtcdDownEpochs * kStepsPerEpoch) << key;
+  }
+}
+
+// A second ps-server started as shard 0 of a running job (another job on
+// the same etcd that kept the same --job, or a shard started twice) refuses
+// to start, naming the live shard 0, within about two lease ttls; the job
+// does not notice. Then shard 0 is SIGKILLed and restarted at once, its
+// old lease still alive: it waits that lease out, takes its place and
+// rejoins its chains; nothing is lost.
+constexpr int kDuplicateEpochs = 10;
+
+TEST_F(ReplicationTest, DuplicateShardIsRefused) {
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("async", "dup", etcd_->endpoint(), kDuplicateEpochs));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 4);
+  std::vector<std::string> argv = cluster->shard_argv[0];
+  absl::StatusOr<int> port = testutil::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  for (std::string& arg : argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = absl::StrCat("--listen=127.0.0.1:", *port);
+    if (absl::StartsWith(arg, "--port_file=")) arg += ".duplicate";
+  }
+  const std::string log = cluster->dir + "/duplicate.log";
+  const absl::Time started = absl::Now();
+  absl::StatusOr<pid_t> duplicate = group.Start(argv, log);
+  ASSERT_TRUE(duplicate.ok()) << duplicate.status();
+  absl::StatusOr<int> exit = group.Wait(*duplicate, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << "the second shard 0 is still running:\n" << testutil::ReadFile(log);
+  std::printf("DUPLICATE: the second shard 0 exited with %d after %s\n", *exit,
+              absl::FormatDuration(absl::Now() - started).c_str());
+  EXPECT_NE(*exit, 0);
+  const std::string expected =
+      "shard 0 of job 'dup' is already live at " + cluster->servers[0];
+  EXPECT_NE(testutil::ReadFile(log).find(expected), std::string::npos)
+      << "no \"" << expected << "\" in its log:\n" << testutil::ReadFile(log);
+  EXPECT_LT(WorkerSteps(*cluster, 0), kDuplicateEpochs * kStepsPerEpoch)
+      << "the job ended before the second shard 0 gave up";
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "dup", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    EXPECT_EQ(chain->epoch, 1) << "group " << g << "'s chain changed";
+  }
+
+  ASSERT_TRUE(group.Signal(cluster->shards[0], SIGKILL).ok());
+  (void)group.Wait(cluster->shards[0], absl::Seconds(10));
+  ASSERT_TRUE(testutil::RestartShard(group, *cluster, 0).ok());
+  ASSERT_TRUE(WaitForChains(
+      *client_, "dup",
+      [](const common::ChainConfig& c) {
+        // Groups 0 and 2 dropped shard 0 (epoch 2) and took it back.
+        return c.members.size() == 2 && (!c.Contains(0) || c.epoch >= 3);
+      },
+      absl::Seconds(30)))
+      << "the restarted shard 0 did not rejoin its chains:\n"
+      << testutil::ReadFile(cluster->ShardLog(0));
+  EXPECT_LT(WorkerSteps(*cluster, 0), kDuplicateEpochs * kStepsPerEpoch)
+      << "the job ended before shard 0 rejoined";
+  Finish(group, *cluster);
+  std::map<std::string, int64_t> versions;
+  Model(*client_, "dup", *cluster, &versions);
+  ASSERT_FALSE(versions.empty());
+  for (const auto& [key, version] : versions) {
+    EXPECT_EQ(version, int64_t{kWorkers} * kDuplicateEpochs * kStepsPerEpoch) << key;
   }
 }
 

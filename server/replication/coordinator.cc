@@ -101,12 +101,9 @@ Coordinator::~Coordinator() {
 }
 
 absl::Status Coordinator::TakeLease() {
-  ASSIGN_OR_RETURN(etcd::Lease lease, etcd_->GrantLease(options_.lease_ttl));
+  ASSIGN_OR_RETURN(etcd::Lease lease, ClaimMemberKey());
   common::ChainConfig::Member me{table_->shard(), options_.advertise_address,
                                  table_->incarnation()};
-  RETURN_IF_ERROR(etcd_->Put(common::MemberKey(options_.job, me.shard),
-                             common::EncodeChainMember(me), lease.id)
-                      .status());
   absl::MutexLock lock(&mu_);
   lease_ = lease;
   keeper_ = etcd_->KeepLeaseAlive(lease, [this](absl::Status why) { OnLeaseLost(why); });
@@ -115,6 +112,48 @@ absl::Status Coordinator::TakeLease() {
   LOG(INFO) << "shard " << me.shard << ": etcd lease " << lease.id << " (ttl "
             << lease.ttl << ") at " << etcd_->endpoint();
   return absl::OkStatus();
+}
+
+absl::StatusOr<etcd::Lease> Coordinator::ClaimMemberKey() {
+  const common::ChainConfig::Member me{table_->shard(), options_.advertise_address,
+                                       table_->incarnation()};
+  const std::string key = common::MemberKey(options_.job, me.shard);
+  const std::string value = common::EncodeChainMember(me);
+  // A dead predecessor's key goes with its lease, within about a ttl (etcd
+  // checks expiry every 500 ms); a key kept alive longer than this belongs
+  // to a live process.
+  const absl::Duration patience = 2 * options_.lease_ttl + absl::Seconds(1);
+  const absl::Time deadline = absl::Now() + patience;
+  int64_t expected = 0;  // absent
+  while (true) {
+    // A lease per attempt: one granted before a wait would expire unkept.
+    ASSIGN_OR_RETURN(etcd::Lease lease, etcd_->GrantLease(options_.lease_ttl));
+    absl::StatusOr<etcd::CasResult> cas =
+        etcd_->CompareAndSwap(key, expected, value, lease.id);
+    if (cas.ok() && cas->succeeded) return lease;
+    const absl::Status revoked = etcd_->RevokeLease(lease.id);
+    if (!revoked.ok()) LOG(WARNING) << "revoking an unused etcd lease: " << revoked;
+    if (!cas.ok()) return cas.status();
+    expected = 0;
+    if (!cas->current.has_value()) continue;  // it went between the two reads
+    absl::StatusOr<common::ChainConfig::Member> holder =
+        common::DecodeChainMember(cas->current->value);
+    if (holder.ok() && holder->incarnation == me.incarnation) {
+      expected = cas->current->mod_revision;  // this process's own, from a lost lease
+      continue;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shard ", me.shard, " of job '", options_.job, "' is already live",
+          holder.ok() ? absl::StrCat(" at ", holder->address, " (incarnation ",
+                                     absl::Hex(holder->incarnation), ")")
+                      : "",
+          ": its etcd key ", key, " stayed alive for ", absl::FormatDuration(patience),
+          ". Another job on this etcd needs its own --job; each shard of a job its own "
+          "--shard_index"));
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
 }
 
 void Coordinator::OnLeaseLost(absl::Status why) {

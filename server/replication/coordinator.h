@@ -1,7 +1,11 @@
 // Coordinator: a replicated shard's side of etcd (--replicas > 1).
 //
 // At start the shard takes a lease (ttl --lease_ttl_s) and puts its
-// liveness key (common/replication_keys.h) under it, then joins the chains
+// liveness key (common/replication_keys.h) under it, only if no other
+// process holds that key: it waits out a dead predecessor's lease (about a
+// ttl) and refuses to start (ALREADY_EXISTS) when the key stays alive, so a
+// second job on the same etcd with the same --job, or a shard started
+// twice, cannot take a live shard's place. It then joins the chains
 // of the groups it serves (common::InitialGroupsOf):
 //  - a group with no chain yet is formed by its initial head with the
 //    initial members that are alive (it waits up to form_timeout for all),
@@ -98,6 +102,10 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, Shard* shard, ChainTable* table,
               Forwarder* forwarder, ReplicationMetrics* metrics);
   absl::Status TakeLease();
+  // Puts this shard's liveness key under a new lease, returned, once no
+  // other process holds the key (see the file comment); ALREADY_EXISTS
+  // naming the holder when one keeps it alive.
+  absl::StatusOr<etcd::Lease> ClaimMemberKey();
   void OnLeaseLost(absl::Status why);
   void Ticker();
   // After a pause (ChainTable fencing): serve again once a lease refresh
