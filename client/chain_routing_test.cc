@@ -261,7 +261,11 @@ class ChainRoutingTest : public ::testing::Test {
   std::unique_ptr<ChainRouter> router_;
   const std::vector<std::string> names_ = {"w"};
   VersionTable versions_;
-  GroupContext context_{&versions_};
+  GroupContext context_ = [this] {
+    GroupContext context;
+    context.versions = &versions_;
+    return context;
+  }();
   std::vector<float> grad_ = std::vector<float>(kPartitionSize, 0.5f);
   std::vector<float> params_ = std::vector<float>(kPartitionSize, -1.0f);
 };

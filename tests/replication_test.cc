@@ -170,6 +170,18 @@ std::map<std::string, std::string> Model(etcd::EtcdClient& client, const std::st
   return model;
 }
 
+// Async mode: every partition, read from its group's tail, is at version
+// `pushes` (every push the workers made, each applied once).
+void ExpectEveryPushApplied(etcd::EtcdClient& client, const std::string& job,
+                            const LocalCluster& cluster, int64_t pushes) {
+  std::map<std::string, int64_t> versions;
+  Model(client, job, cluster, &versions);
+  ASSERT_FALSE(versions.empty());
+  for (const auto& [key, version] : versions) {
+    EXPECT_EQ(version, pushes) << key << ": updates lost or applied twice";
+  }
+}
+
 int64_t WorkerSteps(const LocalCluster& cluster, int w) {
   absl::StatusOr<std::string> body =
       testutil::HttpGet(cluster.worker_metrics_ports[w], "/metrics");
@@ -308,13 +320,7 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
   ASSERT_TRUE(group.Signal(cluster->shards[1], SIGKILL).ok());
   (void)group.Wait(cluster->shards[1], absl::Seconds(10));
   const double accuracy = Finish(group, *cluster);
-  std::map<std::string, int64_t> versions;
-  Model(*client_, "rejoin", *cluster, &versions);
-  ASSERT_FALSE(versions.empty());
-  const int64_t pushes = int64_t{kWorkers} * 2 * kStepsPerEpoch;
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, pushes) << key << ": updates lost or applied twice";
-  }
+  ExpectEveryPushApplied(*client_, "rejoin", *cluster, int64_t{kWorkers} * 2 * kStepsPerEpoch);
   EXPECT_GT(accuracy, 0.78);
 }
 
@@ -344,13 +350,7 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoKills) {
     WaitForSteps(*cluster, 0, at + 50);
   }
   const double accuracy = Finish(group, *cluster);
-  std::map<std::string, int64_t> versions;
-  Model(*client_, "three", *cluster, &versions);
-  ASSERT_FALSE(versions.empty());
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, int64_t{kWorkers} * 2 * kStepsPerEpoch)
-        << key << ": updates lost or applied twice";
-  }
+  ExpectEveryPushApplied(*client_, "three", *cluster, int64_t{kWorkers} * 2 * kStepsPerEpoch);
   EXPECT_GT(accuracy, 0.78);
 }
 
@@ -567,11 +567,7 @@ TEST_F(ReplicationTest, SplitBrain) {
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
   }
   Finish(group, *cluster);
-  std::map<std::string, int64_t> versions;
-  Model(*client_, "split", *cluster, &versions);
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, int64_t{kWorkers} * 2 * kStepsPerEpoch) << key;
-  }
+  ExpectEveryPushApplied(*client_, "split", *cluster, int64_t{kWorkers} * 2 * kStepsPerEpoch);
 }
 
 // etcd stopped for 10 s: training goes on. A shard killed meanwhile is
@@ -610,11 +606,8 @@ TEST_F(ReplicationTest, EtcdDown) {
     EXPECT_LE(chain->epoch, 6) << "group " << g << "'s chain changed " << chain->epoch - 1
                                << " times";
   }
-  std::map<std::string, int64_t> versions;
-  Model(*client_, "etcddown", *cluster, &versions);
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, int64_t{kWorkers} * kEtcdDownEpochs * kStepsPerEpoch) << key;
-  }
+  ExpectEveryPushApplied(*client_, "etcddown", *cluster,
+                         int64_t{kWorkers} * kEtcdDownEpochs * kStepsPerEpoch);
 }
 
 // A second ps-server started as shard 0 of a running job (another job on
@@ -674,12 +667,8 @@ TEST_F(ReplicationTest, DuplicateShardIsRefused) {
   EXPECT_LT(WorkerSteps(*cluster, 0), kDuplicateEpochs * kStepsPerEpoch)
       << "the job ended before shard 0 rejoined";
   Finish(group, *cluster);
-  std::map<std::string, int64_t> versions;
-  Model(*client_, "dup", *cluster, &versions);
-  ASSERT_FALSE(versions.empty());
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, int64_t{kWorkers} * kDuplicateEpochs * kStepsPerEpoch) << key;
-  }
+  ExpectEveryPushApplied(*client_, "dup", *cluster,
+                         int64_t{kWorkers} * kDuplicateEpochs * kStepsPerEpoch);
 }
 
 // Async, R=2, a three-member etcd, every shard and worker given all three
@@ -729,12 +718,8 @@ TEST(ReplicationEtcdClusterTest, EtcdMemberDies) {
   std::printf("ETCD MEMBER DIES: shard 2 dropped from its chains %s after its SIGKILL\n",
               absl::FormatDuration(absl::Now() - killed).c_str());
   Finish(group, *cluster);
-  std::map<std::string, int64_t> versions;
-  Model(*client, "member", *cluster, &versions);
-  ASSERT_FALSE(versions.empty());
-  for (const auto& [key, version] : versions) {
-    EXPECT_EQ(version, int64_t{kWorkers} * kMemberDiesEpochs * kStepsPerEpoch) << key;
-  }
+  ExpectEveryPushApplied(*client, "member", *cluster,
+                         int64_t{kWorkers} * kMemberDiesEpochs * kStepsPerEpoch);
 }
 
 }  // namespace

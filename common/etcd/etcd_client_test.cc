@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/etcd/testing/etcd_process.h"
+#include "common/etcd/testing/event_log.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,29 +24,10 @@ namespace shardtrain::etcd {
 namespace {
 
 using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::etcd::testing::EventLog;
 using ::testing::HasSubstr;
 
 constexpr absl::Duration kRpcTimeout = absl::Milliseconds(800);
-
-// Events a watcher delivered, for the test thread to wait on.
-class EventLog {
- public:
-  void Add(const WatchEvent& event) {
-    absl::MutexLock lock(&mu_);
-    events_.push_back(event);
-  }
-  // The events once there are at least n (fewer when the time ran out).
-  std::vector<WatchEvent> WaitFor(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return events_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
-    return events_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<WatchEvent> events_ ABSL_GUARDED_BY(mu_);
-};
 
 // Runs on the keeper's thread; the test waits on it.
 struct LossReport {

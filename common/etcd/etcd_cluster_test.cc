@@ -6,10 +6,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/etcd/etcd_client.h"
 #include "common/etcd/testing/etcd_process.h"
+#include "common/etcd/testing/event_log.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -18,25 +18,15 @@ namespace shardtrain::etcd {
 namespace {
 
 using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::etcd::testing::EventLog;
 
-// The values a watcher delivered, in order.
-class Values {
- public:
-  void Add(const WatchEvent& event) {
-    absl::MutexLock lock(&mu_);
-    values_.push_back(event.value);
-  }
-  std::vector<std::string> WaitFor(size_t n, absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return values_.size() >= n; };
-    mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
-    return values_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::string> values_ ABSL_GUARDED_BY(mu_);
-};
+// The values of the events `log` holds once there are n (fewer when the
+// time ran out), in order.
+std::vector<std::string> Values(EventLog& log, size_t n) {
+  std::vector<std::string> values;
+  for (const WatchEvent& e : log.WaitFor(n, absl::Seconds(5))) values.push_back(e.value);
+  return values;
+}
 
 class EtcdClusterTest : public ::testing::Test {
  protected:
@@ -53,8 +43,8 @@ class EtcdClusterTest : public ::testing::Test {
     keeper_ = client_->KeepLeaseAlive(lease_, [](absl::Status) {});
     ASSERT_OK(client_->Put("/member/0", "live", lease_.id));
     ASSERT_OK_AND_ASSIGN(int64_t revision, client_->Put("/w/0", "before"));
-    watcher_ = client_->Watch("/w/", revision, [this](const WatchEvent& e) { values_.Add(e); });
-    ASSERT_THAT(values_.WaitFor(1, absl::Seconds(3)), ::testing::ElementsAre("before"));
+    watcher_ = client_->Watch("/w/", revision, [this](const WatchEvent& e) { events_.Add(e); });
+    ASSERT_THAT(Values(events_, 1), ::testing::ElementsAre("before"));
   }
 
   // Puts /w/<i>, retrying for a few seconds: the first call after a member
@@ -87,7 +77,7 @@ class EtcdClusterTest : public ::testing::Test {
   std::unique_ptr<EtcdClient> client_;
   Lease lease_;
   std::unique_ptr<LeaseKeeper> keeper_;
-  Values values_;
+  EventLog events_;
   std::unique_ptr<Watcher> watcher_;
 };
 
@@ -97,7 +87,7 @@ TEST_F(EtcdClusterTest, ADeadMemberCostsNothing) {
   EXPECT_NE(client_->endpoint(), cluster_[0]->endpoint());
   ExpectLeaseKept();
   ASSERT_OK(Put(2, "later"));
-  EXPECT_THAT(values_.WaitFor(3, absl::Seconds(5)),
+  EXPECT_THAT(Values(events_, 3),
               ::testing::ElementsAre("before", "after", "later"));
 }
 
@@ -108,7 +98,7 @@ TEST_F(EtcdClusterTest, AStoppedMemberCostsNothing) {
   ExpectLeaseKept();
   EXPECT_NE(client_->endpoint(), cluster_[0]->endpoint());
   ASSERT_OK(Put(1, "after"));
-  EXPECT_THAT(values_.WaitFor(2, absl::Seconds(5)), ::testing::ElementsAre("before", "after"));
+  EXPECT_THAT(Values(events_, 2), ::testing::ElementsAre("before", "after"));
   ASSERT_OK(cluster_[0]->Resume());
 }
 
@@ -123,7 +113,7 @@ TEST_F(EtcdClusterTest, GoesRoundTheMembers) {
   ASSERT_OK(Put(2, "two"));
   ExpectLeaseKept();
   EXPECT_NE(client_->endpoint(), cluster_[1]->endpoint());
-  EXPECT_THAT(values_.WaitFor(3, absl::Seconds(5)),
+  EXPECT_THAT(Values(events_, 3),
               ::testing::ElementsAre("before", "one", "two"));
 }
 

@@ -50,8 +50,8 @@ int64_t LeaseKeeper::refreshes() const {
   return refreshes_;
 }
 
-absl::Status LeaseKeeper::RefreshOnce(absl::Duration timeout, int64_t* ttl_seconds) {
-  const internal::Connection::Member& member = connection_->current();
+absl::Status LeaseKeeper::RefreshOnce(const internal::Member& member, absl::Duration timeout,
+                                      int64_t* ttl_seconds) {
   grpc::ClientContext context;
   connection_->Prepare(&context, timeout);
   {
@@ -111,9 +111,9 @@ void LeaseKeeper::Run() {
     // connection stays open) leaves time to refresh through another.
     absl::Duration timeout = std::min(connection_->rpc_timeout(), left);
     if (connection_->size() > 1) timeout = std::min(timeout, interval);
-    const internal::Connection::Member* member = &connection_->current();
+    const internal::Member* member = &connection_->current();
     int64_t ttl_seconds = 0;
-    absl::Status status = RefreshOnce(timeout, &ttl_seconds);
+    absl::Status status = RefreshOnce(*member, timeout, &ttl_seconds);
     absl::Duration wait = interval;
     if (status.ok()) {
       if (ttl_seconds <= 0) {

@@ -42,6 +42,7 @@ namespace shardtrain::etcd {
 
 namespace internal {
 class Connection;
+struct Member;
 }  // namespace internal
 
 // A granted lease: its id and the ttl etcd granted (at least the one asked for).
@@ -68,8 +69,10 @@ class LeaseKeeper {
 
  private:
   void Run();
-  // One keep-alive round trip; OK with the remaining ttl etcd reported.
-  absl::Status RefreshOnce(absl::Duration timeout, int64_t* ttl_seconds);
+  // One keep-alive round trip to `member`; OK with the remaining ttl etcd
+  // reported.
+  absl::Status RefreshOnce(const internal::Member& member, absl::Duration timeout,
+                           int64_t* ttl_seconds);
 
   const std::shared_ptr<internal::Connection> connection_;
   const Lease lease_;

@@ -79,8 +79,8 @@ void Watcher::Run() {
   absl::Duration backoff = kFirstBackoff;
   while (true) {
     bool created = false;
-    const internal::Connection::Member* member = &connection_->current();
-    absl::Status status = RunStream(&created);
+    const internal::Member* member = &connection_->current();
+    absl::Status status = RunStream(*member, &created);
     const bool moved = &connection_->current() != member;
     if (Stopping()) return;
     if (absl::IsFailedPrecondition(status) || absl::IsOutOfRange(status)) {
@@ -98,8 +98,7 @@ void Watcher::Run() {
   }
 }
 
-absl::Status Watcher::RunStream(bool* created) {
-  const internal::Connection::Member& member = connection_->current();
+absl::Status Watcher::RunStream(const internal::Member& member, bool* created) {
   grpc::ClientContext context;  // No deadline: a watch is open-ended.
   internal::Connection::RequireLeader(&context);
   int64_t start = 0;

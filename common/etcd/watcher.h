@@ -74,10 +74,10 @@ class Watcher {
 
  private:
   void Run();
-  // One stream from next_revision_ until it breaks or the watcher stops.
+  // One stream to `member` from next_revision_ until it breaks or the watcher stops.
   // FAILED_PRECONDITION or OUT_OF_RANGE end the watch for good; other
   // errors are retried. *created: etcd accepted the watch.
-  absl::Status RunStream(bool* created);
+  absl::Status RunStream(const internal::Member& member, bool* created);
   bool Stopping() const;
 
   const std::shared_ptr<internal::Connection> connection_;

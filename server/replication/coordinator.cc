@@ -126,6 +126,9 @@ absl::StatusOr<etcd::Lease> Coordinator::ClaimMemberKey() {
   const absl::Time deadline = absl::Now() + patience;
   int64_t expected = 0;  // absent
   while (true) {
+    // Waiting here is no pause of the process (ChainTable's pause check
+    // would otherwise fence the shard once it starts ticking).
+    table_->Tick(absl::Now());
     // A lease per attempt: one granted before a wait would expire unkept.
     ASSIGN_OR_RETURN(etcd::Lease lease, etcd_->GrantLease(options_.lease_ttl));
     absl::StatusOr<etcd::CasResult> cas =
