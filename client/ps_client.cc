@@ -535,6 +535,17 @@ std::pair<int64_t, int64_t> PsClient::known_versions() const {
   return {lo, hi};
 }
 
+int64_t PsClient::RaiseKnownVersions(int64_t step) {
+  int64_t lost = 0;
+  for (std::atomic<int64_t>& version : versions_) {
+    const int64_t known = version.load();
+    if (known >= step) continue;
+    lost += step - known;
+    version.store(step);
+  }
+  return lost;
+}
+
 absl::Status PsClient::CheckGrads(absl::Span<const absl::Span<const float>> grads) const {
   if (grads.size() != tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -235,6 +235,11 @@ class PsClient {
   // registered, pulled, or taken from a restarted shard); {0, 0} before
   // Register.
   std::pair<int64_t, int64_t> known_versions() const;
+  // Sync: raises every partition version this client knows to at least
+  // `step` (the job's step), as for a restarted shard: the partitions below
+  // it catch up on this client's next push (server/shard.h). Returns the
+  // steps skipped, summed over the partitions (updates lost).
+  int64_t RaiseKnownVersions(int64_t step);
   // The largest clock any shard recorded for this worker index (from the
   // last Register); 0 for a new job.
   int64_t registered_worker_clock() const { return registered_worker_clock_; }

@@ -47,14 +47,23 @@ absl::Status Shard::ApplyForwardedPart(Partition& p, const DecodedPart& part,
                                        int64_t* staleness) {
   const int64_t version = p.version.load(std::memory_order_relaxed);
   if (options_.mode == ConsistencyMode::kSync) {
-    if (part.version != version || p.contributed[worker]) {
-      return absl::InternalError(absl::StrFormat(
-          "%s/%d: replica diverged: forwarded gradient of worker %d for step %d, "
-          "but this replica is at step %d%s",
-          p.tensor, p.index, worker, part.version, version,
-          p.contributed[worker] ? " with its gradient already in" : ""));
+    if (part.version > version && op.version_after() > version &&
+        !p.contributed[worker]) {
+      // The head let a resuming partition catch up to the worker's step
+      // (Shard::CheckPart); the replica does the same.
+      DecodedPart ahead = part;
+      ahead.ahead = true;
+      AddSyncGradient(p, ahead, worker, &op);
+    } else {
+      if (part.version != version || p.contributed[worker]) {
+        return absl::InternalError(absl::StrFormat(
+            "%s/%d: replica diverged: forwarded gradient of worker %d for step %d, "
+            "but this replica is at step %d%s",
+            p.tensor, p.index, worker, part.version, version,
+            p.contributed[worker] ? " with its gradient already in" : ""));
+      }
+      AddSyncGradient(p, part, worker, &op);
     }
-    AddSyncGradient(p, part, worker, &op);
   } else {
     *staleness = ApplyAsyncGradient(p, part);
   }

@@ -425,6 +425,59 @@ TEST_P(JobResume, FinishesTheRemainingEpochs) {
 INSTANTIATE_TEST_SUITE_P(Modes, JobResume, ::testing::Values("sync", "async"), ModeName);
 
 // ---------------------------------------------------------------------------
+// Sync, the whole job SIGKILLed between the shards' writes of one step
+// checkpoint (each shard writes its own from its housekeeping loop, so they
+// can be up to ~0.1 s apart): shard 0 restores the step before the one
+// shard 1 restores. The workers go on at the newer step, shard 0's
+// partitions catch up on their first push (their steps between are lost,
+// as after one shard's restart), and the job ends at a full run's step
+// count. Shard 0's newest checkpoint is deleted to make the gap certain.
+using JobKilledBetweenCheckpointWrites = FaultTest;
+
+TEST_F(JobKilledBetweenCheckpointWrites, ResumesAtTheNewerStep) {
+  const int64_t total = kEpochs * kStepsPerEpoch;
+  const std::string dir = NewDir();
+  ProcessGroup group;
+  LocalClusterOptions options = Job("sync", dir);
+  auto first = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(WaitForSteps(group, *first, 0, total / 2).ok());
+  for (pid_t pid : first->workers) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
+  for (pid_t pid : first->shards) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
+  group.StopAll();
+
+  std::vector<std::string> shard0;  // shard 0's step checkpoints, oldest first
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, "shard-0-of-") && absl::EndsWith(name, ".ckpt")) {
+      shard0.push_back(entry.path().string());
+    }
+  }
+  std::sort(shard0.begin(), shard0.end());
+  ASSERT_GE(shard0.size(), 2u) << "shard 0 keeps its previous step checkpoint";
+  ASSERT_TRUE(std::filesystem::remove(shard0.back()));
+
+  options.shard_ports = Ports(*first);
+  auto second = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  LocalCluster& cluster = *second;
+  absl::StatusOr<double> accuracy = testutil::WaitForFinalAccuracy(group, cluster, kJobTimeout);
+  ASSERT_TRUE(accuracy.ok()) << accuracy.status();
+  ExpectWorkersExitZero(group, cluster);
+  // The first worker to register sees the gap (no push has closed it yet).
+  const std::string logs = testutil::ReadFile(cluster.WorkerLog(0)) +
+                           testutil::ReadFile(cluster.WorkerLog(1));
+  EXPECT_TRUE(absl::StrContains(logs, "restored an older step checkpoint"))
+      << "no worker saw the gap; the chief's log:\n" << Tail(cluster.WorkerLog(0));
+  EXPECT_GT(ResumedAt(testutil::ReadFile(cluster.WorkerLog(0))), 0) << "the chief did not resume";
+  EXPECT_GE(*accuracy, 0.7);
+  for (int port : cluster.shard_metrics_ports) {
+    EXPECT_EQ(Metric(port, "shardtrain_partition_version_max"), total);
+    EXPECT_EQ(Metric(port, "shardtrain_partition_version_min"), total);
+  }
+}
+
+// ---------------------------------------------------------------------------
 // A worker is stopped (SIGSTOP) for longer than the heartbeat timeout, then
 // continued: the other worker waits at most about the heartbeat timeout,
 // and the stalled one rejoins and finishes.

@@ -8,6 +8,7 @@
 // Every process is stopped when the test ends, pass or fail.
 #include <signal.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -449,10 +450,11 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
 // checkpoints (one per group; the other rejoins as its tail), the workers
 // resume there, and the job ends at a full run's step count with head and
 // tail identical.
-TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
+void RunWholeJobRestart(const EtcdProcess& etcd, etcd::EtcdClient& client,
+                        const std::string& job, bool drop_newest_checkpoints) {
   constexpr int kEpochs = 2;
   const std::string dir = testutil::MakeTempDir("shardtrain-replicated-resume-");
-  LocalClusterOptions options = Job("sync", "resume", etcd_->endpoint(), kEpochs);
+  LocalClusterOptions options = Job("sync", job, etcd.endpoint(), kEpochs);
   options.dir = dir;
   options.server_flags.push_back("--checkpoint_dir=" + dir + "/checkpoints");
   options.server_flags.push_back("--checkpoint_every_steps=50");
@@ -463,6 +465,23 @@ TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
   for (pid_t pid : first->workers) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
   for (pid_t pid : first->shards) ASSERT_TRUE(group.Signal(pid, SIGKILL).ok());
   group.StopAll();
+  if (drop_newest_checkpoints) {
+    // Shards 0 and 1 were killed before writing their newest step
+    // checkpoint: group 0 restores an older step, and so does every group
+    // shard 0 or 1 takes over; one shard 2 takes over is a step interval ahead.
+    for (const std::string prefix : {"shard-0-of-", "shard-1-of-"}) {
+      std::vector<std::string> files;  // oldest first
+      for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+        const std::string name = entry.path().filename().string();
+        if (absl::StartsWith(name, prefix) && absl::EndsWith(name, ".ckpt")) {
+          files.push_back(entry.path().string());
+        }
+      }
+      std::sort(files.begin(), files.end());
+      ASSERT_GE(files.size(), 2u) << "a shard keeps its previous step checkpoint";
+      ASSERT_TRUE(std::filesystem::remove(files.back()));
+    }
+  }
   for (const std::string& server : first->servers) {
     int port = 0;
     ASSERT_TRUE(absl::SimpleAtoi(server.substr(server.rfind(':') + 1), &port));
@@ -476,7 +495,7 @@ TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
       << "the chief did not resume; its log:\n" << chief;
   int compared = 0;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "resume", g);
+    absl::StatusOr<common::ChainConfig> chain = Chain(client, job, g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     ASSERT_EQ(chain->members.size(), 2u) << "group " << g << " did not get its replica back";
     std::map<std::string, int64_t> versions;
@@ -500,10 +519,31 @@ TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
   long long resumed = -1;
   const size_t at = chief.find("resuming at step ");
   if (at != std::string::npos) std::sscanf(chief.c_str() + at, "resuming at step %lld", &resumed);
-  std::printf("WHOLE-JOB RESTART: killed after step %d, the chief resumed at step %lld; %d "
-              "group(s) taken over by a restarted shard as their last copy\n",
-              kStepsPerEpoch + 20, resumed, taken_over);
-  if (!HasFailure()) std::filesystem::remove_all(dir);
+  bool gap = false;
+  for (int w = 0; w < kWorkers; ++w) {
+    gap = gap || absl::StrContains(testutil::ReadFile(second->WorkerLog(w)),
+                                   "restored an older step checkpoint");
+  }
+  std::printf("WHOLE-JOB RESTART%s: killed after step %d, the chief resumed at step %lld; %d "
+              "group(s) taken over by a restarted shard as their last copy; %s\n",
+              drop_newest_checkpoints ? " (newest checkpoints of shards 0, 1 dropped)" : "",
+              kStepsPerEpoch + 20, resumed, taken_over,
+              gap ? "groups restored different steps, the older caught up"
+                  : "every group restored the same step");
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
+}
+
+TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
+  RunWholeJobRestart(*etcd_, *client_, "resume", /*drop_newest_checkpoints=*/false);
+}
+
+// The same, the job killed between the shards' writes of a step checkpoint
+// (they can be ~0.1 s apart): groups restore different steps; the workers
+// go on at the newest, the older groups (head and tail alike) catch up on
+// the first push, and the job still ends at a full run's step count with
+// every head and tail identical.
+TEST_F(ReplicationTest, WholeJobKilledBetweenCheckpointWrites) {
+  RunWholeJobRestart(*etcd_, *client_, "resumegap", /*drop_newest_checkpoints=*/true);
 }
 
 // A shard SIGSTOPped past its lease is dropped; once SIGCONTed it refuses

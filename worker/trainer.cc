@@ -91,6 +91,7 @@ absl::Status Trainer::Initialize() {
   common::EnableFlushToZero();
   client_->set_sync_mode(options_.sync);
   RETURN_IF_ERROR(client_->Register(TensorSpecsFor(model_->params(), options_.seed)));
+  params_ready_ = false;  // SyncToShardStep may pull them
   int64_t clock = 0;
   if (options_.sync) {
     ASSIGN_OR_RETURN(clock, SyncToShardStep(/*pull_first=*/false));
@@ -98,7 +99,6 @@ absl::Status Trainer::Initialize() {
     clock = client_->registered_worker_clock();
   }
   clock_.store(clock);
-  params_ready_ = false;
   return absl::OkStatus();
 }
 
@@ -114,6 +114,7 @@ absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
   for (int i = 0; i < kMaxSyncPulls; ++i) {
     const auto [lo, hi] = client_->known_versions();
     if (lo == hi) return hi;
+    if (hi - lo > 1) return CatchUpLaggingPartitions(lo, hi);
     // Some partitions are a step ahead: wait for the rest to get there.
     RETURN_IF_ERROR(client_->Pull(hi, hi, param_spans_, &stats));
   }
@@ -121,6 +122,23 @@ absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
   return absl::UnavailableError(absl::StrFormat(
       "partition versions still range over [%d, %d] after %d pulls", lo, hi,
       kMaxSyncPulls));
+}
+
+absl::StatusOr<int64_t> Trainer::CatchUpLaggingPartitions(int64_t lo, int64_t hi) {
+  // Their shards restored an older step checkpoint than the others (the
+  // whole job was killed between the shards' checkpoint writes): the job
+  // goes on at the newest step, from the parameters they hold, and they
+  // catch up on the next push, as after one shard's restart.
+  client::PullStats stats;
+  RETURN_IF_ERROR(client_->Pull(hi, /*min_version=*/0, param_spans_, &stats));
+  const int64_t step = client_->known_versions().second;
+  const int64_t lost = client_->RaiseKnownVersions(step);
+  params_ready_ = true;
+  LOG(WARNING) << "sync: partitions at steps [" << lo << ", " << hi
+               << "]: those behind restored an older step checkpoint than the rest; going on "
+               << "at step " << step << " from what they hold (" << lost
+               << " partition-steps lost)";
+  return step;
 }
 
 absl::Status Trainer::Rejoin(const absl::Status& why, bool pull_first) {
