@@ -114,7 +114,14 @@ absl::StatusOr<int64_t> Trainer::SyncToShardStep(bool pull_first) {
   for (int i = 0; i < kMaxSyncPulls; ++i) {
     const auto [lo, hi] = client_->known_versions();
     if (lo == hi) return hi;
-    if (hi - lo > 1) return CatchUpLaggingPartitions(lo, hi);
+    if (hi - lo > 1) {
+      // This worker's versions may only be old (it was away): see what the
+      // partitions hold now before taking them for apart.
+      RETURN_IF_ERROR(client_->Pull(hi, /*min_version=*/0, param_spans_, &stats));
+      const auto [now_lo, now_hi] = client_->known_versions();
+      if (now_hi - now_lo > 1) return CatchUpLaggingPartitions(now_lo, now_hi);
+      continue;
+    }
     // Some partitions are a step ahead: wait for the rest to get there.
     RETURN_IF_ERROR(client_->Pull(hi, hi, param_spans_, &stats));
   }
@@ -129,16 +136,13 @@ absl::StatusOr<int64_t> Trainer::CatchUpLaggingPartitions(int64_t lo, int64_t hi
   // whole job was killed between the shards' checkpoint writes): the job
   // goes on at the newest step, from the parameters they hold, and they
   // catch up on the next push, as after one shard's restart.
-  client::PullStats stats;
-  RETURN_IF_ERROR(client_->Pull(hi, /*min_version=*/0, param_spans_, &stats));
-  const int64_t step = client_->known_versions().second;
-  const int64_t lost = client_->RaiseKnownVersions(step);
+  const int64_t lost = client_->RaiseKnownVersions(hi);
   params_ready_ = true;
   LOG(WARNING) << "sync: partitions at steps [" << lo << ", " << hi
                << "]: those behind restored an older step checkpoint than the rest; going on "
-               << "at step " << step << " from what they hold (" << lost
+               << "at step " << hi << " from what they hold (" << lost
                << " partition-steps lost)";
-  return step;
+  return hi;
 }
 
 absl::Status Trainer::Rejoin(const absl::Status& why, bool pull_first) {

@@ -201,8 +201,8 @@ class Trainer {
   // when `pull_first`, else starting from the versions already known) and
   // returns it: the step the job is at.
   absl::StatusOr<int64_t> SyncToShardStep(bool pull_first);
-  // SyncToShardStep when partitions are more than a step apart ([lo, hi]):
-  // pulls what every partition holds and makes the newest step the job's.
+  // SyncToShardStep when the partitions, just pulled, are more than a step
+  // apart ([lo, hi]): makes the newest step the job's.
   absl::StatusOr<int64_t> CatchUpLaggingPartitions(int64_t lo, int64_t hi);
   // Sync: moves clock_ to the shards' step, with its parameters in
   // params_, after this worker fell behind (`why`: its gradient was refused
