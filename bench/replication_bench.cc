@@ -37,7 +37,10 @@
 // ChainRouter says when the worker saw the new chain; the rest is the
 // worker's retry backoff. The killed shard is then restarted on its port,
 // and the next repeat starts once every chain has 2 members again and the
-// heads are back in the placement order.
+// heads are back in the placement order. With --failover_hang the head is
+// SIGSTOPped instead (a hung process, or a host lost without a reset: the
+// push in flight gets no error and must be moved to the new chain), and
+// SIGKILLed only after the measurement, before its restart.
 //
 // Every process the bench starts is stopped (by PID) when it ends, on
 // error, and on SIGINT/SIGTERM/SIGHUP (etcd dies with the bench).
@@ -94,6 +97,8 @@ ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated"
 ABSL_FLAG(int, throughput_lease_ttl_s, 2, "--lease_ttl_s of the throughput clusters");
 ABSL_FLAG(int, failover_repeats, 10, "Head kills in the failover part (0: skip it)");
 ABSL_FLAG(int, lease_ttl_s, 1, "--lease_ttl_s of the failover cluster");
+ABSL_FLAG(bool, failover_hang, false,
+          "SIGSTOP the head instead of SIGKILLing it (it hangs: no reset reaches its peers)");
 ABSL_FLAG(int, failover_max_backoff_ms, 0,
           "If > 0: the failover worker's PsClientOptions::max_backoff (the ceiling of its "
           "retry backoff), to see what the default (2 s) adds to the failover time");
@@ -121,6 +126,7 @@ struct BenchOptions {
   int throughput_lease_ttl_s = 2;
   int failover_repeats = 10;
   int lease_ttl_s = 1;
+  bool failover_hang = false;  // SIGSTOP instead of SIGKILL
   // > 0: the failover worker's retry backoff ceiling.
   absl::Duration failover_max_backoff = absl::ZeroDuration();
   bool skip_throughput = false;
@@ -395,7 +401,7 @@ std::string GrantedTtl(const std::string& log) {
 absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& worker,
                                   Pusher& pusher, EtcdLog& log, etcd::EtcdClient& etcd,
                                   const prometheus::Registry& registry, int group,
-                                  absl::Duration timeout) {
+                                  bool hang, absl::Duration timeout) {
   const std::string& job = cluster.options.name;
   ASSIGN_OR_RETURN(const std::vector<common::ChainConfig> before, ReadChains(etcd, job));
   Failover f;
@@ -415,7 +421,13 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   }
   const double retries_before = RetriesTotal(registry);
   const Clock::time_point killed = Clock::now();
-  RETURN_IF_ERROR(children.Kill(cluster.pids[f.shard]));
+  if (hang) {
+    if (kill(cluster.pids[f.shard], SIGSTOP) != 0) {
+      return absl::InternalError(absl::StrCat("SIGSTOP of shard ", f.shard, " failed"));
+    }
+  } else {
+    RETURN_IF_ERROR(children.Kill(cluster.pids[f.shard]));
+  }
   const Clock::time_point deadline = killed + absl::ToChronoNanoseconds(timeout);
   std::optional<Clock::time_point> pushed;
   while (Clock::now() < deadline && !(pushed.has_value() && f.router_ms >= 0)) {
@@ -457,6 +469,7 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
     absl::SleepFor(absl::Milliseconds(5));
   }
   // Back to full chains: the shard restarts and rejoins as a tail.
+  if (hang) RETURN_IF_ERROR(children.Kill(cluster.pids[f.shard]));
   const Clock::time_point restarted = Clock::now();
   RETURN_IF_ERROR(StartShard(children, cluster, f.shard, /*restart=*/true));
   RETURN_IF_ERROR(WaitForFullChains(etcd, job, 2, timeout));
@@ -546,11 +559,13 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     for (int i = 0; i < options.failover_repeats; ++i) {
       ASSIGN_OR_RETURN(failovers.emplace_back(),
                        KillHead(children, cluster, *worker, pusher, log, etcd, registry,
-                                i % kClusterShards, std::max(absl::Seconds(30), options.start_timeout)));
+                                i % kClusterShards, options.failover_hang,
+                                std::max(absl::Seconds(30), options.start_timeout)));
       const Failover& f = failovers.back();
-      std::printf("failover %d: killed shard %d (head of group %d): first push acknowledged "
+      std::printf("failover %d: %s shard %d (head of group %d): first push acknowledged "
                   "after %.0f ms\n",
-                  i + 1, f.shard, f.group, f.push_ms);
+                  i + 1, options.failover_hang ? "stopped" : "killed", f.shard, f.group,
+                  f.push_ms);
       std::fflush(stdout);
     }
     if (pusher.failures() > 0) {
@@ -575,6 +590,11 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
                   "; calls routed by the chains capped at ",
                   absl::FormatDuration(client::RetryPolicy().routed_max_backoff),
                   " (RetryPolicy::routed_max_backoff)\n");
+  absl::StrAppend(&text, "# the head ",
+                  options.failover_hang
+                      ? "SIGSTOPped (it hangs; SIGKILLed after the measurement, before its "
+                        "restart); read SIGSTOP for SIGKILL below (--failover_hang)\n"
+                      : "SIGKILLed\n");
   absl::StrAppend(&text,
                   "# ms after the SIGKILL: lease = the killed shard's liveness key deleted in "
                   "etcd (its lease expired); chain = the group's chain put without it; all = "
@@ -612,9 +632,9 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     retry.push_back(all_seen ? f.push_ms - f.router_ms : -1);
   }
   absl::StrAppendFormat(&text,
-                        "failover (SIGKILL of a head -> first push acknowledged): median %s ms, "
+                        "failover (%s of a head -> first push acknowledged): median %s ms, "
                         "p90 %s ms, min %s, max %s (%d repeats)\n",
-                        FormatMs(SeenPercentile(push, 0.5)), FormatMs(SeenPercentile(push, 0.9)),
+                        options.failover_hang ? "SIGSTOP" : "SIGKILL", FormatMs(SeenPercentile(push, 0.5)), FormatMs(SeenPercentile(push, 0.9)),
                         FormatMs(SeenPercentile(push, 0)), FormatMs(SeenPercentile(push, 1)),
                         static_cast<int>(push.size()));
   const auto row = [&text](const char* what, const std::vector<double>& values) {
@@ -769,6 +789,7 @@ int main(int argc, char** argv) {
   options.throughput_lease_ttl_s = absl::GetFlag(FLAGS_throughput_lease_ttl_s);
   options.failover_repeats = absl::GetFlag(FLAGS_failover_repeats);
   options.lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
+  options.failover_hang = absl::GetFlag(FLAGS_failover_hang);
   options.failover_max_backoff = absl::Milliseconds(absl::GetFlag(FLAGS_failover_max_backoff_ms));
   options.skip_throughput = absl::GetFlag(FLAGS_skip_throughput);
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));

@@ -155,6 +155,11 @@ std::vector<int> ChainRouter::MemberShards() const {
   return std::vector<int>(shards.begin(), shards.end());
 }
 
+void ChainRouter::SetOnChange(std::function<void(const common::ChainConfig&)> on_change) {
+  absl::MutexLock lock(&mu_);
+  on_change_ = std::move(on_change);
+}
+
 int64_t ChainRouter::changes() const {
   absl::ReaderMutexLock lock(&mu_);
   return changes_;
@@ -190,20 +195,26 @@ void ChainRouter::Apply(const std::string& key, const std::string& value,
                               << "; keeping the last good one";
     return;
   }
-  absl::MutexLock lock(&mu_);
-  std::optional<Entry>& entry = entries_[*group];
-  if (entry.has_value() && entry->mod_revision >= mod_revision) return;  // not newer
-  if (!entry.has_value()) {
-    LOG(INFO) << absl::StrFormat("group %d: chain epoch %d, members %s (head first)", *group,
-                                 config->epoch, MembersOf(*config));
-  } else if (!SameShards(entry->config, *config)) {
-    LOG(INFO) << absl::StrFormat("group %d: chain epoch %d -> %d, members %s -> %s (%s)",
-                                 *group, entry->config.epoch, config->epoch,
-                                 MembersOf(entry->config), MembersOf(*config), source);
-    ++changes_;
-    if (metrics_ != nullptr) metrics_->chain_changes(*group).Increment();
+  std::function<void(const common::ChainConfig&)> on_change;
+  {
+    absl::MutexLock lock(&mu_);
+    std::optional<Entry>& entry = entries_[*group];
+    if (entry.has_value() && entry->mod_revision >= mod_revision) return;  // not newer
+    if (!entry.has_value()) {
+      LOG(INFO) << absl::StrFormat("group %d: chain epoch %d, members %s (head first)", *group,
+                                   config->epoch, MembersOf(*config));
+    } else if (!SameShards(entry->config, *config)) {
+      LOG(INFO) << absl::StrFormat("group %d: chain epoch %d -> %d, members %s -> %s (%s)",
+                                   *group, entry->config.epoch, config->epoch,
+                                   MembersOf(entry->config), MembersOf(*config), source);
+      ++changes_;
+      if (metrics_ != nullptr) metrics_->chain_changes(*group).Increment();
+    }
+    entry = Entry{*config, mod_revision};
+    on_change = on_change_;
   }
-  entry = Entry{*std::move(config), mod_revision};
+  // Outside the lock: the listener may read routes.
+  if (on_change) on_change(*config);
 }
 
 absl::StatusOr<int64_t> ChainRouter::ReadAll() {
@@ -370,6 +381,20 @@ absl::Status ChainRouter::WaitForGroups(int num_groups, absl::Duration timeout) 
       "shards started with --replicas > 1 and the same --job?",
       etcd_->endpoint(), common::ChainsPrefix(options_.job), missing.size() == 1 ? "" : "s",
       absl::StrJoin(missing, ", "), absl::FormatDuration(timeout)));
+}
+
+void RouteChannels(ChainRouter* router, const std::vector<ShardChannel*>& channels) {
+  for (ShardChannel* channel : channels) channel->set_chain(router, channels);
+  // A member that hangs or is cut off sends no reset: calls waiting on it
+  // move to the new chain as soon as the router sees it dropped.
+  router->SetOnChange([channels](const common::ChainConfig& config) {
+    if (config.group < 0 || config.group >= static_cast<int>(channels.size())) return;
+    std::vector<int> members;
+    for (const common::ChainConfig::Member& member : config.members) {
+      members.push_back(member.shard);
+    }
+    channels[config.group]->AbandonDeparted(static_cast<uint64_t>(config.epoch), members);
+  });
 }
 
 }  // namespace shardtrain::client

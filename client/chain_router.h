@@ -104,6 +104,12 @@ class ChainRouter final : public ChainRoutes {
   // Refresh of every group, waited for. REQUIRES: as Refresh(group).
   void RefreshAll();
 
+  // Runs `on_change` with every newer configuration the router adopts (a
+  // watch event or a read), on the thread that read it and outside the
+  // router's lock; replaces the previous one. ShardChannel::AbandonDeparted
+  // listens here, so calls stuck on a member the chain dropped move on.
+  void SetOnChange(std::function<void(const common::ChainConfig&)> on_change);
+
   // Waits until groups 0..num_groups-1 all have a configuration.
   // DEADLINE_EXCEEDED naming the missing groups when `timeout` passes.
   absl::Status WaitForGroups(int num_groups, absl::Duration timeout);
@@ -155,11 +161,19 @@ class ChainRouter final : public ChainRoutes {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refresh_reads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const common::ChainConfig&)> on_change_ ABSL_GUARDED_BY(mu_);
   // Replaced only by the refresh thread (after a watch ended) and the
   // destructor; the watch's callbacks never touch it.
   std::unique_ptr<etcd::Watcher> watcher_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;  // last: starts after everything above exists
 };
+
+// Routes the calls of `channels[g]` (shard g's channel, standing for
+// replica group g) through `router` (ShardChannel::set_chain, with every
+// channel as a peer), and cancels a group's calls stuck on a member its
+// newer chain dropped (SetOnChange -> ShardChannel::AbandonDeparted). The
+// channels must outlive the router.
+void RouteChannels(ChainRouter* router, const std::vector<ShardChannel*>& channels);
 
 }  // namespace shardtrain::client
 

@@ -67,10 +67,24 @@ class TestShard final : public ParameterServer::CallbackService {
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
-  ~TestShard() override { Stop(); }
+  ~TestShard() override {
+    Hang(false);
+    Stop();
+  }
 
   void Stop() {
     if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  }
+  // While hanging, requests are received but not answered (a process that
+  // is stopped or cut off: no reset); Hang(false) answers them CANCELLED.
+  void Hang(bool hang) {
+    std::vector<grpc::ServerUnaryReactor*> held;
+    {
+      absl::MutexLock lock(&mu_);
+      hanging_ = hang;
+      if (!hang) held.swap(held_);
+    }
+    for (grpc::ServerUnaryReactor* reactor : held) reactor->Finish(grpc::Status::CANCELLED);
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   void set_policy(Policy policy) {
@@ -111,12 +125,16 @@ class TestShard final : public ParameterServer::CallbackService {
   grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context,
                                    const Received& received) {
     Policy policy;
+    auto* reactor = context->DefaultReactor();
     {
       absl::MutexLock lock(&mu_);
       received_.push_back(received);
       policy = policy_;
+      if (hanging_) {
+        held_.push_back(reactor);
+        return reactor;
+      }
     }
-    auto* reactor = context->DefaultReactor();
     reactor->Finish(policy ? policy(received) : grpc::Status::OK);
     return reactor;
   }
@@ -127,6 +145,8 @@ class TestShard final : public ParameterServer::CallbackService {
   mutable absl::Mutex mu_;
   Policy policy_ ABSL_GUARDED_BY(mu_);
   std::vector<Received> received_ ABSL_GUARDED_BY(mu_);
+  bool hanging_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
 };
 
 class ChainRoutingTest : public ::testing::Test {
@@ -176,8 +196,7 @@ class ChainRoutingTest : public ::testing::Test {
     options.num_groups = 2;
     options.watch = watch;
     ASSERT_OK_AND_ASSIGN(router_, ChainRouter::Create(options));
-    std::vector<ShardChannel*> peers = {channels_[0].get(), channels_[1].get()};
-    for (auto& channel : channels_) channel->set_chain(router_.get(), peers);
+    RouteChannels(router_.get(), {channels_[0].get(), channels_[1].get()});
   }
 
   // A call of group `group`: one partition of tensor "w".
@@ -216,11 +235,16 @@ class ChainRoutingTest : public ::testing::Test {
     return status;
   }
 
-  // Group 0's head (shard 0) is down; 300 ms into the push the chain drops
-  // it, as the shards would once its lease expired. The push lands on shard
-  // 1; returns how long it took.
-  absl::Duration PushWhileTheHeadDies() {
-    shards_[0]->Stop();
+  // Group 0's head (shard 0) is down (`hang`: it takes the push and never
+  // answers); 300 ms into the push the chain drops it, as the shards would
+  // once its lease expired. The push lands on shard 1; returns how long it
+  // took.
+  absl::Duration PushWhileTheHeadDies(bool hang = false) {
+    if (hang) {
+      shards_[0]->Hang(true);
+    } else {
+      shards_[0]->Stop();
+    }
     std::thread reconfigure([this] {
       absl::SleepFor(absl::Milliseconds(300));
       EXPECT_OK(chains_->Change(0, {1}).status());
@@ -382,6 +406,44 @@ TEST_F(ChainRoutingTest, ACallWaitingOutABackoffFollowsTheWatchAtOnce) {
   Route();
   if (IsSkipped()) return;
   EXPECT_LT(PushWhileTheHeadDies(), absl::Seconds(5)) << "the retry waited for its backoff";
+}
+
+// The head hangs (stopped, or cut off: no reset comes back) with the push
+// in flight; 300 ms later the chain drops it. The push is cancelled there
+// and lands on the new head at once, not after its 30 s deadline.
+TEST_F(ChainRoutingTest, ACallStuckOnAHungHeadMovesWhenTheChainDropsIt) {
+  MakeChannels(MinuteBackoff());
+  Route();
+  if (IsSkipped()) return;
+  EXPECT_LT(PushWhileTheHeadDies(/*hang=*/true), absl::Seconds(5))
+      << "the push waited for the hung head";
+  // The same push (its sequence number) went to shard 1 under the new epoch.
+  EXPECT_THAT(shards_[0]->received(), ElementsAre(Received{"Push", 1, 0, 1}));
+}
+
+// A chain change that keeps the call's shard (a tail joins behind the
+// head) leaves the call alone.
+TEST_F(ChainRoutingTest, ACallToAShardStillInTheChainIsLeftAlone) {
+  Route();
+  if (IsSkipped()) return;
+  shards_[0]->Hang(true);
+  std::unique_ptr<GroupCall> call = Call(0);
+  absl::Notification done;
+  absl::Status status;
+  call->requests().SetPush(1, call->NextSequence(),
+                           [this](int) { return absl::Span<const float>(grad_); }, versions_);
+  call->StartPush([&](absl::Status s) {
+    status = s;
+    done.Notify();
+  });
+  while (shards_[0]->received().empty()) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(channels_[0]->AbandonDeparted(/*epoch=*/2, {0, 1}), 0);
+  EXPECT_EQ(channels_[0]->AbandonDeparted(/*epoch=*/1, {1}), 0);  // not newer
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  shards_[0]->Hang(false);  // answers CANCELLED: the call ends with it
+  done.WaitForNotification();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_TRUE(shards_[1]->received().empty());
 }
 
 TEST_F(ChainRoutingTest, ErrorsNameTheGroupAndTheShardTried) {

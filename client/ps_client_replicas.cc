@@ -42,11 +42,11 @@ absl::Status PsClient::StartRouting() {
           g, options_.job, config->replicas, options_.replicas));
     }
   }
-  std::vector<ShardChannel*> peers;
-  for (const std::unique_ptr<ShardChannel>& channel : channels_) peers.push_back(channel.get());
+  std::vector<ShardChannel*> channels;
   for (const std::unique_ptr<ShardChannel>& channel : channels_) {
-    channel->set_chain(router_.get(), peers);
+    channels.push_back(channel.get());
   }
+  RouteChannels(router_.get(), channels);  // router_ goes before channels_
   absl::MutexLock lock(&warn_mu_);
   skip_warned_.assign(channels_.size(), absl::InfinitePast());
   return absl::OkStatus();

@@ -80,7 +80,8 @@ struct ShardChannel::PendingCall {
   ShardRpc rpc;
   std::function<void(absl::Status)> done;
   absl::Duration reconnect_timeout;
-  std::unique_ptr<grpc::ClientContext> context;
+  // Shared with AbandonDeparted, which may cancel it outside the lock.
+  std::shared_ptr<grpc::ClientContext> context;
   // Fires the next attempt after a backoff; kept until the call ends.
   std::unique_ptr<grpc::Alarm> alarm;
   absl::Time first_failure = absl::InfinitePast();
@@ -95,6 +96,10 @@ struct ShardChannel::PendingCall {
   // no chain configuration.
   ShardChannel* target = nullptr;
   grpc::Status last_error;
+  // Set by AbandonDeparted (under the channel's mu_) while the attempt is
+  // in flight: its target left the chain; the CANCELLED it ends with is
+  // retried on the new chain.
+  bool abandoned = false;
 };
 
 ShardChannel::ShardChannel(int index, std::string address,
@@ -121,7 +126,7 @@ void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
 }
 
 void ShardChannel::StartAttempt(PendingCall* call) {
-  call->context = std::make_unique<grpc::ClientContext>();
+  call->context = std::make_shared<grpc::ClientContext>();
   const absl::Time now = absl::Now();
   call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
       now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));
@@ -165,6 +170,11 @@ void ShardChannel::StartAttempt(PendingCall* call) {
   }
   attempt.shard_incarnation = call->sent_incarnation;
   attempt.target = call->target;
+  if (call->routed) {
+    absl::MutexLock lock(&mu_);
+    call->abandoned = false;
+    in_flight_.insert(call);
+  }
   call->rpc.start(attempt, [this, call](grpc::Status status) {
     OnAttemptDone(call, std::move(status));
   });
@@ -195,8 +205,41 @@ std::string ShardChannel::Describe(const PendingCall& call) const {
                          call.target->index(), call.target->address());
 }
 
+int ShardChannel::AbandonDeparted(uint64_t epoch, const std::vector<int>& members) {
+  std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    for (PendingCall* call : in_flight_) {
+      if (call->abandoned || call->sent_epoch >= epoch || call->target == nullptr ||
+          std::find(members.begin(), members.end(), call->target->index()) != members.end()) {
+        continue;
+      }
+      call->abandoned = true;
+      cancel.push_back(call->context);
+    }
+  }
+  // Outside the lock: the attempt may end (and run OnAttemptDone) at once.
+  for (const std::shared_ptr<grpc::ClientContext>& context : cancel) context->TryCancel();
+  if (!cancel.empty()) {
+    LOG(INFO) << "group " << index_ << ": chain epoch " << epoch << " dropped the shard of "
+              << cancel.size() << " call(s) in flight; sending them to the new chain";
+  }
+  return static_cast<int>(cancel.size());
+}
+
 void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
   ShardChannel* const target = call->target;
+  if (call->routed) {
+    absl::MutexLock lock(&mu_);
+    in_flight_.erase(call);
+    if (call->abandoned && status.error_code() == grpc::StatusCode::CANCELLED) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrFormat("cancelled: the chain of group %d dropped shard %d "
+                                            "while the call waited for it",
+                                            index_, target != nullptr ? target->index() : -1));
+    }
+    call->abandoned = false;
+  }
   if (status.ok()) {
     target->NoteAnswer();
     Finish(call, absl::OkStatus());

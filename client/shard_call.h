@@ -32,8 +32,13 @@
 // lasts milliseconds (the shard has not read the newest epoch yet, or a
 // head hands its place over) is retried after 5 ms, doubling. A call
 // waiting out a backoff looks every 20 ms whether its chain moved on (the
-// router's watch saw a dead head replaced) and then retries at once. No
-// resync: the chain keeps the state across shard
+// router's watch saw a dead head replaced) and then retries at once. An
+// attempt in flight to a member that the chain has since dropped
+// (AbandonDeparted: the router saw a newer epoch without it) is cancelled
+// and retried at once on the new chain: a member that hangs or is cut off
+// sends no reset, and the call would otherwise wait out its deadline
+// (pushes are idempotent, so the new head applies a retried push once).
+// No resync: the chain keeps the state across shard
 // failures, so a routed call sends shard_incarnation 0. Calls without a
 // role (the control RPCs) always go to the channel's own shard.
 //
@@ -62,6 +67,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/support/status.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/bit_gen_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -199,6 +205,12 @@ class ShardChannel {
     peers_ = std::move(peers);
   }
   bool routed() const { return routes_ != nullptr; }
+  // Replicated shards: this channel's replica group has a chain at `epoch`
+  // whose members are `members` (shard indices). Routed attempts sent
+  // under an older epoch to a shard not among them are cancelled and
+  // retried at once (see the file comment). Called by the chain router's
+  // change listener; returns how many were cancelled.
+  int AbandonDeparted(uint64_t epoch, const std::vector<int>& members);
 
   // The shard's incarnation as last learned (0: unknown).
   uint64_t incarnation() const { return incarnation_.load(); }
@@ -266,6 +278,8 @@ class ShardChannel {
   bool resyncing_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::function<void(absl::Status)>> resync_waiters_ ABSL_GUARDED_BY(mu_);
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
+  // Routed attempts in flight (AbandonDeparted).
+  absl::flat_hash_set<PendingCall*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardtrain::client

@@ -29,12 +29,14 @@
 #include "gtest/gtest.h"
 #include "tests/cluster_util.h"
 #include "tests/local_cluster.h"
+#include "tests/net_ns.h"
 
 namespace shardtrain {
 namespace {
 
 using testutil::LocalCluster;
 using testutil::LocalClusterOptions;
+using testutil::NetNs;
 using testutil::ProcessGroup;
 
 constexpr int kShards = 2;
@@ -757,55 +759,6 @@ TEST_F(NumWorkersMismatch, WorkerExitsQuicklyNamingBothNumbers) {
 // Partition: worker 1 lives in its own network namespace, joined to this one
 // by a veth pair with private addresses; its link is cut for 5 s and
 // restored. The job finishes and worker 1 with it.
-class NetNs {
- public:
-  static absl::StatusOr<std::unique_ptr<NetNs>> Create() {
-    const int id = static_cast<int>(getpid() % 200) + 20;
-    std::unique_ptr<NetNs> ns(new NetNs(id));
-    for (const std::string& command : {
-             "ip netns add " + ns->name_,
-             absl::StrCat("ip link add ", ns->host_if_, " type veth peer name ", ns->ns_if_,
-                          " netns ", ns->name_),
-             absl::StrCat("ip addr add ", ns->host_addr_, "/30 dev ", ns->host_if_),
-             "ip link set " + ns->host_if_ + " up",
-             absl::StrCat("ip -n ", ns->name_, " addr add ", ns->ns_addr_, "/30 dev ", ns->ns_if_),
-             absl::StrCat("ip -n ", ns->name_, " link set ", ns->ns_if_, " up"),
-             absl::StrCat("ip -n ", ns->name_, " link set lo up")}) {
-      absl::Status status = Run(command);
-      if (!status.ok()) return status;
-    }
-    return ns;
-  }
-  ~NetNs() {
-    (void)Run("ip netns del " + name_);
-    (void)Run("ip link del " + host_if_ + " 2>/dev/null || true");
-  }
-  absl::Status SetLink(bool up) {
-    return Run(absl::StrCat("ip -n ", name_, " link set ", ns_if_, up ? " up" : " down"));
-  }
-  std::vector<std::string> Exec() const { return {"/usr/sbin/ip", "netns", "exec", name_}; }
-  const std::string& host_addr() const { return host_addr_; }
-
- private:
-  explicit NetNs(int id)
-      : name_(absl::StrCat("shardtrain-part-", getpid())),
-        host_if_(absl::StrCat("stp", getpid() % 100000, "h")),
-        ns_if_(absl::StrCat("stp", getpid() % 100000, "n")),
-        host_addr_(absl::StrCat("10.200.", id, ".1")),
-        ns_addr_(absl::StrCat("10.200.", id, ".2")) {}
-
-  static absl::Status Run(const std::string& command) {
-    const std::string out = testutil::MakeTempDir("shardtrain-ip-");
-    const int rc = std::system((command + " >" + out + "/log 2>&1").c_str());
-    const std::string log = testutil::ReadFile(out + "/log");
-    std::filesystem::remove_all(out);
-    if (rc != 0) return absl::UnavailableError(absl::StrCat("`", command, "` failed: ", log));
-    return absl::OkStatus();
-  }
-
-  std::string name_, host_if_, ns_if_, host_addr_, ns_addr_;
-};
-
 using Partition = FaultTest;
 
 TEST_F(Partition, WorkerCutOffFor5sContinues) {

@@ -94,11 +94,15 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
   cluster.shards.assign(options.shards, 0);
   cluster.shard_metrics_ports.assign(options.shards, 0);
   for (int s = 0; s < options.shards; ++s) {
-    std::vector<std::string> argv = {
+    std::vector<std::string> argv;
+    if (auto prefix = options.shard_prefix.find(s); prefix != options.shard_prefix.end()) {
+      argv = prefix->second;
+    }
+    argv.insert(argv.end(), {
         server_bin, absl::StrCat("--shard_index=", s),
         absl::StrCat("--num_shards=", options.shards),
         absl::StrCat("--num_workers=", options.workers), "--mode=" + options.mode,
-        "--port_file=" + ShardPortFile(cluster, s)};
+        "--port_file=" + ShardPortFile(cluster, s)});
     if (options.fixed_ports) {
       int port = 0;
       if (s < static_cast<int>(options.shard_ports.size())) {
@@ -108,8 +112,11 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
         if (!picked.ok()) return picked.status();
         port = *picked;
       }
-      argv.push_back(absl::StrCat("--listen=", options.listen_host, ":", port));
-      cluster.servers.push_back(absl::StrCat(options.listen_host, ":", port));
+      auto host = options.shard_listen_host.find(s);
+      const std::string& listen_host =
+          host != options.shard_listen_host.end() ? host->second : options.listen_host;
+      argv.push_back(absl::StrCat("--listen=", listen_host, ":", port));
+      cluster.servers.push_back(absl::StrCat(listen_host, ":", port));
     }
     argv.insert(argv.end(), options.server_flags.begin(), options.server_flags.end());
     std::remove(ShardPortFile(cluster, s).c_str());

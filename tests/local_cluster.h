@@ -43,8 +43,13 @@ struct LocalClusterOptions {
   // Workers started at once (the first ones; -1: all). StartWorker starts
   // the others.
   int start_workers = -1;
-  // Put in front of worker w's command line (e.g. ip netns exec NAME).
+  // Put in front of worker w's / shard s's command line (e.g. ip netns
+  // exec NAME).
   std::map<int, std::vector<std::string>> worker_prefix;
+  std::map<int, std::vector<std::string>> shard_prefix;
+  // With fixed_ports: shard s listens on this host instead of listen_host
+  // (e.g. its address inside a network namespace).
+  std::map<int, std::string> shard_listen_host;
   // Replace --servers for worker w (e.g. another address of the shards).
   std::map<int, std::string> worker_servers;
 };

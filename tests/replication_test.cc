@@ -7,6 +7,7 @@
 // every partition's version equals the number of pushes the workers made.
 // Every process is stopped when the test ends, pass or fail.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -33,6 +34,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "tests/cluster_util.h"
 #include "tests/local_cluster.h"
+#include "tests/net_ns.h"
 
 namespace shardtrain {
 namespace {
@@ -102,6 +104,17 @@ bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
     absl::SleepFor(absl::Milliseconds(100));
   }
   return false;
+}
+
+// Waits (30 s at most) until shard `shard`, dropped from its chains (epoch
+// 2), is back in them (epoch 3 or later) and every chain has 2 members.
+bool WaitForRejoin(etcd::EtcdClient& client, const std::string& job, int shard) {
+  return WaitForChains(
+      client, job,
+      [shard](const common::ChainConfig& c) {
+        return c.members.size() == 2 && (!c.Contains(shard) || c.epoch >= 3);
+      },
+      absl::Seconds(30));
 }
 
 // True when `chain` has its `replicas` members in the placement's order
@@ -196,6 +209,38 @@ void WaitForSteps(const LocalCluster& cluster, int w, int64_t steps) {
     absl::SleepFor(absl::Milliseconds(50));
   }
 }
+
+// Right after a fault: the longest time any worker went without a step
+// until worker 0 has made `steps` more (at most `timeout`). A member that
+// hangs or is cut off sends no reset; calls stuck on it must move to the
+// new chain once etcd drops it (about a lease ttl), not wait out their
+// deadline or gRPC's keepalive (20 s).
+absl::Duration LongestStall(const LocalCluster& cluster, int64_t steps, absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  std::vector<int64_t> last(kWorkers, -1);
+  std::vector<absl::Time> since(kWorkers, start);
+  absl::Duration longest;
+  const int64_t until = WorkerSteps(cluster, 0) + steps;
+  while (absl::Now() < start + timeout) {
+    for (int w = 0; w < kWorkers; ++w) {
+      const int64_t now_steps = WorkerSteps(cluster, w);
+      const absl::Time now = absl::Now();
+      if (now_steps != last[w]) {
+        longest = std::max(longest, now - since[w]);
+        last[w] = now_steps;
+        since[w] = now;
+      }
+    }
+    if (last[0] >= until) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (int w = 0; w < kWorkers; ++w) longest = std::max(longest, absl::Now() - since[w]);
+  return longest;
+}
+
+// With --lease_ttl_s=1: the lease runs out within 1 s, etcd notices within
+// 0.5 s more, the chain changes and the workers' watches see it.
+constexpr absl::Duration kMaxStall = absl::Seconds(4);
 
 // Waits for the chief's accuracy and for every worker to exit 0.
 double Finish(ProcessGroup& group, const LocalCluster& cluster) {
@@ -546,12 +591,17 @@ TEST_F(ReplicationTest, WholeJobKilledBetweenCheckpointWrites) {
   RunWholeJobRestart(*etcd_, *client_, "resumegap", /*drop_newest_checkpoints=*/true);
 }
 
-// A shard SIGSTOPped past its lease is dropped; once SIGCONTed it refuses
-// every push and pull for its old epoch, and the job is not confused.
+// A shard SIGSTOPped past its lease is dropped; the workers' calls stuck on
+// it (and its successor's forwards to it) go to the new chains at once,
+// so no worker stalls much longer than the lease. Once SIGCONTed it
+// refuses every push and pull for its old epoch, and the job is not
+// confused.
+constexpr int kSplitBrainEpochs = 4;
+
 TEST_F(ReplicationTest, SplitBrain) {
   ProcessGroup group;
-  absl::StatusOr<LocalCluster> cluster =
-      testutil::StartLocalCluster(group, Job("async", "split", etcd_->endpoint(), 2));
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("async", "split", etcd_->endpoint(), kSplitBrainEpochs));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
   absl::StatusOr<common::ChainConfig> before = Chain(*client_, "split", 0);
@@ -567,6 +617,11 @@ TEST_F(ReplicationTest, SplitBrain) {
     ASSERT_TRUE(stub->Status(&context, request, &status).ok());
   }
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
+  const absl::Duration stall = LongestStall(*cluster, 200, absl::Seconds(30));
+  std::printf("SIGSTOP of a head: the longest a worker went without a step: %s\n",
+              absl::FormatDuration(stall).c_str());
+  EXPECT_LE(stall, kMaxStall) << "calls waited on the stopped shard";
+  EXPECT_LT(WorkerSteps(*cluster, 0), kSplitBrainEpochs * kStepsPerEpoch);
   ASSERT_TRUE(WaitForChains(
       *client_, "split", [](const common::ChainConfig& c) { return !c.Contains(0); },
       absl::Seconds(10)));
@@ -607,7 +662,66 @@ TEST_F(ReplicationTest, SplitBrain) {
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
   }
   Finish(group, *cluster);
-  ExpectEveryPushApplied(*client_, "split", *cluster, int64_t{kWorkers} * 2 * kStepsPerEpoch);
+  ExpectEveryPushApplied(*client_, "split", *cluster,
+                         int64_t{kWorkers} * kSplitBrainEpochs * kStepsPerEpoch);
+}
+
+// Async, R=2: shard 0 runs in its own network namespace, and its link is
+// cut for 5 s: no reset reaches anyone, and it keeps running. Its chains
+// drop it, the workers' calls stuck on it go to the new heads (no worker
+// stalls much longer than the lease), and once the link is back it finds
+// its lease gone, stops serving its old chains, takes a new lease and
+// rejoins them as a tail. Nothing is lost.
+constexpr int kCutOffEpochs = 16;
+
+TEST_F(ReplicationTest, HeadCutOff) {
+  if (access("/usr/sbin/ip", X_OK) != 0) GTEST_SKIP() << "no /usr/sbin/ip";
+  absl::StatusOr<std::unique_ptr<testutil::NetNs>> ns = testutil::NetNs::Create();
+  if (!ns.ok()) GTEST_SKIP() << "network namespaces are not available: " << ns.status();
+  // etcd, shards 1 and 2 and the workers on this side of the link.
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start((*ns)->host_addr());
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  std::unique_ptr<etcd::EtcdClient> client = Connect((*etcd)->endpoint());
+  ASSERT_NE(client, nullptr);
+  LocalClusterOptions options = Job("async", "cutoff", (*etcd)->endpoint(), kCutOffEpochs);
+  options.listen_host = (*ns)->host_addr();
+  options.shard_listen_host[0] = (*ns)->ns_addr();
+  options.shard_prefix[0] = (*ns)->Exec();
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(group, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  absl::StatusOr<common::ChainConfig> before = Chain(*client, "cutoff", 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->head().shard, 0);
+
+  ASSERT_TRUE((*ns)->SetLink(false).ok());
+  const absl::Time cut = absl::Now();
+  const absl::Duration stall = LongestStall(*cluster, 200, absl::Seconds(30));
+  std::printf("LINK CUT: the longest a worker went without a step: %s\n",
+              absl::FormatDuration(stall).c_str());
+  EXPECT_LE(stall, kMaxStall) << "calls waited on the cut-off shard";
+  ASSERT_TRUE(WaitForChains(
+      *client, "cutoff", [](const common::ChainConfig& c) { return !c.Contains(0); },
+      absl::Seconds(10)))
+      << "shard 0 was not dropped from its chains";
+  absl::SleepFor(cut + absl::Seconds(5) - absl::Now());
+  absl::Status restored = (*ns)->SetLink(true);
+  ASSERT_TRUE(restored.ok()) << restored;
+  const absl::Time back = absl::Now();
+  ASSERT_TRUE(WaitForRejoin(*client, "cutoff", 0))
+      << "shard 0 did not rejoin its chains:\n"
+      << testutil::ReadFile(cluster->ShardLog(0));
+  std::printf("LINK BACK: shard 0 back in its chains %s later; worker 0 at step %lld of %d\n",
+              absl::FormatDuration(absl::Now() - back).c_str(),
+              static_cast<long long>(WorkerSteps(*cluster, 0)), kCutOffEpochs * kStepsPerEpoch);
+  EXPECT_LT(WorkerSteps(*cluster, 0), kCutOffEpochs * kStepsPerEpoch)
+      << "the job ended before shard 0 rejoined";
+  EXPECT_NE(testutil::ReadFile(cluster->ShardLog(0)).find("lease expired"), std::string::npos)
+      << "shard 0 did not notice its lease had expired";
+  Finish(group, *cluster);
+  ExpectEveryPushApplied(*client, "cutoff", *cluster,
+                         int64_t{kWorkers} * kCutOffEpochs * kStepsPerEpoch);
 }
 
 // etcd stopped for 10 s: training goes on. A shard killed meanwhile is
@@ -695,13 +809,7 @@ TEST_F(ReplicationTest, DuplicateShardIsRefused) {
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGKILL).ok());
   (void)group.Wait(cluster->shards[0], absl::Seconds(10));
   ASSERT_TRUE(testutil::RestartShard(group, *cluster, 0).ok());
-  ASSERT_TRUE(WaitForChains(
-      *client_, "dup",
-      [](const common::ChainConfig& c) {
-        // Groups 0 and 2 dropped shard 0 (epoch 2) and took it back.
-        return c.members.size() == 2 && (!c.Contains(0) || c.epoch >= 3);
-      },
-      absl::Seconds(30)))
+  ASSERT_TRUE(WaitForRejoin(*client_, "dup", 0))
       << "the restarted shard 0 did not rejoin its chains:\n"
       << testutil::ReadFile(cluster->ShardLog(0));
   EXPECT_LT(WorkerSteps(*cluster, 0), kDuplicateEpochs * kStepsPerEpoch)

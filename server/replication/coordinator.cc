@@ -69,7 +69,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       LOG(ERROR) << "ignoring chain " << event.key << ": " << config.status();
       return;
     }
-    if (c->table_->Update(*config)) c->Wake();
+    if (c->Adopt(*config)) c->Wake();
   });
   c->member_watch_ = c->etcd_->Watch(common::MembersPrefix(options.job), 0,
                                      [c](const etcd::WatchEvent&) { c->Wake(); });
@@ -172,6 +172,14 @@ void Coordinator::OnLeaseLost(absl::Status why) {
   absl::MutexLock lock(&mu_);
   lease_problem_ = expired ? LeaseProblem::kExpired : LeaseProblem::kUnreachable;
   wake_ = true;
+}
+
+bool Coordinator::Adopt(const common::ChainConfig& config) {
+  if (!table_->Update(config)) return false;
+  // Forwards stuck on a successor this chain dropped (it hangs, or is cut
+  // off) go to the new one now rather than at their deadline.
+  forwarder_->AbandonDeparted(config.group);
+  return true;
 }
 
 void Coordinator::Wake() {
@@ -336,7 +344,7 @@ void Coordinator::ReconcileGroup(int group,
     LOG_EVERY_N(ERROR, 50) << "chain of group " << group << " in etcd: " << config.status();
     return;
   }
-  if (table_->Update(*config)) Wake();
+  if (Adopt(*config)) Wake();
   const std::optional<size_t> index = config->IndexOf(me);
   const bool member = index && config->members[*index].incarnation == incarnation;
   // Whatever a tail holds is committed, also versions it applied as head
@@ -414,7 +422,7 @@ bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
   if (!cas->succeeded) return false;  // another member changed it first
   LOG(INFO) << "group " << group << ": chain " << reason << " -> epoch " << next.epoch;
   if (std::string(reason) != "formed") metrics_->reconfigurations(reason).Increment();
-  table_->Update(next);
+  Adopt(next);
   if (next.tail().shard == table_->shard() && next.tail().incarnation == table_->incarnation()) {
     shard_->CommitGroup(group);
   }

@@ -134,6 +134,9 @@ class Coordinator {
   // if given; what is not so else.
   std::string MembersBehind(int group, const common::ChainConfig& config,
                             std::optional<int64_t> ops);
+  // table_->Update, and on a newer chain the forwards in flight to a
+  // successor it dropped are sent again (Forwarder::AbandonDeparted).
+  bool Adopt(const common::ChainConfig& config);
   void Wake();
 
   const CoordinatorOptions options_;

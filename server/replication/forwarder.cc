@@ -54,7 +54,8 @@ struct Forwarder::Call {
   grpc::ByteBuffer request;
   absl::Time deadline;
   std::function<void(absl::Status)> done;
-  std::unique_ptr<grpc::ClientContext> context;
+  // Shared with AbandonDeparted, which may cancel it outside the lock.
+  std::shared_ptr<grpc::ClientContext> context;
   grpc::ByteBuffer sent;
   grpc::ByteBuffer response;
   std::unique_ptr<grpc::Alarm> alarm;
@@ -143,7 +144,7 @@ void Forwarder::Attempt(Call* call) {
   }
   ++call->attempts;
   call->target = next->address;
-  call->context = std::make_unique<grpc::ClientContext>();
+  call->context = std::make_shared<grpc::ClientContext>();
   const std::shared_ptr<grpc::Channel> channel = ChannelTo(next->address);
   absl::Duration attempt_timeout = kAttemptTimeout;
   // A successor that came back (it rejoined as tail) may still sit in the
@@ -161,9 +162,17 @@ void Forwarder::Attempt(Call* call) {
   if (metrics_ != nullptr) {
     metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    attempts_.insert(call);
+  }
   grpc::GenericStub stub(channel);
   stub.UnaryCall(call->context.get(), kReplicateMethod, grpc::StubOptions(), &call->sent,
                  &call->response, [this, call](grpc::Status status) {
+                   {
+                     absl::MutexLock lock(&mu_);
+                     attempts_.erase(call);
+                   }
                    if (status.ok()) {
                      End(call, absl::OkStatus());
                    } else if (Retryable(status)) {
@@ -175,6 +184,30 @@ void Forwarder::Attempt(Call* call) {
                                                             error.message())));
                    }
                  });
+}
+
+int Forwarder::AbandonDeparted(int group) {
+  int64_t epoch = 0;
+  bool member = false;
+  const std::optional<common::ChainConfig::Member> next =
+      table_->Successor(group, &epoch, &member);
+  std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Call* call : attempts_) {
+      if (call->group != group || call->epoch >= epoch) continue;
+      if (member && next && next->address == call->target) continue;  // still the successor
+      cancel.push_back(call->context);
+    }
+  }
+  // Outside the lock: an attempt may end (and retry) at once. CANCELLED is
+  // retried, and the retry sees the new epoch.
+  for (const std::shared_ptr<grpc::ClientContext>& context : cancel) context->TryCancel();
+  if (!cancel.empty()) {
+    LOG(INFO) << "group " << group << ": chain epoch " << epoch << " dropped the successor of "
+              << cancel.size() << " forward(s) in flight; sending them again";
+  }
+  return static_cast<int>(cancel.size());
 }
 
 void Forwarder::Retry(Call* call, absl::Status why) {

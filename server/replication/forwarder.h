@@ -11,7 +11,10 @@
 // member that already applied it skips it (per-partition operation
 // counts), so nothing is applied twice. A shard that became the tail
 // completes its forwards at once; one that left the chain fails them.
-// Forwards are pipelined: any number may be in flight.
+// Forwards are pipelined: any number may be in flight. A forward in
+// flight to a successor that hangs or is cut off (no reset comes back) is
+// cancelled and sent again as soon as the chain drops that successor
+// (AbandonDeparted), not after its attempt's deadline.
 //
 //   forwarder.Forward(group, std::move(request), absl::Seconds(30),
 //                     [reactor](absl::Status status) { ... });
@@ -31,6 +34,7 @@
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -64,6 +68,11 @@ class Forwarder {
   absl::StatusOr<ChainState> MemberState(const std::string& address, int group,
                                          absl::Duration timeout);
 
+  // `group`'s chain changed (the coordinator adopted a newer one): forwards
+  // in flight to an address that is no longer this shard's successor in it
+  // are cancelled and sent again under the new chain. Returns how many.
+  int AbandonDeparted(int group);
+
   // Ends retries: forwards still waiting fail with UNAVAILABLE.
   void Stop();
 
@@ -85,6 +94,8 @@ class Forwarder {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Attempts in flight (AbandonDeparted).
+  absl::flat_hash_set<Call*> attempts_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 

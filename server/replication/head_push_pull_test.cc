@@ -3,7 +3,8 @@
 // versions its chain's tail holds. The successor here is a test service
 // that holds each forwarded push until the test lets it through, so the
 // test decides when the tail "has" an update. Also: a head handing its
-// place over (ChainTable::Freeze) waits for that and refuses new pushes.
+// place over (ChainTable::Freeze) waits for that and refuses new pushes;
+// a forward stuck on a successor the chain dropped ends at once.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -12,6 +13,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -198,7 +200,7 @@ class HeadPushPullTest : public ::testing::Test {
   }
 
   // Worker `worker`'s PushPull of gradient 1 for every partition of group 0.
-  std::unique_ptr<Call> Start(uint32_t worker) {
+  std::unique_ptr<Call> Start(uint32_t worker, uint64_t epoch = kEpoch) {
     auto call = std::make_unique<Call>();
     call->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
     PushRequest& push = *call->request.mutable_push();
@@ -206,11 +208,11 @@ class HeadPushPullTest : public ::testing::Test {
     push.set_clock(1);
     push.set_worker_incarnation(100 + worker);
     push.set_sequence(1);
-    push.set_chain_epoch(kEpoch);
+    push.set_chain_epoch(epoch);
     PullRequest& pull = *call->request.mutable_pull();
     pull.set_worker(worker);
     pull.set_clock(1);
-    pull.set_chain_epoch(kEpoch);
+    pull.set_chain_epoch(epoch);
     for (uint32_t p : partitions_) {
       GradientPart& part = *push.add_parts();
       part.mutable_key()->set_tensor("w");
@@ -312,6 +314,43 @@ TEST_F(HeadPushPullTest, FreezeWaitsForTheTailAndRefusesNewPushes) {
   ASSERT_TRUE(again->status.ok()) << again->status.error_message();
   EXPECT_EQ(again->response.pull().parts(0).version(), 2);
   EXPECT_TRUE(table_->Freeze(kGroup, absl::Seconds(10))) << "an admission was not released";
+}
+
+// The successor hangs with the forward in flight (stopped, or cut off: no
+// reset comes back); the chain then drops it. AbandonDeparted cancels the
+// forward, which ends at once (this shard is the tail now) instead of at
+// its 10 s attempt deadline: the worker is told at once that its epoch is
+// stale, and its retry under the new one is a duplicate with the pushed
+// version committed. A chain change
+// that keeps the successor (a newer epoch with the same members) leaves
+// the forward alone.
+TEST_F(HeadPushPullTest, AForwardStuckOnADroppedSuccessorEndsWhenTheChainDropsIt) {
+  SetChain(/*head_first=*/true);
+  std::unique_ptr<Call> call = Start(0);
+  ASSERT_TRUE(successor_->WaitForHeld(1));
+  std::optional<common::ChainConfig> config = table_->Get(kGroup);
+  ASSERT_TRUE(config.has_value());
+  common::ChainConfig same = *config;
+  ++same.epoch;
+  ASSERT_TRUE(table_->Update(same));
+  EXPECT_EQ(forwarder_->AbandonDeparted(kGroup), 0);
+  EXPECT_FALSE(call->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+
+  ASSERT_OK_AND_ASSIGN(common::ChainConfig alone, same.Remove(1, same.members[1].incarnation));
+  ASSERT_TRUE(table_->Update(alone));
+  shard_->CommitGroup(kGroup);  // as the coordinator does for a new tail
+  const absl::Time dropped = absl::Now();
+  EXPECT_EQ(forwarder_->AbandonDeparted(kGroup), 1);
+  ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - dropped, absl::Seconds(1)) << "the forward waited for its deadline";
+  EXPECT_EQ(call->status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(call->status.error_message().find("stale chain epoch"), std::string::npos)
+      << call->status.error_message();
+  std::unique_ptr<Call> retry = Start(0, static_cast<uint64_t>(alone.epoch));
+  ASSERT_TRUE(retry->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(retry->status.ok()) << retry->status.error_message();
+  EXPECT_TRUE(retry->response.push().duplicate());
+  EXPECT_EQ(retry->response.pull().parts(0).version(), 1);
 }
 
 TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {

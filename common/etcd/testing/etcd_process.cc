@@ -50,21 +50,25 @@ absl::StatusOr<int> FreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::string Url(int port) { return absl::StrCat("http://127.0.0.1:", port); }
+std::string Url(int port, const std::string& host = "127.0.0.1") {
+  return absl::StrCat("http://", host, ":", port);
+}
 
 }  // namespace
 
 bool EtcdProcess::Available() { return access(kBinary, X_OK) == 0; }
 
-absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start() {
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
+    const std::string& client_host) {
   absl::Status last = absl::InternalError("could not pick two distinct free ports");
   for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
     ASSIGN_OR_RETURN(int client_port, FreePort());
     ASSIGN_OR_RETURN(int peer_port, FreePort());
     if (peer_port == client_port) continue;
     ASSIGN_OR_RETURN(std::string dir, MakeDir());
-    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(
-        std::move(dir), client_port, peer_port, "t", absl::StrCat("t=", Url(peer_port))));
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(dir), client_host, client_port,
+                                                      peer_port, "t",
+                                                      absl::StrCat("t=", Url(peer_port))));
     last = etcd->Spawn();
     if (last.ok()) last = etcd->WaitServing(kStartTimeout);
     if (last.ok()) return etcd;
@@ -91,7 +95,8 @@ absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> EtcdProcess::StartClus
     // All members first: none answers before a quorum has elected a leader.
     for (int i = 0; i < members && last.ok(); ++i) {
       ASSIGN_OR_RETURN(std::string dir, MakeDir());
-      cluster.emplace_back(new EtcdProcess(std::move(dir), ports[2 * i], ports[2 * i + 1],
+      cluster.emplace_back(new EtcdProcess(std::move(dir), "127.0.0.1", ports[2 * i],
+                                           ports[2 * i + 1],
                                            absl::StrCat("m", i), absl::StrJoin(initial, ",")));
       last = cluster.back()->Spawn();
     }
@@ -120,9 +125,10 @@ absl::StatusOr<std::string> EtcdProcess::MakeDir() {
   return pattern;
 }
 
-EtcdProcess::EtcdProcess(std::string dir, int client_port, int peer_port, std::string name,
-                         std::string initial_cluster)
+EtcdProcess::EtcdProcess(std::string dir, std::string client_host, int client_port,
+                         int peer_port, std::string name, std::string initial_cluster)
     : dir_(std::move(dir)),
+      client_host_(std::move(client_host)),
       client_port_(client_port),
       peer_port_(peer_port),
       name_(std::move(name)),
@@ -134,7 +140,9 @@ EtcdProcess::~EtcdProcess() {
   std::filesystem::remove_all(dir_, ignored);
 }
 
-std::string EtcdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+std::string EtcdProcess::endpoint() const {
+  return absl::StrCat(client_host_, ":", client_port_);
+}
 
 absl::Status EtcdProcess::Spawn() {
   if (pid_ > 0) return absl::FailedPreconditionError("etcd is already running");
@@ -144,8 +152,8 @@ absl::Status EtcdProcess::Spawn() {
       kBinary,
       "--name", name_,
       "--data-dir", data_dir,
-      "--listen-client-urls", Url(client_port_),
-      "--advertise-client-urls", Url(client_port_),
+      "--listen-client-urls", Url(client_port_, client_host_),
+      "--advertise-client-urls", Url(client_port_, client_host_),
       "--listen-peer-urls", Url(peer_port_),
       "--initial-advertise-peer-urls", Url(peer_port_),
       "--initial-cluster", initial_cluster_,

@@ -1,5 +1,6 @@
 // EtcdProcess: a real etcd server for tests (a single-member cluster, or one
-// member of a cluster made by StartCluster), on 127.0.0.1 ports chosen free
+// member of a cluster made by StartCluster), on 127.0.0.1 (or another
+// local address for its clients) ports chosen free
 // at run time and a temporary data directory, killed by its PID when the
 // object goes away. It can also pause (SIGSTOP), resume,
 // kill and restart etcd on the same ports and data, to test failures.
@@ -44,7 +45,10 @@ class EtcdProcess {
 
   // Starts etcd and waits (bounded) until it answers a read. Retries with
   // other ports when a port was taken between choosing and binding it.
-  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start();
+  // Clients reach it at `client_host` (an address of this host, e.g. one
+  // end of a veth pair for processes in a network namespace).
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
+      const std::string& client_host = "127.0.0.1");
   // Starts a cluster of `members` etcd processes and waits (bounded) until
   // every member answers a read.
   static absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> StartCluster(int members);
@@ -56,7 +60,7 @@ class EtcdProcess {
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;
 
-  // "127.0.0.1:<client port>".
+  // "<client host>:<client port>".
   std::string endpoint() const;
 
   // SIGSTOP / SIGCONT: etcd keeps its connections but answers nothing.
@@ -69,8 +73,8 @@ class EtcdProcess {
 
  private:
   // `initial_cluster`: etcd's --initial-cluster, naming this member `name`.
-  EtcdProcess(std::string dir, int client_port, int peer_port, std::string name,
-              std::string initial_cluster);
+  EtcdProcess(std::string dir, std::string client_host, int client_port, int peer_port,
+              std::string name, std::string initial_cluster);
   // A temporary directory for one member's data and log.
   static absl::StatusOr<std::string> MakeDir();
 
@@ -81,6 +85,7 @@ class EtcdProcess {
   std::string LogTail() const;
 
   const std::string dir_;  // Owned: data directory and log live under it.
+  const std::string client_host_;
   const int client_port_;
   const int peer_port_;
   const std::string name_;
