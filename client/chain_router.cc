@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<ChainRouter>> ChainRouter::Create(const Options& 
   }
   etcd::EtcdClient::Options etcd_options;
   etcd_options.endpoints = options.etcd_endpoints;
+  etcd_options.credentials = options.etcd_credentials;
   etcd_options.rpc_timeout = options.etcd_timeout;
   etcd_options.connect_timeout = options.etcd_timeout;
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =

@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,6 +59,8 @@ class ChainRouter final : public ChainRoutes {
   struct Options {
     // Comma-separated etcd host:port list.
     std::string etcd_endpoints;
+    // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+    std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
     // The job's etcd namespace (common::ValidateJobName).
     std::string job = "shardtrain";
     // Replica groups of the job: one per shard. Chains of other groups, or

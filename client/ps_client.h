@@ -71,6 +71,7 @@
 #include <vector>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
 
 #include "absl/status/statusor.h"
@@ -139,6 +140,8 @@ struct PsClientOptions {
   // With replicas > 1: the etcd endpoints (host:port,...) holding the
   // chains, and the job's namespace there (/shardtrain/<job>/).
   std::string etcd_endpoints;
+  // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   // With replicas > 1: how long a control RPC (Register, Heartbeat,
   // Status) retries one shard before skipping it as dead.

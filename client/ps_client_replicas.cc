@@ -29,6 +29,7 @@ bool Unreachable(const absl::Status& status) {
 absl::Status PsClient::StartRouting() {
   ChainRouter::Options options;
   options.etcd_endpoints = options_.etcd_endpoints;
+  options.etcd_credentials = options_.etcd_credentials;
   options.job = options_.job;
   options.num_groups = num_shards();
   ASSIGN_OR_RETURN(router_, ChainRouter::Create(options, fault_metrics_));

@@ -211,4 +211,28 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
       credentials, grpc::MetadataCredentialsFromPlugin(std::make_unique<TokenSender>(token)));
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
+    const ClientSecurity& security) {
+  if (security.ca_file.empty() && security.cert_file.empty() && security.key_file.empty()) {
+    return nullptr;
+  }
+  if (security.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--etcd_cert/--etcd_key need --etcd_ca (the CA that signed etcd's certificate)");
+  }
+  if (security.cert_file.empty() != security.key_file.empty()) {
+    return absl::InvalidArgumentError("--etcd_cert and --etcd_key go together");
+  }
+  if (!security.token_file.empty() || !security.token.empty()) {
+    return absl::InvalidArgumentError("etcd takes no shardtrain auth token");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(security, nullptr);
+  if (!credentials.ok()) {
+    return absl::Status(credentials.status().code(),
+                        absl::StrCat("etcd TLS: ", credentials.status().message()));
+  }
+  return credentials;
+}
+
 }  // namespace shardtrain::common

@@ -75,6 +75,15 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ClientSecurity& security, grpc::ChannelArguments* args);
 
+// For etcd (EtcdClient::Options::credentials): its CA in ca_file, and this
+// client's certificate and key when etcd runs with --client-cert-auth; no
+// token. Null when all are empty (plaintext). INVALID_ARGUMENT naming
+// ps-server's flags (--etcd_ca, --etcd_cert, --etcd_key) for a certificate
+// or key without a CA or one without the other; NOT_FOUND /
+// PERMISSION_DENIED for unreadable files.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
+    const ClientSecurity& security);
+
 }  // namespace shardtrain::common
 
 #endif  // SHARDTRAIN_COMMON_CREDENTIALS_H_

@@ -39,6 +39,7 @@
 #include "client/cluster_status.h"
 #include "common/client_security_flags.h"
 #include "common/etcd/etcd_client.h"
+#include "common/etcd_security_flags.h"
 #include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "ctl/chain_admin.h"
@@ -184,6 +185,13 @@ std::unique_ptr<etcd::EtcdClient> Etcd(absl::string_view command) {
   }
   options.rpc_timeout = Timeout();
   options.connect_timeout = std::min(Timeout(), absl::Seconds(5));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      common::MakeEtcdCredentials(common::EtcdSecurityFromFlags());
+  if (!credentials.ok()) {
+    std::cerr << credentials.status().message() << "\n";
+    std::exit(2);
+  }
+  options.credentials = *std::move(credentials);
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd = etcd::EtcdClient::Create(options);
   if (!etcd.ok()) {
     std::cerr << "etcd at " << options.endpoints << ": " << etcd.status().message() << "\n";

@@ -72,10 +72,14 @@ free_port() {
   return 1
 }
 
-# Whether etcd's client port $1 answers (it has a leader and serves).
+# Whether etcd's client port $1 answers (it has a leader and serves); with
+# $2, a make-certs.sh directory, over TLS with its client certificate.
 etcd_answers() {
   if command -v curl >/dev/null; then
-    curl -sf --max-time 1 "http://127.0.0.1:$1/health" 2>/dev/null | grep -q '"health":"true"'
+    local tls=()
+    [ -z "${2:-}" ] || tls=(--cacert "$2/ca.pem" --cert "$2/client.pem" --key "$2/client.key")
+    curl -sf --max-time 1 "${tls[@]}" "http${2:+s}://127.0.0.1:$1/health" 2>/dev/null |
+      grep -q '"health":"true"'
   else
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
   fi
@@ -87,17 +91,25 @@ etcd_answers() {
 # with heartbeats and elections fast enough for 1 s leases. Sets etcd_pid
 # as soon as etcd runs (so the caller's cleanup can stop it) and, once etcd
 # answers, etcd_endpoint (127.0.0.1:PORT). Fails when it does not answer
-# within 30 s or exits 5 times; its log then ends in $2.
+# within 30 s or exits 5 times; its log then ends in $2. With $3, a
+# scripts/make-certs.sh directory, etcd serves https with its server
+# certificate and takes only clients with a certificate of its CA
+# (--client-cert-auth).
 start_etcd() {
-  local data=$1 log_file=$2 client peer deadline
+  local data=$1 log_file=$2 certs=${3:-} client peer deadline scheme=http tls=()
+  if [ -n "$certs" ]; then
+    scheme=https
+    tls=(--cert-file="$certs/server.pem" --key-file="$certs/server.key"
+         --client-cert-auth --trusted-ca-file="$certs/ca.pem")
+  fi
   etcd_pid="" etcd_endpoint=""
   for _ in 1 2 3 4 5; do
     client=$(free_port) && peer=$(free_port) || return 1
     [ "$client" != "$peer" ] || continue
     rm -rf "$data"
     "$ETCD_BIN" --name=local --data-dir="$data" \
-      --listen-client-urls="http://127.0.0.1:$client" \
-      --advertise-client-urls="http://127.0.0.1:$client" \
+      --listen-client-urls="$scheme://127.0.0.1:$client" \
+      --advertise-client-urls="$scheme://127.0.0.1:$client" "${tls[@]}" \
       --listen-peer-urls="http://127.0.0.1:$peer" \
       --initial-advertise-peer-urls="http://127.0.0.1:$peer" \
       --initial-cluster="local=http://127.0.0.1:$peer" \
@@ -105,7 +117,7 @@ start_etcd() {
     etcd_pid=$!
     deadline=$((SECONDS + 30))
     while kill -0 "$etcd_pid" 2>/dev/null; do
-      if etcd_answers "$client"; then
+      if etcd_answers "$client" "$certs"; then
         etcd_endpoint="127.0.0.1:$client"
         return 0
       fi

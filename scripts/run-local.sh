@@ -21,7 +21,8 @@
 #   --resume DIR          continue the job checkpointed in DIR: run again with
 #                         the same flags; the shards restore their newest
 #                         checkpoint and the workers resume from the shards
-#   --secure              mutual TLS and an auth token made for this run.
+#   --secure              mutual TLS and an auth token made for this run (with
+#                         --replicas, etcd serves TLS and takes only its certificates).
 #                         Without the token anyone who can reach a shard's port
 #                         can act as a worker (claim a worker index, push
 #                         gradients, mark workers done); the shards here listen
@@ -164,13 +165,22 @@ fi
 # of this run; 1 s leases, so a dead shard leaves its chains within ~1 s.
 server_replication=() worker_replication=()
 if [ "$replicas" -gt 1 ]; then
-  start_etcd "$run_dir/etcd" "$logs/etcd.log" || exit 1
+  # --secure: etcd serves TLS and takes only the run's certificates.
+  start_etcd "$run_dir/etcd" "$logs/etcd.log" "${certs:-}" || exit 1
   job="local-${run_dir##*.}"
+  server_etcd=() worker_etcd=()
+  if [ "$secure" = 1 ]; then
+    server_etcd=(--etcd_ca="$certs/ca.pem" --etcd_cert="$certs/server.pem"
+                 --etcd_key="$certs/server.key")
+    worker_etcd=(--etcd_ca="$certs/ca.pem" --etcd_cert="$certs/client.pem"
+                 --etcd_key="$certs/client.key")
+  fi
   server_replication=(--replicas="$replicas" --etcd_endpoints="$etcd_endpoint"
-                      --job="$job" --lease_ttl_s=1)
-  worker_replication=(--replicas="$replicas" --etcd_endpoints="$etcd_endpoint" --job="$job")
+                      --job="$job" --lease_ttl_s=1 "${server_etcd[@]}")
+  worker_replication=(--replicas="$replicas" --etcd_endpoints="$etcd_endpoint" --job="$job"
+                      "${worker_etcd[@]}")
   log "etcd on $etcd_endpoint (log $logs/etcd.log); chains of $replicas replicas:" \
-    "psctl chains --etcd_endpoints=$etcd_endpoint --job=$job"
+    "psctl chains --etcd_endpoints=$etcd_endpoint --job=$job ${worker_etcd[*]}"
 fi
 
 mkdir -p "$run_dir/ports"

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/deadlock_detection.h"
+#include "common/etcd_security_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/atomic_file.h"
 #include "common/flags_usage.h"
@@ -154,6 +155,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
     if (options.replication.etcd_endpoints.empty()) {
       return absl::InvalidArgumentError("--replicas > 1 needs --etcd_endpoints");
     }
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
+        shardtrain::common::MakeEtcdCredentials(shardtrain::common::EtcdSecurityFromFlags());
+    if (!etcd_credentials.ok()) return etcd_credentials.status();
+    options.replication.etcd_credentials = *std::move(etcd_credentials);
     options.replication.job = absl::GetFlag(FLAGS_job);
     if (absl::GetFlag(FLAGS_lease_ttl_s) < 1) {
       return absl::InvalidArgumentError("--lease_ttl_s must be >= 1");

@@ -446,22 +446,36 @@ TEST_F(ReplicationTest, SyncDepartedWorkerReplicasAgree) {
 
 // Async, R=2 over mutual TLS with an auth token: the shards forward to each
 // other with their own certificates (scripts/make-certs.sh's shard
-// certificate), the workers with theirs; a shard is SIGKILLed and nothing
-// is lost.
+// certificate), the workers with theirs, and etcd serves https and takes
+// only clients with a certificate of the same CA; a shard is SIGKILLed and
+// nothing is lost.
 TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   const std::string certs = testutil::MakeTempDir("shardtrain-replication-certs-");
   const std::string make = absl::StrCat(SHARDTRAIN_SOURCE_DIR, "/scripts/make-certs.sh ", certs,
                                         " >/dev/null");
   ASSERT_EQ(std::system(make.c_str()), 0) << make;
-  LocalClusterOptions options = Job("async", "mtls", etcd_->endpoint(), 1);
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(
+      "127.0.0.1", {certs + "/server.pem", certs + "/server.key", certs + "/ca.pem"});
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  etcd::EtcdClient::Options etcd_options;
+  etcd_options.endpoints = (*etcd)->endpoint();
+  etcd_options.credentials = (*etcd)->credentials();
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client =
+      etcd::EtcdClient::Create(etcd_options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  LocalClusterOptions options = Job("async", "mtls", (*etcd)->endpoint(), 1);
   for (const std::string& flag :
        {"--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
-        "--tls_client_ca=" + certs + "/ca.pem", "--auth_token_file=" + certs + "/token"}) {
+        "--tls_client_ca=" + certs + "/ca.pem", "--auth_token_file=" + certs + "/token",
+        "--etcd_ca=" + certs + "/ca.pem", "--etcd_cert=" + certs + "/server.pem",
+        "--etcd_key=" + certs + "/server.key"}) {
     options.server_flags.push_back(flag);
   }
   for (const std::string& flag :
        {"--tls_ca=" + certs + "/ca.pem", "--tls_cert=" + certs + "/client.pem",
-        "--tls_key=" + certs + "/client.key", "--auth_token_file=" + certs + "/token"}) {
+        "--tls_key=" + certs + "/client.key", "--auth_token_file=" + certs + "/token",
+        "--etcd_ca=" + certs + "/ca.pem", "--etcd_cert=" + certs + "/client.pem",
+        "--etcd_key=" + certs + "/client.key"}) {
     options.worker_flags.push_back(flag);
   }
   ProcessGroup group;
@@ -474,7 +488,7 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   // The replicas' state, read the way the workers do: over mutual TLS.
   std::map<std::string, int64_t> versions;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "mtls", g);
+    absl::StatusOr<common::ChainConfig> chain = Chain(**client, "mtls", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_FALSE(chain->Contains(1));
     GroupState(*cluster, chain->tail().shard, g, &versions,

@@ -25,6 +25,7 @@
 #include "common/atomic_file.h"
 #include "common/client_security_flags.h"
 #include "common/deadlock_detection.h"
+#include "common/etcd_security_flags.h"
 #include "common/flags_usage.h"
 #include "common/malloc_tuning.h"
 #include "common/metrics.h"
@@ -189,6 +190,12 @@ absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
   options->replicas = replicas;
   options->etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
   options->job = absl::GetFlag(FLAGS_job);
+  if (replicas > 1) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        common::MakeEtcdCredentials(common::EtcdSecurityFromFlags());
+    if (!credentials.ok()) return credentials.status();
+    options->etcd_credentials = *std::move(credentials);
+  }
   if (replicas > 1 && options->etcd_endpoints.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--etcd_endpoints is required with --replicas=", replicas,

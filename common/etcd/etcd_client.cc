@@ -55,7 +55,10 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
   // A channel of its own per client, so that one client's keepalive
   // settings and failures do not leak into another's.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(endpoint, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      endpoint,
+      options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials(),
+      args);
 }
 
 }  // namespace
@@ -98,9 +101,13 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(const Options& op
           std::make_shared<Connection>(std::move(members), i, options.rpc_timeout)));
     }
   }
-  return absl::UnavailableError(absl::StrCat("etcd: no endpoint accepted a connection within ",
-                                             absl::FormatDuration(options.connect_timeout),
-                                             ": ", absl::StrJoin(endpoints, ",")));
+  return absl::UnavailableError(absl::StrCat(
+      "etcd: no endpoint accepted a connection within ",
+      absl::FormatDuration(options.connect_timeout), ": ", absl::StrJoin(endpoints, ","),
+      options.credentials != nullptr
+          ? " (over TLS: does etcd serve https, does its certificate verify against the CA "
+            "given, and is this client's certificate one etcd trusts?)"
+          : " (plaintext: an etcd that serves https needs a CA, --etcd_ca)"));
 }
 
 EtcdClient::EtcdClient(std::shared_ptr<Connection> connection)

@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -91,6 +93,10 @@ class EtcdClient {
     // Upper bound of gRPC's reconnect backoff: how late the client notices
     // that a restarted etcd is back.
     absl::Duration max_reconnect_backoff = absl::Seconds(1);
+    // How to reach etcd: null for plaintext; TLS credentials (verifying
+    // etcd's certificate, and presenting this client's when etcd runs with
+    // --client-cert-auth) for an etcd that serves https.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
   };
 
   // Connects to the first reachable endpoint. UNAVAILABLE when none is.

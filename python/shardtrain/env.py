@@ -32,6 +32,11 @@ Optional, with the meaning of ps-worker's flags of the same name:
                             free one, -1 (default) serves none
   SHARDTRAIN_REPLICAS       copies of every partition (default 1)
   SHARDTRAIN_ETCD_ENDPOINTS with SHARDTRAIN_REPLICAS > 1: etcd host:port,...
+  SHARDTRAIN_ETCD_CA        PEM file of the CA that signed etcd's certificate
+                            (an etcd that serves https)
+  SHARDTRAIN_ETCD_CERT      PEM client certificate etcd trusts (its
+                            --client-cert-auth)
+  SHARDTRAIN_ETCD_KEY       PEM private key of SHARDTRAIN_ETCD_CERT
   SHARDTRAIN_JOB            the job's namespace in etcd (default shardtrain)
 
 Nothing here imports torch or the compiled extension, so a launcher or a
@@ -65,6 +70,9 @@ MAX_PARTITION_ELEMENTS = "SHARDTRAIN_MAX_PARTITION_ELEMENTS"
 METRICS_PORT = "SHARDTRAIN_METRICS_PORT"
 REPLICAS = "SHARDTRAIN_REPLICAS"
 ETCD_ENDPOINTS = "SHARDTRAIN_ETCD_ENDPOINTS"
+ETCD_CA = "SHARDTRAIN_ETCD_CA"
+ETCD_CERT = "SHARDTRAIN_ETCD_CERT"
+ETCD_KEY = "SHARDTRAIN_ETCD_KEY"
 JOB = "SHARDTRAIN_JOB"
 
 _MODES = ("sync", "async")
@@ -90,6 +98,9 @@ class Settings:
     metrics_port: int = -1
     replicas: int = 1
     etcd_endpoints: str = ""
+    etcd_ca: str = ""
+    etcd_cert: str = ""
+    etcd_key: str = ""
     job: str = "shardtrain"
 
     @property
@@ -116,6 +127,9 @@ class Settings:
             token=self.token,
             replicas=self.replicas,
             etcd_endpoints=self.etcd_endpoints,
+            etcd_ca=self.etcd_ca,
+            etcd_cert=self.etcd_cert,
+            etcd_key=self.etcd_key,
             job=self.job,
             metrics_port=self.metrics_port,
             token_file=self.token_file,
@@ -187,6 +201,11 @@ def from_environ(environ: Optional[Mapping[str, str]] = None) -> Settings:
         raise ValueError(f"set both {TLS_CERT} and {TLS_KEY}, or neither")
     if tls[TLS_CERT] and not tls[TLS_CA]:
         raise ValueError(f"{TLS_CERT} needs {TLS_CA} (mutual TLS runs over TLS)")
+    etcd = {name: environ.get(name, "") for name in (ETCD_CA, ETCD_CERT, ETCD_KEY)}
+    if bool(etcd[ETCD_CERT]) != bool(etcd[ETCD_KEY]):
+        raise ValueError(f"set both {ETCD_CERT} and {ETCD_KEY}, or neither")
+    if etcd[ETCD_CERT] and not etcd[ETCD_CA]:
+        raise ValueError(f"{ETCD_CERT} needs {ETCD_CA} (client certificates go over TLS)")
     return Settings(
         servers=_servers(environ),
         worker=worker,
@@ -203,6 +222,9 @@ def from_environ(environ: Optional[Mapping[str, str]] = None) -> Settings:
         metrics_port=_int(environ, METRICS_PORT, -1, -1, 65535),
         replicas=_int(environ, REPLICAS, 1, 1, 3),
         etcd_endpoints=environ.get(ETCD_ENDPOINTS, ""),
+        etcd_ca=etcd[ETCD_CA],
+        etcd_cert=etcd[ETCD_CERT],
+        etcd_key=etcd[ETCD_KEY],
         job=environ.get(JOB, "") or "shardtrain",
     )
 

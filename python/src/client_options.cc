@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/credentials.h"
 
 namespace shardtrain::python {
 namespace py = pybind11;
@@ -65,6 +66,16 @@ client::PsClientOptions MakeClientOptions(const ClientArgs& args) {
   options.keepalive_timeout = options.keepalive_time;
   options.replicas = static_cast<int>(InRange("replicas", args.replicas, 1, 3));
   options.etcd_endpoints = args.etcd_endpoints;
+  common::ClientSecurity etcd;
+  etcd.ca_file = args.etcd_ca;
+  etcd.cert_file = args.etcd_cert;
+  etcd.key_file = args.etcd_key;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
+      common::MakeEtcdCredentials(etcd);
+  if (!etcd_credentials.ok()) {
+    throw py::value_error(std::string(etcd_credentials.status().message()));
+  }
+  options.etcd_credentials = *std::move(etcd_credentials);
   options.job = args.job;
   options.max_partition_elements =
       InRange("max_partition_elements", args.max_partition_elements, 1, int64_t{1} << 32);

@@ -31,6 +31,7 @@ struct ClientArgs {
   double reconnect_timeout = 120;
   int64_t replicas = 1;
   std::string etcd_endpoints;
+  std::string etcd_ca, etcd_cert, etcd_key;  // ps-worker's --etcd_* files
   std::string job = "shardtrain";
   int64_t metrics_port = -1;  // -1: no endpoint; 0: a free port
   int64_t max_partition_elements = common::kDefaultMaxPartitionElements;

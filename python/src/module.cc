@@ -30,14 +30,16 @@ Client(servers, worker=0, num_workers=0, *, sync=False, wire_dtype="f32",
        rpc_timeout=30.0, pull_timeout=300.0, reconnect_timeout=120.0,
        replicas=1, etcd_endpoints="", job="shardtrain", metrics_port=-1,
        max_partition_elements=16384, channels_per_shard=4, max_message_mb=256,
-       keepalive=10.0, tls_server_name="", token_file="")
+       keepalive=10.0, tls_server_name="", token_file="", etcd_ca="",
+       etcd_cert="", etcd_key="")
 
 servers are the shard addresses in shard order; worker is this worker's
 index, num_workers the job's size (0: not checked). The settings are
 ps-worker's flags: TLS files (tls_ca turns TLS on; tls_cert/tls_key for
 mutual TLS), the auth token (its value, or token_file as --auth_token_file;
 it needs TLS), timeouts in seconds, top-k compression, the wire dtype
-("f32", "f16", "bf16"), replicated shards (replicas > 1, with etcd), and
+("f32", "f16", "bf16"), replicated shards (replicas > 1, with etcd; etcd_ca,
+etcd_cert, etcd_key as --etcd_ca/--etcd_cert/--etcd_key for an etcd with TLS), and
 max_partition_elements, which must match the shards'. metrics_port >= 0
 serves ps-worker's Prometheus metrics on 0.0.0.0:metrics_port (0: a free
 port, see .metrics_port).
@@ -85,7 +87,8 @@ PYBIND11_MODULE(_core, m) {
                        std::string etcd_endpoints, std::string job, int64_t metrics_port,
                        int64_t max_partition_elements, int64_t channels_per_shard,
                        int64_t max_message_mb, double keepalive,
-                       std::string tls_server_name, std::string token_file) {
+                       std::string tls_server_name, std::string token_file,
+                       std::string etcd_ca, std::string etcd_cert, std::string etcd_key) {
              ClientArgs args;
              args.servers = std::move(servers);
              args.worker = worker;
@@ -110,6 +113,9 @@ PYBIND11_MODULE(_core, m) {
              args.keepalive = keepalive;
              args.tls_server_name = std::move(tls_server_name);
              args.token_file = std::move(token_file);
+             args.etcd_ca = std::move(etcd_ca);
+             args.etcd_cert = std::move(etcd_cert);
+             args.etcd_key = std::move(etcd_key);
              return std::make_unique<PyClient>(args);
            }),
            py::arg("servers"), py::arg("worker") = 0, py::arg("num_workers") = 0,
@@ -122,7 +128,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("max_partition_elements") = shardtrain::common::kDefaultMaxPartitionElements,
            py::arg("channels_per_shard") = 4, py::arg("max_message_mb") = 256,
            py::arg("keepalive") = 10.0, py::arg("tls_server_name") = "",
-           py::arg("token_file") = "")
+           py::arg("token_file") = "", py::arg("etcd_ca") = "", py::arg("etcd_cert") = "",
+           py::arg("etcd_key") = "")
       .def_property_readonly("metrics_port", &PyClient::metrics_port,
                              "The port /metrics is served on, or -1.")
       .def_property_readonly("worker", &PyClient::worker, "This worker's index.")

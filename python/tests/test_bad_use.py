@@ -315,7 +315,10 @@ def test_bad_settings_raise_value_errors():
                             ({"topk_ratio": 1.5}, "topk_ratio"),
                             ({"rpc_timeout": 0.0}, "rpc_timeout"),
                             ({"reconnect_timeout": float("nan")}, "reconnect_timeout"),
-                            ({"metrics_port": 70000}, "metrics_port")]:
+                            ({"metrics_port": 70000}, "metrics_port"),
+                            ({"etcd_cert": "c.pem", "etcd_key": "c.key"}, "--etcd_ca"),
+                            ({"etcd_ca": "ca.pem", "etcd_cert": "c.pem"},
+                             "--etcd_cert and --etcd_key")]:
         with pytest.raises(ValueError, match=message):
             shardtrain.Client(["127.0.0.1:1"], 0, 1, **kwargs)
     with pytest.raises(ValueError, match="worker must be in"):

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
       new Coordinator(options, shard, table, forwarder, metrics));
   etcd::EtcdClient::Options etcd_options;
   etcd_options.endpoints = options.etcd_endpoints;
+  etcd_options.credentials = options.etcd_credentials;
   etcd_options.rpc_timeout = std::max(absl::Milliseconds(500), options.lease_ttl / 2);
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> etcd =
       etcd::EtcdClient::Create(etcd_options);

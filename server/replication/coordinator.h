@@ -61,6 +61,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -76,6 +78,8 @@ namespace shardtrain::server {
 
 struct CoordinatorOptions {
   std::string etcd_endpoints;
+  // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   absl::Duration lease_ttl = absl::Seconds(2);
   // Where the other shards reach this one.

@@ -50,8 +50,15 @@ absl::StatusOr<int> FreePort() {
   return ntohs(addr.sin_port);
 }
 
-std::string Url(int port, const std::string& host = "127.0.0.1") {
-  return absl::StrCat("http://", host, ":", port);
+std::string Url(int port, const std::string& host = "127.0.0.1", bool tls = false) {
+  return absl::StrCat(tls ? "https://" : "http://", host, ":", port);
+}
+
+std::string ReadPem(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace
@@ -59,7 +66,7 @@ std::string Url(int port, const std::string& host = "127.0.0.1") {
 bool EtcdProcess::Available() { return access(kBinary, X_OK) == 0; }
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
-    const std::string& client_host) {
+    const std::string& client_host, const Tls& tls) {
   absl::Status last = absl::InternalError("could not pick two distinct free ports");
   for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
     ASSIGN_OR_RETURN(int client_port, FreePort());
@@ -68,7 +75,7 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
     ASSIGN_OR_RETURN(std::string dir, MakeDir());
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(dir), client_host, client_port,
                                                       peer_port, "t",
-                                                      absl::StrCat("t=", Url(peer_port))));
+                                                      absl::StrCat("t=", Url(peer_port)), tls));
     last = etcd->Spawn();
     if (last.ok()) last = etcd->WaitServing(kStartTimeout);
     if (last.ok()) return etcd;
@@ -126,13 +133,22 @@ absl::StatusOr<std::string> EtcdProcess::MakeDir() {
 }
 
 EtcdProcess::EtcdProcess(std::string dir, std::string client_host, int client_port,
-                         int peer_port, std::string name, std::string initial_cluster)
+                         int peer_port, std::string name, std::string initial_cluster, Tls tls)
     : dir_(std::move(dir)),
       client_host_(std::move(client_host)),
       client_port_(client_port),
       peer_port_(peer_port),
       name_(std::move(name)),
-      initial_cluster_(std::move(initial_cluster)) {}
+      initial_cluster_(std::move(initial_cluster)),
+      tls_(std::move(tls)) {
+  if (!tls_.cert_file.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = ReadPem(tls_.client_ca_file);
+    ssl.pem_cert_chain = ReadPem(tls_.cert_file);
+    ssl.pem_private_key = ReadPem(tls_.key_file);
+    credentials_ = grpc::SslCredentials(ssl);
+  }
+}
 
 EtcdProcess::~EtcdProcess() {
   Kill().IgnoreError();
@@ -152,14 +168,18 @@ absl::Status EtcdProcess::Spawn() {
       kBinary,
       "--name", name_,
       "--data-dir", data_dir,
-      "--listen-client-urls", Url(client_port_, client_host_),
-      "--advertise-client-urls", Url(client_port_, client_host_),
+      "--listen-client-urls", Url(client_port_, client_host_, credentials_ != nullptr),
+      "--advertise-client-urls", Url(client_port_, client_host_, credentials_ != nullptr),
       "--listen-peer-urls", Url(peer_port_),
       "--initial-advertise-peer-urls", Url(peer_port_),
       "--initial-cluster", initial_cluster_,
       // Fast elections let leases as short as 1 s be granted.
       "--heartbeat-interval", "25", "--election-timeout", "250",
   };
+  if (credentials_ != nullptr) {
+    args.insert(args.end(), {"--cert-file", tls_.cert_file, "--key-file", tls_.key_file,
+                             "--client-cert-auth", "--trusted-ca-file", tls_.client_ca_file});
+  }
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -198,6 +218,7 @@ absl::Status EtcdProcess::WaitServing(absl::Duration timeout) {
     }
     EtcdClient::Options options;
     options.endpoints = endpoint();
+    options.credentials = credentials_;
     options.connect_timeout = absl::Milliseconds(200);
     options.rpc_timeout = absl::Milliseconds(500);
     absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(options);

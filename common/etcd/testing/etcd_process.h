@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,12 +45,24 @@ class EtcdProcess {
   // Whether kBinary exists and is executable.
   static bool Available();
 
+  // TLS for etcd's clients: it serves https with this certificate and key
+  // and demands client certificates signed by client_ca_file
+  // (--client-cert-auth). All empty: plaintext.
+  struct Tls {
+    std::string cert_file;
+    std::string key_file;
+    std::string client_ca_file;
+  };
+
   // Starts etcd and waits (bounded) until it answers a read. Retries with
   // other ports when a port was taken between choosing and binding it.
   // Clients reach it at `client_host` (an address of this host, e.g. one
-  // end of a veth pair for processes in a network namespace).
+  // end of a veth pair for processes in a network namespace). With `tls`,
+  // the read that checks it is up verifies etcd against client_ca_file and
+  // presents cert_file (it must also be good for client auth, as
+  // scripts/make-certs.sh's server certificate is).
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
-      const std::string& client_host = "127.0.0.1");
+      const std::string& client_host = "127.0.0.1", const Tls& tls = {});
   // Starts a cluster of `members` etcd processes and waits (bounded) until
   // every member answers a read.
   static absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> StartCluster(int members);
@@ -62,6 +76,8 @@ class EtcdProcess {
 
   // "<client host>:<client port>".
   std::string endpoint() const;
+  // What the read at start used: null for plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials() const { return credentials_; }
 
   // SIGSTOP / SIGCONT: etcd keeps its connections but answers nothing.
   absl::Status Pause();
@@ -74,7 +90,7 @@ class EtcdProcess {
  private:
   // `initial_cluster`: etcd's --initial-cluster, naming this member `name`.
   EtcdProcess(std::string dir, std::string client_host, int client_port, int peer_port,
-              std::string name, std::string initial_cluster);
+              std::string name, std::string initial_cluster, Tls tls = {});
   // A temporary directory for one member's data and log.
   static absl::StatusOr<std::string> MakeDir();
 
@@ -90,6 +106,8 @@ class EtcdProcess {
   const int peer_port_;
   const std::string name_;
   const std::string initial_cluster_;
+  const Tls tls_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // null: plaintext
   pid_t pid_ = -1;  // -1 when not running.
 };
 
