@@ -200,7 +200,15 @@ void ChainRouter::Apply(const std::string& key, const std::string& value,
   {
     absl::MutexLock lock(&mu_);
     std::optional<Entry>& entry = entries_[*group];
-    if (entry.has_value() && entry->mod_revision >= mod_revision) return;  // not newer
+    // Newer: a later epoch (every change makes one), or the same epoch read
+    // at a later revision. Not the revision alone: etcd that lost its data
+    // starts its revisions again while the shards put the chains back at
+    // later epochs.
+    if (entry.has_value() &&
+        (config->epoch < entry->config.epoch ||
+         (config->epoch == entry->config.epoch && entry->mod_revision >= mod_revision))) {
+      return;
+    }
     if (!entry.has_value()) {
       LOG(INFO) << absl::StrFormat("group %d: chain epoch %d, members %s (head first)", *group,
                                    config->epoch, MembersOf(*config));

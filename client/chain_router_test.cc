@@ -119,6 +119,32 @@ TEST_F(ChainRouterTest, TheWatchSeesACompareAndSwap) {
   EXPECT_EQ(router->refresh_reads(), 0);
 }
 
+// etcd loses its data (restarted empty): its revisions start again, and the
+// shards put the chains back at later epochs. The watch ends (DATA_LOSS),
+// the router reads everything again and adopts them by their epochs,
+// though their revisions are lower than those it held, and watches on.
+TEST_F(ChainRouterTest, FollowsTheChainsPutBackAfterEtcdLostItsData) {
+  ASSERT_OK(chains_->Put(0, {0, 1}).status());
+  for (int i = 0; i < 50; ++i) ASSERT_OK(chains_->Change(0, i % 2 == 0 ? std::vector{1, 0}
+                                                                      : std::vector{0, 1})
+                                             .status());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChainRouter> router,
+                       ChainRouter::Create(RouterOptions(2)));
+  ASSERT_OK_AND_ASSIGN(ChainRoute before, router->Route(0, ChainRole::kHead));
+  ASSERT_EQ(before.epoch, 51u);
+  ASSERT_OK(chains_->process().RestartEmpty());
+  ASSERT_OK(chains_->Put(0, {1}, /*epoch=*/52).status());
+  ASSERT_TRUE(WaitUntil([&] { return ShardOf(*router, 0, ChainRole::kHead) == 1; }));
+  EXPECT_EQ(router->Route(0, ChainRole::kHead)->epoch, 52u);
+  // An older epoch does not replace it, however late it is written.
+  ASSERT_OK(chains_->Put(0, {0, 1}, /*epoch=*/40).status());
+  ASSERT_OK(chains_->Change(0, {1, 0}).status());  // epoch 41: still older
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(router->Route(0, ChainRole::kHead)->epoch, 52u);
+  ASSERT_OK(chains_->Put(0, {0, 1}, /*epoch=*/53).status());
+  ASSERT_TRUE(WaitUntil([&] { return ShardOf(*router, 0, ChainRole::kHead) == 0; }));
+}
+
 TEST_F(ChainRouterTest, RefreshRereadsTheKeyAtMostEveryInterval) {
   ASSERT_OK(chains_->Put(0, {0, 1}).status());
   ChainRouter::Options options = RouterOptions(2);

@@ -778,6 +778,54 @@ TEST_F(ReplicationTest, EtcdDown) {
                          int64_t{kWorkers} * kEtcdDownEpochs * kStepsPerEpoch);
 }
 
+// etcd loses its data mid-run (restarted empty, as after a lost volume):
+// every key, lease and revision is gone. The shards take new leases and put
+// back the chains they hold, an epoch later, training goes on, a shard
+// killed afterwards is still dropped from its chains, and nothing is lost.
+constexpr int kEtcdWipedEpochs = 8;
+
+TEST_F(ReplicationTest, EtcdLosesItsData) {
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("async", "wiped", etcd_->endpoint(), kEtcdWipedEpochs));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 4);
+  std::vector<int64_t> epochs;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "wiped", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    epochs.push_back(chain->epoch);
+  }
+  // A job that has run a while: etcd's revision is far past what it
+  // starts again from.
+  for (int i = 0; i < 300; ++i) ASSERT_TRUE(client_->Put("/elsewhere", "x").ok());
+  ASSERT_TRUE(etcd_->RestartEmpty().ok());
+  const absl::Time wiped = absl::Now();
+  ASSERT_TRUE(WaitForChains(
+      *client_, "wiped",
+      [&epochs](const common::ChainConfig& c) {
+        return c.members.size() == 2 && c.epoch > epochs[c.group];
+      },
+      absl::Seconds(20)))
+      << "the chains were not put back:\n" << testutil::ReadFile(cluster->ShardLog(0));
+  std::printf("ETCD WIPED: the chains were back %s later\n",
+              absl::FormatDuration(absl::Now() - wiped).c_str());
+  const int64_t back_at = WorkerSteps(*cluster, 0);
+  WaitForSteps(*cluster, 0, back_at + 100);
+  EXPECT_GE(WorkerSteps(*cluster, 0), back_at + 100) << "training did not go on";
+  EXPECT_LT(WorkerSteps(*cluster, 0), kEtcdWipedEpochs * kStepsPerEpoch)
+      << "the job ended before the shard kill";
+  ASSERT_TRUE(group.Signal(cluster->shards[2], SIGKILL).ok());
+  (void)group.Wait(cluster->shards[2], absl::Seconds(10));
+  ASSERT_TRUE(WaitForChains(
+      *client_, "wiped", [](const common::ChainConfig& c) { return !c.Contains(2); },
+      absl::Seconds(10)))
+      << "shard 2 was not dropped after the wipe";
+  Finish(group, *cluster);
+  ExpectEveryPushApplied(*client_, "wiped", *cluster,
+                         int64_t{kWorkers} * kEtcdWipedEpochs * kStepsPerEpoch);
+}
+
 // A second ps-server started as shard 0 of a running job (another job on
 // the same etcd that kept the same --job, or a shard started twice) refuses
 // to start, naming the live shard 0, within about two lease ttls; the job

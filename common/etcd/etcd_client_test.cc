@@ -292,6 +292,28 @@ TEST_F(EtcdClientTest, WatchDeliversEventsInOrderAndResumesAfterARestart) {
               ::testing::ElementsAreArray(Describe(events)));
 }
 
+// etcd restarted without its data: its revisions start again below the one
+// the watch would resume from. Resuming would wait for revisions that
+// already happened; the watch ends with DATA_LOSS instead, once.
+TEST_F(EtcdClientTest, WatchEndsWithDataLossWhenEtcdLostItsData) {
+  for (int i = 0; i < 20; ++i) ASSERT_OK(client_->Put("/w/k", absl::StrCat(i)));
+  EventLog log;
+  absl::Notification ended;
+  absl::Status why;
+  auto watcher = client_->Watch(
+      "/w/", 0, [&](const WatchEvent& e) { log.Add(e); },
+      [&](absl::Status status) {
+        why = status;
+        ended.Notify();
+      });
+  ASSERT_OK(client_->Put("/w/k", "last"));
+  ASSERT_EQ(log.WaitFor(1, absl::Seconds(3)).size(), 1u);
+  ASSERT_OK(etcd_->RestartEmpty());
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(15)));
+  EXPECT_EQ(why.code(), absl::StatusCode::kDataLoss) << why;
+  EXPECT_THAT(why.message(), HasSubstr("lost its data"));
+}
+
 TEST_F(EtcdClientTest, CallsFailWithinTheDeadlineWhenEtcdIsDeadOrStopped) {
   // Stopped: the connection stays open, nothing answers.
   ASSERT_OK(etcd_->Pause());

@@ -83,7 +83,8 @@ void Watcher::Run() {
     absl::Status status = RunStream(*member, &created);
     const bool moved = &connection_->current() != member;
     if (Stopping()) return;
-    if (absl::IsFailedPrecondition(status) || absl::IsOutOfRange(status)) {
+    if (absl::IsFailedPrecondition(status) || absl::IsOutOfRange(status) ||
+        absl::IsDataLoss(status)) {
       LOG(WARNING) << "watch on " << prefix_ << " ended: " << status;
       if (on_error_) on_error_(status);
       return;
@@ -139,13 +140,19 @@ absl::Status Watcher::RunStream(const internal::Member& member, bool* created) {
         int64_t resume_from = 0;
         {
           absl::MutexLock lock(&mu_);
-          if (response.created()) {
+          if (response.created() && start > 0 && response.header().revision() + 1 < start) {
+            ended = absl::DataLossError(absl::StrCat(
+                "etcd ", member.endpoint, " Watch: etcd is at revision ",
+                response.header().revision(), ", before revision ", start - 1,
+                " this watch has seen: it lost its data or was restored from a backup"));
+          } else if (response.created()) {
             *created = true;
             // Watching from "now": the events come after this revision.
             if (next_revision_ == 0) next_revision_ = response.header().revision() + 1;
           }
           resume_from = next_revision_;
         }
+        if (!ended.ok()) break;
         // One revision's events always come in one response (no fragments
         // requested), so resuming between responses splits no revision. The
         // resume point moves before the callbacks run: it is then current

@@ -15,7 +15,11 @@
 // found dead or cut off, resumes on the next member (one that just stops
 // answering is noticed by gRPC's keep-alive pings within 15 s). It ends for
 // good only when etcd refuses the watch (e.g. the revision to resume from
-// was compacted): on_error is then called once.
+// was compacted), or when etcd's revision went back past the one to resume
+// from (DATA_LOSS: etcd lost its data, or was restored from an older
+// backup; resuming would wait for revisions that already happened once):
+// on_error is then called once, and the owner starts again from a fresh
+// read.
 //
 // Callbacks run on the watcher's thread, one at a time; they must not
 // destroy the watcher. Thread-safe; the destructor cancels the stream and

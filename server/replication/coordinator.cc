@@ -62,21 +62,35 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
   coordinator->etcd_ = *std::move(etcd);
   RETURN_IF_ERROR(coordinator->TakeLease());
   Coordinator* c = coordinator.get();
-  const std::string chains = common::ChainsPrefix(options.job);
-  c->chain_watch_ = c->etcd_->Watch(chains, 0, [c](const etcd::WatchEvent& event) {
-    if (event.type != etcd::WatchEvent::Type::kPut) return;
-    absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(event.value);
-    if (!config.ok()) {
-      LOG(ERROR) << "ignoring chain " << event.key << ": " << config.status();
-      return;
-    }
-    if (c->Adopt(*config)) c->Wake();
-  });
-  c->member_watch_ = c->etcd_->Watch(common::MembersPrefix(options.job), 0,
-                                     [c](const etcd::WatchEvent&) { c->Wake(); });
+  c->StartWatches();
   c->ticker_ = std::thread([c] { c->Ticker(); });
   c->loop_ = std::thread([c] { c->Loop(); });
   return coordinator;
+}
+
+void Coordinator::StartWatches() {
+  // A watch that ends for good (etcd lost its data: its revisions went
+  // back) is started again by the loop, from now; its pass re-reads all.
+  const auto ended = [this](absl::Status why) {
+    LOG(WARNING) << "shard " << table_->shard() << ": " << why << "; watching again";
+    absl::MutexLock lock(&mu_);
+    watches_ended_ = true;
+    wake_ = true;
+  };
+  chain_watch_ = etcd_->Watch(
+      common::ChainsPrefix(options_.job), 0,
+      [this](const etcd::WatchEvent& event) {
+        if (event.type != etcd::WatchEvent::Type::kPut) return;
+        absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(event.value);
+        if (!config.ok()) {
+          LOG(ERROR) << "ignoring chain " << event.key << ": " << config.status();
+          return;
+        }
+        if (Adopt(*config)) Wake();
+      },
+      ended);
+  member_watch_ = etcd_->Watch(common::MembersPrefix(options_.job), 0,
+                               [this](const etcd::WatchEvent&) { Wake(); }, ended);
 }
 
 Coordinator::~Coordinator() {
@@ -224,6 +238,7 @@ void Coordinator::Loop() {
   const absl::Duration period = std::max(absl::Seconds(1), options_.lease_ttl);
   while (true) {
     LeaseProblem problem;
+    bool restart_watches = false;
     {
       absl::MutexLock lock(&mu_);
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return wake_ || stopping_; };
@@ -238,6 +253,13 @@ void Coordinator::Loop() {
       wake_ = false;
       hand_over_pending_ = false;
       problem = lease_problem_;
+      restart_watches = watches_ended_;
+      watches_ended_ = false;
+    }
+    if (restart_watches) {
+      chain_watch_.reset();  // their threads have ended: this joins them
+      member_watch_.reset();
+      StartWatches();
     }
     if (problem == LeaseProblem::kExpired) {
       const absl::Status taken = TakeLease();
@@ -314,8 +336,24 @@ void Coordinator::ReconcileGroup(int group,
     auto it = live.find(m.shard);
     return it != live.end() && it->second.incarnation == m.incarnation;
   };
+  const std::optional<common::ChainConfig> known = table_->Get(group);
+  if (known.has_value() && may_change) {
+    // etcd lost its data (a chain this shard served is gone, or older than
+    // the one it holds): put back the newest one it knows.
+    std::optional<common::ChainConfig> held;
+    if (chain) {
+      absl::StatusOr<common::ChainConfig> decoded = common::DecodeChainConfig(chain->value);
+      if (decoded.ok()) held = *std::move(decoded);
+    }
+    if (!held.has_value() || held->epoch < known->epoch ||
+        (held->epoch == known->epoch && held->members != known->members)) {
+      RestoreChain(group, *known, live);
+      return;
+    }
+  }
   if (!chain) {
-    if (group != me || drained || !may_change) return;  // the initial head forms it
+    if (group != me || drained || !may_change || known.has_value()) return;
+    // The initial head forms it.
     std::vector<common::ChainConfig::Member> members;
     bool all_up = true;
     for (int shard : common::InitialChain(group, options_.num_shards, options_.replicas)) {
@@ -408,6 +446,63 @@ void Coordinator::ReconcileGroup(int group,
     table_->SetCatchingUp(group, false);
     metrics_->catchup_in_progress().Set(0);
   }
+}
+
+void Coordinator::RestoreChain(int group, const common::ChainConfig& known,
+                               const std::map<int, common::ChainConfig::Member>& live) {
+  // Its members whose lease is alive (they took new ones after the loss),
+  // in order; the first of them puts it back, the others wait for it.
+  common::ChainConfig next = known;
+  next.members.clear();
+  for (const common::ChainConfig::Member& m : known.members) {
+    auto it = live.find(m.shard);
+    if (it != live.end() && it->second.incarnation == m.incarnation) next.members.push_back(m);
+  }
+  if (next.members.empty() || next.members.front().shard != table_->shard() ||
+      next.members.front().incarnation != table_->incarnation()) {
+    return;
+  }
+  // Read again: the pass's read may predate a change this shard adopted
+  // since. The table only ever holds what etcd held, and etcd's epochs
+  // only grow, so a chain still absent or older now was lost.
+  std::optional<etcd::KeyValue> kv;
+  int64_t etcd_epoch = 0;
+  absl::StatusOr<etcd::KeyValue> fresh = etcd_->Get(common::ChainKey(options_.job, group));
+  if (fresh.ok()) {
+    absl::StatusOr<common::ChainConfig> held = common::DecodeChainConfig(fresh->value);
+    if (held.ok() && (held->epoch > known.epoch ||
+                      (held->epoch == known.epoch && held->members == known.members))) {
+      lost_since_.erase(group);
+      return;  // not lost: the table is behind
+    }
+    if (held.ok()) etcd_epoch = held->epoch;
+    kv = *std::move(fresh);
+  } else if (!absl::IsNotFound(fresh.status())) {
+    return;  // etcd unreachable: the next pass
+  }
+  if (table_->CatchingUp(group)) {
+    LOG_EVERY_N(ERROR, 20) << "group " << group << ": its chain in etcd is gone or older than "
+                           << "epoch " << known.epoch << ", and the first live member, shard "
+                           << table_->shard() << ", is still copying its state: not put back";
+    return;
+  }
+  // Members re-take their leases within about a ttl of the loss: wait that
+  // long for them rather than leave one out, which would then copy the
+  // whole group's state back as a new tail.
+  const absl::Time lost = lost_since_.try_emplace(group, absl::Now()).first->second;
+  if (next.members.size() < known.members.size() &&
+      absl::Now() - lost < 2 * options_.lease_ttl) {
+    absl::MutexLock lock(&mu_);
+    hand_over_pending_ = true;  // the next pass comes soon
+    return;
+  }
+  lost_since_.erase(group);
+  next.epoch = std::max(known.epoch, etcd_epoch) + 1;
+  LOG(WARNING) << "group " << group << ": its chain in etcd is "
+               << (kv ? absl::StrCat("at epoch ", etcd_epoch) : std::string("gone"))
+               << ", this shard held epoch " << known.epoch
+               << " (etcd lost its data?): putting it back";
+  Swap(group, kv, next, "restored");
 }
 
 bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,

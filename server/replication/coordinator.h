@@ -123,6 +123,12 @@ class Coordinator {
   void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
                       bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
+  // etcd may have lost `group`'s chain (absent, or older than `known`, the
+  // newest this shard holds): the first member of `known` whose lease is
+  // alive reads it again and, if so, puts it back without the others, an
+  // epoch after both.
+  void RestoreChain(int group, const common::ChainConfig& known,
+                    const std::map<int, common::ChainConfig::Member>& live);
   // Compare-and-swap of `group`'s chain from `kv` (nullopt: absent) to
   // `next`; adopts it on success.
   bool Swap(int group, const std::optional<etcd::KeyValue>& kv,
@@ -142,6 +148,8 @@ class Coordinator {
   // successor it dropped are sent again (Forwarder::AbandonDeparted).
   bool Adopt(const common::ChainConfig& config);
   void Wake();
+  // The chain and liveness watches (again, after they ended).
+  void StartWatches();
 
   const CoordinatorOptions options_;
   Shard* const shard_;
@@ -163,8 +171,10 @@ class Coordinator {
   // before the watches started, so nothing else would wake it).
   bool wake_ ABSL_GUARDED_BY(mu_) = true;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A head hand-over waits for its chain to catch up: the next pass comes
-  // sooner.
+  // A watch ended for good: the loop starts both again.
+  bool watches_ended_ ABSL_GUARDED_BY(mu_) = false;
+  // A head hand-over waits for its chain to catch up, or a lost chain for
+  // its members' new leases: the next pass comes sooner.
   bool hand_over_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration hand_over_retry_ ABSL_GUARDED_BY(mu_);  // the next wait then
   // Fenced after a pause at this many lease refreshes.
@@ -185,7 +195,11 @@ class Coordinator {
     absl::Time since;
   };
   std::map<int, ChainSeen> chain_seen_;
+  // When this shard, first of its chain, found each group's chain lost in
+  // etcd (RestoreChain). Loop thread only.
+  std::map<int, absl::Time> lost_since_;
 
+  // Replaced by the loop thread only (and reset by the destructor after it).
   std::unique_ptr<etcd::Watcher> chain_watch_;
   std::unique_ptr<etcd::Watcher> member_watch_;
   std::thread ticker_;

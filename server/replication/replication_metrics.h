@@ -25,7 +25,8 @@ class ReplicationMetrics {
   prometheus::Gauge& chain_epoch(int group);
   // This shard's index in the group's chain (0 = head), -1 outside it.
   prometheus::Gauge& chain_position(int group);
-  // reason: "member_lost" or "member_joined".
+  // reason: "member_lost", "member_joined", "head_restored" or "restored"
+  // (a chain put back after etcd lost its data).
   prometheus::Counter& reconfigurations(const std::string& reason);
   prometheus::Histogram& lag() { return lag_; }
   prometheus::Gauge& inflight() { return inflight_; }

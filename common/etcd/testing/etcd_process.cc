@@ -271,4 +271,13 @@ absl::Status EtcdProcess::Restart() {
   return WaitServing(kStartTimeout);
 }
 
+absl::Status EtcdProcess::RestartEmpty() {
+  RETURN_IF_ERROR(Kill());
+  std::error_code error;
+  std::filesystem::remove_all(dir_ + "/data", error);
+  if (error) return absl::InternalError(absl::StrCat("deleting etcd's data: ", error.message()));
+  RETURN_IF_ERROR(Spawn());
+  return WaitServing(kStartTimeout);
+}
+
 }  // namespace shardtrain::etcd::testing

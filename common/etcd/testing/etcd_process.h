@@ -86,6 +86,9 @@ class EtcdProcess {
   absl::Status Kill();
   // Starts etcd again on the same ports and data directory (after Kill).
   absl::Status Restart();
+  // Kills etcd, deletes its data (every key, lease and revision: an etcd
+  // that lost its volume) and starts it again, empty, on the same ports.
+  absl::Status RestartEmpty();
 
  private:
   // `initial_cluster`: etcd's --initial-cluster, naming this member `name`.
