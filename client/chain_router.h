@@ -14,8 +14,9 @@
 // on while etcd is down, and the watch resumes where it stopped once etcd is
 // back (a watch that etcd ends for good, e.g. compacted, or an etcd that
 // lost its data, is restarted from a fresh read). A chain replaces the one
-// held when its epoch is later (or equal, read at a later revision). Values that do not decode or belong to another job size are
-// logged and ignored.
+// held when its epoch is later (or equal, read at a later revision).
+// Values that do not decode or belong to another job size are logged and
+// ignored.
 //
 //   ChainRouter::Options options;
 //   options.etcd_endpoints = "10.0.0.5:2379";

@@ -296,12 +296,15 @@ TEST_F(EtcdClientTest, WatchDeliversEventsInOrderAndResumesAfterARestart) {
 // the watch would resume from. Resuming would wait for revisions that
 // already happened; the watch ends with DATA_LOSS instead, once.
 TEST_F(EtcdClientTest, WatchEndsWithDataLossWhenEtcdLostItsData) {
-  for (int i = 0; i < 20; ++i) ASSERT_OK(client_->Put("/w/k", absl::StrCat(i)));
+  int64_t revision = 0;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_OK_AND_ASSIGN(revision, client_->Put("/w/k", absl::StrCat(i)));
+  }
   EventLog log;
   absl::Notification ended;
   absl::Status why;
   auto watcher = client_->Watch(
-      "/w/", 0, [&](const WatchEvent& e) { log.Add(e); },
+      "/w/", revision + 1, [&](const WatchEvent& e) { log.Add(e); },
       [&](absl::Status status) {
         why = status;
         ended.Notify();
