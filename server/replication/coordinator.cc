@@ -336,20 +336,18 @@ void Coordinator::ReconcileGroup(int group,
     auto it = live.find(m.shard);
     return it != live.end() && it->second.incarnation == m.incarnation;
   };
+  // etcd's chain of the group; NOT_FOUND when there is none.
+  const absl::StatusOr<common::ChainConfig> config =
+      chain ? common::DecodeChainConfig(chain->value)
+            : absl::StatusOr<common::ChainConfig>(absl::NotFoundError("no chain in etcd"));
   const std::optional<common::ChainConfig> known = table_->Get(group);
-  if (known.has_value() && may_change) {
+  if (known.has_value() && may_change &&
+      (!config.ok() || config->epoch < known->epoch ||
+       (config->epoch == known->epoch && config->members != known->members))) {
     // etcd lost its data (a chain this shard served is gone, or older than
     // the one it holds): put back the newest one it knows.
-    std::optional<common::ChainConfig> held;
-    if (chain) {
-      absl::StatusOr<common::ChainConfig> decoded = common::DecodeChainConfig(chain->value);
-      if (decoded.ok()) held = *std::move(decoded);
-    }
-    if (!held.has_value() || held->epoch < known->epoch ||
-        (held->epoch == known->epoch && held->members != known->members)) {
-      RestoreChain(group, *known, live);
-      return;
-    }
+    RestoreChain(group, *known, live);
+    return;
   }
   if (!chain) {
     if (group != me || drained || !may_change || known.has_value()) return;
@@ -369,16 +367,15 @@ void Coordinator::ReconcileGroup(int group,
       }
     }
     if (!all_up && absl::Now() - start_ < options_.form_timeout) return;
-    absl::StatusOr<common::ChainConfig> config =
+    absl::StatusOr<common::ChainConfig> formed =
         common::MakeChainConfig(group, options_.replicas, std::move(members));
-    if (!config.ok()) {
-      LOG(ERROR) << "forming group " << group << ": " << config.status();
+    if (!formed.ok()) {
+      LOG(ERROR) << "forming group " << group << ": " << formed.status();
       return;
     }
-    Swap(group, std::nullopt, *config, "formed");
+    Swap(group, std::nullopt, *formed, "formed");
     return;
   }
-  absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(chain->value);
   if (!config.ok()) {
     LOG_EVERY_N(ERROR, 50) << "chain of group " << group << " in etcd: " << config.status();
     return;
