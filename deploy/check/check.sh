@@ -6,10 +6,12 @@
 #   compose-schema  compose-spec JSON schema + volume / depends_on / healthcheck references (same pairs)
 #   dockerfile      dockerfile-utils diagnostics + stage refs, exec-form JSON, USER, HEALTHCHECK
 #   runtime-libs    the runtime stage installs the packages the built binaries load
-#   k8s-OVERLAY     kubectl kustomize of overlays/OVERLAY (cpu, gpu, cpu-tls, replicated) -> schema,
-#                   unknown fields (incl. CRDs), references (incl. NetworkPolicies on the flags' connections)
+#   k8s-OVERLAY     kubectl kustomize of overlays/OVERLAY (cpu, gpu, cpu-tls, replicated, replicated-tls)
+#                   -> schema, unknown fields (incl. CRDs), references (incl. NetworkPolicies on the flags'
+#                   connections, TLS to etcd)
 #   flag-parity     compose, compose+gpu, compose+replicated and the cpu, gpu, replicated overlays run the
-#                   same flags, replication flags consistent with etcd; all exist in the built binaries
+#                   same flags, replication flags consistent with etcd, cpu-tls / replicated-tls = cpu /
+#                   replicated + TLS flags; all exist in the built binaries
 #   prom-config     promtool check config (prometheus.yml and prometheus.replicated.yml)
 #   prom-config-sync  the replicated compose setup's Prometheus config = prometheus.yml + etcd job
 #   prom-rules      promtool check rules
@@ -54,9 +56,10 @@ case $check in
     node "$tools/k8s-refs.mjs" "$work/k8s-$overlay.yaml" || status=1
     exit $status ;;
   flag-parity)
-    render cpu; render gpu; render replicated
+    render cpu; render gpu; render replicated; render cpu-tls; render replicated-tls
     node "$tools/flag-parity.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml" \
-      "$deploy/docker-compose.replicated.yml" "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" "$work/k8s-replicated.yaml" ;;
+      "$deploy/docker-compose.replicated.yml" "$work/k8s-cpu.yaml" "$work/k8s-gpu.yaml" "$work/k8s-replicated.yaml" \
+      "$work/k8s-cpu-tls.yaml" "$work/k8s-replicated-tls.yaml" ;;
   prom-config)
     promtool check config "$deploy/prometheus/prometheus.yml"
     promtool check config "$deploy/prometheus/prometheus.replicated.yml" ;;

@@ -14,7 +14,8 @@
 // --lease_ttl_s (default 2) is at least the shortest lease that etcd grants
 // with its --heartbeat-interval / --election-timeout (it silently raises a
 // shorter TTL to that). The replicated setups run the unreplicated flags
-// plus the replication flags only.
+// plus the replication flags only; the secured overlays (cpu-tls,
+// replicated-tls), when given, their plain overlay's flags plus TLS flags.
 // With SHARDTRAIN_BIN_DIR set, every flag of every setup must also be one
 // that the built ps-server / ps-worker / psctl list in --helpfull, and etcd's
 // and etcdctl's flags ones their --help lists (when they are on PATH).
@@ -25,8 +26,8 @@ import path from 'node:path';
 import { spawnSync } from 'node:child_process';
 import YAML from 'yaml';
 
-const [composeFile, gpuFile, repFile, cpuK8s, gpuK8s, repK8s] = process.argv.slice(2);
-if (!repK8s) { console.error('usage: flag-parity.mjs compose.yml compose.gpu.yml compose.replicated.yml k8s-cpu.yaml k8s-gpu.yaml k8s-replicated.yaml'); process.exit(2); }
+const [composeFile, gpuFile, repFile, cpuK8s, gpuK8s, repK8s, cpuTlsK8s, repTlsK8s] = process.argv.slice(2);
+if (!repK8s) { console.error('usage: flag-parity.mjs compose.yml compose.gpu.yml compose.replicated.yml k8s-cpu.yaml k8s-gpu.yaml k8s-replicated.yaml [k8s-cpu-tls.yaml k8s-replicated-tls.yaml]'); process.exit(2); }
 const errs = [];
 const flags = argv => Object.fromEntries(argv.filter(a => a.startsWith('--'))
   .map(a => { const i = a.indexOf('='); return i < 0 ? [a.slice(2), 'true'] : [a.slice(2, i), a.slice(i + 1)]; }));
@@ -34,6 +35,9 @@ const port = addr => addr?.replace(/\/$/, '').split(':').pop();
 // Flags that differ by design between processes, and those only the replicated setups have.
 const PER_PROCESS = ['shard_index', 'worker_index', 'servers', 'advertise_address'];
 const REPLICATION = ['replicas', 'etcd_endpoints', 'job', 'lease_ttl_s', 'advertise_address'];
+// ... and those only the secured overlays have (k8s-refs.mjs checks their files and etcd's TLS).
+const SECURITY = ['tls_cert', 'tls_key', 'tls_ca', 'tls_client_ca', 'tls_peer_ca', 'auth_token_file',
+                  'etcd_ca', 'etcd_cert', 'etcd_key'];
 const omit = (f, keys) => Object.fromEntries(Object.entries(f).filter(([k]) => !keys.includes(k)));
 const strip = f => omit(f, PER_PROCESS);
 const same = (a, b, what) => {
@@ -154,7 +158,8 @@ function k8s(file) {
     const n = e.o.spec.replicas ?? 1, base = e.o.metadata.name, svc = e.o.spec.serviceName;
     const pods = [...Array(n).keys()].map(i => `${base}-${i}`);
     const peer = e.ports.peer ?? port(e.flags['listen-peer-urls'] ?? ':2380');
-    const want = pods.map(p => `${p}=http://${p}.${svc}:${peer}`).join(',');
+    const peerScheme = (e.flags['listen-peer-urls'] ?? 'http://').split('://')[0];
+    const want = pods.map(p => `${p}=${peerScheme}://${p}.${svc}:${peer}`).join(',');
     if (n > 1 && e.flags['initial-cluster'] !== want) errs.push(`${file} ${e.name}: --initial-cluster=${e.flags['initial-cluster'] ?? '(unset)'}, its ${n} pods are ${want}`);
     const client = e.ports.client ?? port(e.flags['listen-client-urls'] ?? ':2379');
     return { where: `${file} ${e.name}`, members: pods.map(p => `${p}.${svc}:${client}`), minTtl: etcdTiming(e.flags, `${file} ${e.name}`) };
@@ -184,6 +189,14 @@ if (cpu && gpu && rep && kcpu && kgpu && krep) {
   same(omit(rep.shard, ['etcd_endpoints']), omit(krep.shard, ['etcd_endpoints']), `shard flags: compose+replicated vs ${repK8s}`);
   same(omit(rep.worker, ['etcd_endpoints']), omit(krep.worker, ['etcd_endpoints']), `worker flags: compose+replicated vs ${repK8s}`);
   if ((rep.shard.replicas ?? '1') === '1') errs.push(`${repFile}: the replicated setup runs --replicas=${rep.shard.replicas ?? '(unset)'}`);
+}
+// The secured overlays run their plain overlay's flags plus security flags only.
+for (const [secured, plain, file, plainFile] of [[cpuTlsK8s && k8s(cpuTlsK8s), kcpu, cpuTlsK8s, cpuK8s],
+                                                  [repTlsK8s && k8s(repTlsK8s), krep, repTlsK8s, repK8s]]) {
+  if (!secured || !plain) continue;
+  same(omit(secured.shard, SECURITY), plain.shard, `shard flags: ${file} (without TLS flags) vs ${plainFile}`);
+  same(omit(secured.worker, SECURITY), plain.worker, `worker flags: ${file} (without TLS flags) vs ${plainFile}`);
+  if (!SECURITY.some(k => k in secured.shard)) errs.push(`${file}: the secured overlay's shards run no TLS flag`);
 }
 
 // The flags exist: the built binaries' --helpfull, etcd's and etcdctl's --help.

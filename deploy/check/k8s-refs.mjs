@@ -11,10 +11,11 @@
 //     passes the text "$(VAR)" through unchanged);
 //   - a StatefulSet whose serviceName is not a headless Service;
 //   - a volumeMount naming no volume of its pod (nor a StatefulSet's
-//     volumeClaimTemplate), or a file flag (--tls_cert,
-//     --tls_key, --tls_ca, --tls_client_ca, --auth_token_file) in a
-//     container's command, args or exec probes whose path lies under none of
-//     that container's mounts (the process then fails at start);
+//     volumeClaimTemplate), or a file flag (--tls_*, --auth_token_file,
+//     --etcd_ca/cert/key, etcd's --cert-file, --peer-key-file, ...) in a
+//     container's command, args or exec probes, or etcdctl's ETCDCTL_CACERT
+//     / _CERT / _KEY, whose path lies under none of that container's mounts
+//     (the process then fails at start);
 //   - one image repository run with different tags (a component's containers
 //     missed the overlay's `images:` tag: etcd or an init container from
 //     another build than the shards);
@@ -28,7 +29,13 @@
 //     --advertise-client-urls / --initial-advertise-peer-urls) that does not
 //     name the pod itself, evaluated for every pod of a StatefulSet with
 //     $(VARS) expanded from the ConfigMaps and the downward API. Hosts of no rendered Service (an
-//     external etcd) are not checked.
+//     external etcd) are not checked;
+//   - TLS to etcd that cannot connect: a client (--etcd_endpoints, or
+//     etcdctl in its pod's init containers, ETCDCTL_*) without a CA for an
+//     etcd that serves https, with one for a plain one, or without a
+//     certificate for an etcd with --client-cert-auth; an etcd whose client
+//     or peer URLs mix http and https, or that serves https without its
+//     certificate and key, or checks certificates without a CA.
 // usage: node k8s-refs.mjs rendered.yaml
 import fs from 'node:fs';
 import YAML from 'yaml';
@@ -70,6 +77,10 @@ for (const o of objs) {
   }
 }
 
+// Flags (ours, etcd's) and etcdctl's environment that name a file the process reads at start.
+const FILE_FLAGS = new RegExp('--(tls_cert|tls_key|tls_ca|tls_client_ca|auth_token_file|etcd_ca|etcd_cert|etcd_key'
+  + '|cert-file|key-file|trusted-ca-file|peer-cert-file|peer-key-file|peer-trusted-ca-file)=(\\S+)', 'g');
+const FILE_ENV = ['ETCDCTL_CACERT', 'ETCDCTL_CERT', 'ETCDCTL_KEY'];
 for (const p of pods) {
   const indexed = p.owner.kind === 'Job' && p.owner.spec.completionMode === 'Indexed';
   for (const c of [...(p.spec.initContainers ?? []), ...p.spec.containers]) {
@@ -105,11 +116,11 @@ for (const p of pods) {
     }
     const words = [...(c.command ?? []), ...(c.args ?? []),
                    ...['startupProbe', 'readinessProbe', 'livenessProbe'].flatMap(q => c[q]?.exec?.command ?? [])];
-    for (const w of words) {
-      for (const [, flag, path] of w.matchAll(/--(tls_cert|tls_key|tls_ca|tls_client_ca|auth_token_file)=(\S+)/g)) {
-        if (!mounts.some(m => path.startsWith(m.mountPath.replace(/\/$/, '') + '/'))) {
-          errs.push(`${where}: --${flag}=${path} is under none of the container's volumeMounts`);
-        }
+    const files = words.flatMap(w => [...w.matchAll(FILE_FLAGS)].map(([, flag, path]) => [`--${flag}`, path]));
+    for (const e of c.env ?? []) if (FILE_ENV.includes(e.name) && e.value) files.push([`env ${e.name}`, e.value]);
+    for (const [what, path] of files) {
+      if (!mounts.some(m => path.startsWith(m.mountPath.replace(/\/$/, '') + '/'))) {
+        errs.push(`${where}: ${what}=${path} is under none of the container's volumeMounts`);
       }
     }
   }
@@ -166,11 +177,51 @@ const admits = (target, source, port) => {  // NetworkPolicy semantics for one n
       && (q.port === undefined || q.port === port.name || q.port === port.containerPort
           || (q.endPort !== undefined && port.containerPort >= q.port && port.containerPort <= q.endPort))))));
 };
+const once = new Set();
+const report = e => { if (!once.has(e)) { once.add(e); errs.push(e); } };
+// TLS to etcd: what etcd's flags demand, what its clients bring.
+const argFlags = c => Object.fromEntries([...(c.command ?? []), ...(c.args ?? [])].filter(a => a.startsWith('--'))
+  .map(a => { const i = a.indexOf('='); return i < 0 ? [a.slice(2), 'true'] : [a.slice(2, i), a.slice(i + 1)]; }));
+const etcdOf = t => t.spec.containers.find(c => (c.command ?? [])[0] === 'etcd');
+const scheme = url => (url ?? 'http://').split('://')[0];
+function etcdClientAgrees(p, c, where, t) {  // c (of pod p) names etcd pod t in --etcd_endpoints
+  const e = etcdOf(t);
+  if (!e) return;
+  const ef = argFlags(e), cf = argFlags(c), https = scheme(ef['listen-client-urls']) === 'https';
+  // etcd 3.4 asks for a client certificate once it has a CA for them, --client-cert-auth or not.
+  const certAuth = ef['client-cert-auth'] === 'true' || Boolean(ef['trusted-ca-file']);
+  if (https && !cf.etcd_ca) report(`${where}: ${id(t.owner)} serves https (--listen-client-urls), and this client has no --etcd_ca`);
+  if (!https && cf.etcd_ca) report(`${where}: --etcd_ca, but ${id(t.owner)} serves plain http (--listen-client-urls)`);
+  if (https && certAuth && !(cf.etcd_cert && cf.etcd_key)) report(`${where}: ${id(t.owner)} demands client certificates (--client-cert-auth, --trusted-ca-file), and this client has no --etcd_cert/--etcd_key`);
+  // etcdctl in an init container of the same pod (the wait-for-etcd script): its TLS settings come from ETCDCTL_*.
+  for (const ic of p.spec.initContainers ?? []) {
+    if (!JSON.stringify([ic.command, ic.args]).includes('etcdctl')) continue;
+    const env = new Set((ic.env ?? []).map(v => v.name));
+    if (https !== env.has('ETCDCTL_CACERT')) report(`${id(p.owner)} init container ${ic.name}: ${id(t.owner)} serves ${https ? 'https' : 'plain http'}, and its etcdctl ${https ? 'has no' : 'has'} ETCDCTL_CACERT`);
+    if (https && certAuth && !(env.has('ETCDCTL_CERT') && env.has('ETCDCTL_KEY'))) report(`${id(p.owner)} init container ${ic.name}: ${id(t.owner)} demands client certificates, and its etcdctl has no ETCDCTL_CERT/ETCDCTL_KEY`);
+  }
+}
+// An etcd's own URLs and certificates agree: one scheme for its client URLs, one for its peer URLs
+// (--initial-cluster included); https needs a certificate and key, client-cert-auth a CA.
+for (const p of pods) {
+  const e = etcdOf(p);
+  if (!e) continue;
+  const f = argFlags(e), where = `${id(p.owner)} container ${e.name}`;
+  for (const [kind, urls, cert, key, auth, ca] of [
+    ['client', ['listen-client-urls', 'advertise-client-urls'], 'cert-file', 'key-file', 'client-cert-auth', 'trusted-ca-file'],
+    ['peer', ['listen-peer-urls', 'initial-advertise-peer-urls', 'initial-cluster'], 'peer-cert-file', 'peer-key-file', 'peer-client-cert-auth', 'peer-trusted-ca-file']]) {
+    // --initial-cluster lists name=URL pairs.
+    const schemes = new Set(urls.flatMap(u => (f[u] ?? '').split(',').filter(Boolean)
+      .map(x => scheme(u === 'initial-cluster' ? x.slice(x.indexOf('=') + 1) : x))));
+    if (schemes.size > 1) report(`${where}: its ${kind} URLs mix ${[...schemes].join(' and ')} (--${urls.join(', --')})`);
+    if (schemes.has('https') && !(f[cert] && f[key])) report(`${where}: https ${kind} URLs need --${cert} and --${key}`);
+    if (f[auth] === 'true' && !f[ca]) report(`${where}: --${auth} needs --${ca}`);
+  }
+}
+
 const CONNECT = ['servers', 'etcd_endpoints', 'initial-cluster'];   // this pod calls these
 const SELF = ['advertise_address', 'initial-advertise-peer-urls', 'advertise-client-urls'];  // this pod's own address
 const PEERS = ['advertise_address', 'initial-advertise-peer-urls'];  // ... which its StatefulSet peers call
-const once = new Set();
-const report = e => { if (!once.has(e)) { once.add(e); errs.push(e); } };
 for (const p of pods) for (let i = 0; i < (p.owner.kind === 'StatefulSet' ? p.owner.spec.replicas ?? 1 : 1); i++) {
   // Pod i of a StatefulSet (its name and pod-index label from the downward API), or one pod of a Job.
   const podName = p.owner.kind === 'StatefulSet' ? `${p.owner.metadata.name}-${i}` : `${p.owner.metadata.name}-${i}-x`;
@@ -203,6 +254,7 @@ for (const p of pods) for (let i = 0; i < (p.owner.kind === 'StatefulSet' ? p.ow
           for (const src of sources) if (!admits(t, src, port)) {
             report(`${where}: --${flag}=${item}: no NetworkPolicy admits ${id(src.owner)} pods to ${id(t.owner)} on port ${port.containerPort}`);
           }
+          if (flag === 'etcd_endpoints') etcdClientAgrees(p, c, where, t);
         }
       }
     }
@@ -214,6 +266,6 @@ for (const o of objs.filter(o => o.kind === 'StatefulSet')) {
   if (!svc || svc.spec.clusterIP !== 'None') errs.push(`${id(o)}: serviceName "${o.spec.serviceName}" is not a headless Service`);
 }
 
-console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps, $(VARS), volumes and file flags resolve; one tag per image; the flags' connections pass the NetworkPolicies`);
+console.log(errs.length ? `FAIL ${process.argv[2]}` : `ok   ${objs.length} objects: selectors, ports, ConfigMaps, $(VARS), volumes and file flags resolve; one tag per image; the flags' connections pass the NetworkPolicies; TLS to etcd agrees`);
 errs.forEach(e => console.log(`     ${e}`));
 process.exit(errs.length ? 1 : 0);

@@ -51,6 +51,13 @@ case $name in
     '--advertise_address=$(POD_NAME).ps-server:7000' '--advertise_address=ps-server-0.ps-server:7000' "is not the pod's own address \(for pod ps-server-1") ;;
   k8s-component-image-tag) c=(k8s-replicated k8s/overlays/replicated/kustomization.yaml
     $'images:\n  - name: shardtrain\n    newTag: latest\n' '' 'image shardtrain runs with 2 tags') ;;
+  k8s-etcd-tls-client-without-ca) c=(k8s-replicated-tls k8s/components/etcd-tls/client-flags.yaml
+    $'- op: add\n  path: /spec/template/spec/containers/0/args/-\n  value: --etcd_ca=/etc/shardtrain/etcd-tls/ca.pem\n' ''
+    'container ps-worker: StatefulSet/etcd serves https \(--listen-client-urls\), and this client has no --etcd_ca') ;;
+  k8s-etcd-tls-peer-scheme) c=(k8s-replicated-tls k8s/components/etcd-tls/etcd-tls.yaml
+    '  value: --listen-peer-urls=https://' '  value: --listen-peer-urls=http://' 'container etcd: its peer URLs mix http and https') ;;
+  flag-parity-etcd-tls-flag) c=(flag-parity k8s/components/etcd-tls/etcd-tls.yaml
+    '  value: --peer-client-cert-auth' '  value: --peer-client-cert-auths' 'etcd has no flag --peer-client-cert-auths') ;;
   flag-parity-replicas-without-etcd) c=(flag-parity docker-compose.replicated.yml
     $'      - --etcd_endpoints=etcd:2379\n      - --job=fashion-mnist\n      - --lease_ttl_s=1\n      - --advertise_address=shard-0:7000'
     $'      - --job=fashion-mnist\n      - --lease_ttl_s=1\n      - --advertise_address=shard-0:7000' 'shard-0: --replicas=2 needs --etcd_endpoints') ;;
