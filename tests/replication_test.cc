@@ -680,6 +680,58 @@ TEST_F(ReplicationTest, SplitBrain) {
                          int64_t{kWorkers} * kSplitBrainEpochs * kStepsPerEpoch);
 }
 
+// Sync, R=2: the head of group 0 SIGSTOPped mid-run (no reset reaches
+// anyone). A sync step needs every group, so every worker waits on it
+// until its chains drop it: no longer than for a SIGKILL. SIGCONTed, it
+// finds its lease gone and rejoins as a tail. Every step is applied once
+// (each partition's version is the job's step count) and every group's
+// head and tail end bit-identical.
+constexpr int kSyncHangEpochs = 3;
+
+TEST_F(ReplicationTest, SyncHeadHangs) {
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
+      group, Job("sync", "synchang", etcd_->endpoint(), kSyncHangEpochs));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  absl::StatusOr<common::ChainConfig> before = Chain(*client_, "synchang", 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->head().shard, 0);
+  ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
+  const absl::Duration stall = LongestStall(*cluster, 100, absl::Seconds(30));
+  std::printf("SIGSTOP of a head, sync: the longest a worker went without a step: %s\n",
+              absl::FormatDuration(stall).c_str());
+  EXPECT_LE(stall, kMaxStall) << "sync steps waited on the stopped shard";
+  ASSERT_TRUE(WaitForChains(
+      *client_, "synchang", [](const common::ChainConfig& c) { return !c.Contains(0); },
+      absl::Seconds(10)));
+  ASSERT_TRUE(group.Signal(cluster->shards[0], SIGCONT).ok());
+  ASSERT_TRUE(WaitForRejoin(*client_, "synchang", 0))
+      << "shard 0 did not rejoin its chains:\n"
+      << testutil::ReadFile(cluster->ShardLog(0));
+  EXPECT_LT(WorkerSteps(*cluster, 0), kSyncHangEpochs * kStepsPerEpoch)
+      << "the job ended before shard 0 rejoined";
+  Finish(group, *cluster);
+  std::map<std::string, int64_t> versions;
+  int compared = 0;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "synchang", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_EQ(chain->members.size(), 2u);
+    const auto head = GroupState(*cluster, chain->head().shard, g, nullptr);
+    const auto tail = GroupState(*cluster, chain->tail().shard, g, &versions);
+    ASSERT_FALSE(head.empty());
+    EXPECT_TRUE(head == tail) << "group " << g << ": head shard " << chain->head().shard
+                              << " and tail shard " << chain->tail().shard << " differ";
+    compared += static_cast<int>(head.size());
+  }
+  ASSERT_FALSE(versions.empty());
+  for (const auto& [key, version] : versions) {
+    EXPECT_EQ(version, kSyncHangEpochs * kStepsPerEpoch) << key << ": steps lost or applied twice";
+  }
+  std::printf("SYNC HANG: %d partitions identical on head and tail\n", compared);
+}
+
 // Async, R=2: shard 0 runs in its own network namespace, and its link is
 // cut for 5 s: no reset reaches anyone, and it keeps running. Its chains
 // drop it, the workers' calls stuck on it go to the new heads (no worker
