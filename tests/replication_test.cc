@@ -933,6 +933,49 @@ TEST_F(ReplicationTest, DuplicateShardIsRefused) {
                          int64_t{kWorkers} * kDuplicateEpochs * kStepsPerEpoch);
 }
 
+// Async, R=2: a shard started for the same job with --replicas=3 (a
+// mistyped restart) exits at once naming the replica count etcd's chains
+// keep, before it takes a lease or touches a chain; the job goes on.
+TEST_F(ReplicationTest, ChangedReplicasIsRefused) {
+  ProcessGroup group;
+  absl::StatusOr<LocalCluster> cluster =
+      testutil::StartLocalCluster(group, Job("async", "relayout", etcd_->endpoint(), 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  WaitForSteps(*cluster, 0, kStepsPerEpoch / 4);
+  std::vector<std::string> argv = cluster->shard_argv[2];
+  absl::StatusOr<int> port = testutil::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  for (std::string& arg : argv) {
+    if (absl::StartsWith(arg, "--listen=")) arg = absl::StrCat("--listen=127.0.0.1:", *port);
+    if (absl::StartsWith(arg, "--port_file=")) arg += ".relayout";
+    if (arg == "--replicas=2") arg = "--replicas=3";
+  }
+  const std::string log = cluster->dir + "/relayout.log";
+  absl::StatusOr<pid_t> shard = group.Start(argv, log);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  absl::StatusOr<int> exit = group.Wait(*shard, absl::Seconds(20));
+  ASSERT_TRUE(exit.ok()) << "the shard with --replicas=3 is still running:\n"
+                         << testutil::ReadFile(log);
+  EXPECT_NE(*exit, 0);
+  const std::string expected = "of job 'relayout' (/shardtrain/relayout/chains/";
+  const std::string text = testutil::ReadFile(log);
+  const size_t at = text.find("etcd's chain of group");
+  std::printf("RELAYOUT: exit %d: %s\n", *exit,
+              at == std::string::npos ? "(no message)"
+                                      : text.substr(at, text.find('\n', at) - at).c_str());
+  EXPECT_NE(text.find(expected), std::string::npos) << text;
+  EXPECT_NE(text.find("keeps 2 replicas, but this shard was started with --replicas=3"),
+            std::string::npos)
+      << text;
+  for (int g = 0; g < kShards; ++g) {
+    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "relayout", g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    EXPECT_EQ(chain->epoch, 1) << "group " << g << "'s chain changed";
+  }
+  Finish(group, *cluster);
+  ExpectEveryPushApplied(*client_, "relayout", *cluster, int64_t{kWorkers} * 2 * kStepsPerEpoch);
+}
+
 // Async, R=2, a three-member etcd, every shard and worker given all three
 // members: the member they all use is SIGKILLed mid-run. They go on through
 // the other two with their leases, watches and chains intact (no chain

@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
                                                etcd.status().message()));
   }
   coordinator->etcd_ = *std::move(etcd);
+  RETURN_IF_ERROR(coordinator->CheckReplicas());
   RETURN_IF_ERROR(coordinator->TakeLease());
   Coordinator* c = coordinator.get();
   c->StartWatches();
@@ -113,6 +114,27 @@ Coordinator::~Coordinator() {
     const absl::Status revoked = etcd_->RevokeLease(lease);
     if (!revoked.ok()) LOG(WARNING) << "revoking the etcd lease: " << revoked;
   }
+}
+
+absl::Status Coordinator::CheckReplicas() {
+  const std::string prefix = common::ChainsPrefix(options_.job);
+  absl::StatusOr<etcd::RangeResult> chains = etcd_->GetPrefix(prefix);
+  if (!chains.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("reading ", prefix, " from etcd: ", chains.status().message()));
+  }
+  for (const etcd::KeyValue& kv : chains->kvs) {
+    absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(kv.value);
+    if (!config.ok() || config->replicas == options_.replicas) continue;
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "etcd's chain of group %d of job '%s' (%s) keeps %d replicas, but this shard was "
+        "started with --replicas=%d: a job keeps its replica count across restarts. Start it "
+        "with --replicas=%d, or run the new layout as another --job (or remove the old job's "
+        "keys first: etcdctl del --prefix %s)",
+        config->group, options_.job, kv.key, config->replicas, options_.replicas,
+        config->replicas, common::JobPrefix(options_.job)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Coordinator::TakeLease() {

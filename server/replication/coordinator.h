@@ -96,7 +96,9 @@ class Coordinator {
  public:
   // Connects to etcd, takes the lease and starts the threads; the chains
   // are joined in the background (the shard refuses their requests until
-  // then). UNAVAILABLE when etcd cannot be reached.
+  // then). UNAVAILABLE when etcd cannot be reached; FAILED_PRECONDITION
+  // when the job's chains keep another number of replicas; ALREADY_EXISTS
+  // when another process is this shard of the job.
   static absl::StatusOr<std::unique_ptr<Coordinator>> Start(
       const CoordinatorOptions& options, Shard* shard, ChainTable* table,
       Forwarder* forwarder, ReplicationMetrics* metrics);
@@ -106,6 +108,10 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, Shard* shard, ChainTable* table,
               Forwarder* forwarder, ReplicationMetrics* metrics);
   absl::Status TakeLease();
+  // FAILED_PRECONDITION when the job's chains in etcd keep another number
+  // of replicas than this shard was started for (a restart with another
+  // --replicas, or another job's --job): checked before it takes part.
+  absl::Status CheckReplicas();
   // Puts this shard's liveness key under a new lease, returned, once no
   // other process holds the key (see the file comment); ALREADY_EXISTS
   // naming the holder when one keeps it alive.
