@@ -115,6 +115,12 @@ ABSL_FLAG(bool, restore_chain_order, true,
           "its place back to the placement's order once every member has all its "
           "operations (pushes to that group pause for a moment), so primaries stay "
           "balanced");
+ABSL_FLAG(int, last_copy_wait_s, 30,
+          "With --replicas > 1: a shard rejoining a chain as tail that is still "
+          "copying the group's state when every member before it loses its etcd "
+          "lease waits this long for one of them to come back (a hung or cut-off "
+          "process holds the only complete copy) before it takes the group over "
+          "with the parameters it holds");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --replicas > 1: host:port the other shards reach this one at "
           "(default: the --listen host and the bound port; required when "
@@ -166,6 +172,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
     options.replication.lease_ttl = absl::Seconds(absl::GetFlag(FLAGS_lease_ttl_s));
     options.replication.advertise_address = absl::GetFlag(FLAGS_advertise_address);
     options.replication.restore_order = absl::GetFlag(FLAGS_restore_chain_order);
+    if (absl::GetFlag(FLAGS_last_copy_wait_s) < 0) {
+      return absl::InvalidArgumentError("--last_copy_wait_s must be >= 0");
+    }
+    options.replication.last_copy_wait = absl::Seconds(absl::GetFlag(FLAGS_last_copy_wait_s));
     if (options.security.tls()) {
       shardtrain::common::ClientSecurity& peer = options.peer_security;
       peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()

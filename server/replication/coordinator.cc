@@ -423,11 +423,16 @@ void Coordinator::ReconcileGroup(int group,
                                << ": " << next.status();
         return;
       }
+      if (table_->CatchingUp(group) && next->head().shard == me &&
+          !LastCopyWaitOver(group, m, live)) {
+        return;
+      }
       LOG(WARNING) << "group " << group << ": shard " << m.shard
                    << " lost its etcd lease; removing it from the chain";
       Swap(group, chain, *next, "member_lost");
       return;  // one change per pass: the next pass re-reads
     }
+    orphaned_since_.erase(group);
     if (table_->CatchingUp(group)) {
       CatchUp(group, *config);
     } else if (options_.restore_order && *index == 0) {
@@ -435,6 +440,7 @@ void Coordinator::ReconcileGroup(int group,
     }
     return;
   }
+  orphaned_since_.erase(group);
   if (drained || !may_change) return;
   // A dead incarnation of this shard still listed: drop it first.
   if (index) {
@@ -465,6 +471,31 @@ void Coordinator::ReconcileGroup(int group,
     table_->SetCatchingUp(group, false);
     metrics_->catchup_in_progress().Set(0);
   }
+}
+
+bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig::Member& gone,
+                                   const std::map<int, common::ChainConfig::Member>& live) {
+  // Restarted (its key names a newer incarnation): its memory is gone, and
+  // the new process rejoins from its checkpoint. Nothing to wait for.
+  if (live.count(gone.shard) != 0) return true;
+  const absl::Time since = orphaned_since_.try_emplace(group, absl::Now()).first->second;
+  const absl::Duration waited = absl::Now() - since;
+  if (waited < options_.last_copy_wait) {
+    LOG_EVERY_N(WARNING, 10)
+        << "group " << group << ": shard " << gone.shard
+        << ", the last member before this one, lost its etcd lease while this shard was "
+           "still copying the group's state; waiting up to "
+        << options_.last_copy_wait - waited
+        << " for it to come back (a hung or cut-off process) before taking the group "
+           "over with the parameters this shard holds";
+    return false;  // looked at again on the loop's next pass (every lease ttl)
+  }
+  LOG(ERROR) << "group " << group << ": shard " << gone.shard << " did not come back within "
+             << options_.last_copy_wait << "; shard " << table_->shard()
+             << ", which had not finished copying the group's state, takes it over with "
+                "the parameters it holds (updates since its last checkpoint are lost)";
+  orphaned_since_.erase(group);
+  return true;
 }
 
 void Coordinator::RestoreChain(int group, const common::ChainConfig& known,
@@ -627,6 +658,9 @@ std::string Coordinator::MembersBehind(int group, const common::ChainConfig& con
 void Coordinator::CatchUp(int group, const common::ChainConfig& config) {
   const std::optional<common::ChainConfig::Member> from = config.Predecessor(table_->shard());
   if (!from) {  // the only member: nothing to copy
+    LOG(WARNING) << "group " << group << ": shard " << table_->shard()
+                 << " is the chain's only member before it finished copying the group's "
+                    "state; it serves the parameters it holds";
     table_->SetCatchingUp(group, false);
     metrics_->catchup_in_progress().Set(0);
     return;

@@ -90,6 +90,11 @@ struct CoordinatorOptions {
   absl::Duration form_timeout = absl::Seconds(30);
   // Heads hand their place back to the placement's order (file comment).
   bool restore_order = true;
+  // A joining tail still copying a group's state whose predecessors all
+  // lost their leases would be left the group's only member, with no
+  // complete copy before it: it waits this long for one of them to come
+  // back (a hung or cut-off process) before it serves what it holds.
+  absl::Duration last_copy_wait = absl::Seconds(30);
 };
 
 class Coordinator {
@@ -129,6 +134,11 @@ class Coordinator {
   void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
                       bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
+  // Whether this shard, still copying `group`'s state, may drop `gone`, the
+  // last member before it, and so be left with no complete copy before it:
+  // once `gone` restarted, or once it stayed away last_copy_wait.
+  bool LastCopyWaitOver(int group, const common::ChainConfig::Member& gone,
+                        const std::map<int, common::ChainConfig::Member>& live);
   // etcd may have lost `group`'s chain (absent, or older than `known`, the
   // newest this shard holds): the first member of `known` whose lease is
   // alive reads it again and, if so, puts it back without the others, an
@@ -204,6 +214,9 @@ class Coordinator {
   // When this shard, first of its chain, found each group's chain lost in
   // etcd (RestoreChain). Loop thread only.
   std::map<int, absl::Time> lost_since_;
+  // When this shard, still copying each group's state, found every member
+  // before it gone (CoordinatorOptions::last_copy_wait). Loop thread only.
+  std::map<int, absl::Time> orphaned_since_;
 
   // Replaced by the loop thread only (and reset by the destructor after it).
   std::unique_ptr<etcd::Watcher> chain_watch_;
