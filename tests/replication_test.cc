@@ -732,39 +732,47 @@ TEST_F(ReplicationTest, SyncHeadHangs) {
   std::printf("SYNC HANG: %d partitions identical on head and tail\n", compared);
 }
 
-// Async, R=2, two faults in a row: shard 1 is SIGKILLed (group 0's chain is
-// shard 0 alone), then shard 0, now group 0's only copy, is SIGSTOPped and
-// shard 1 restarted: it rejoins group 0 as tail and cannot copy the state
-// from the stopped shard 0, whose lease runs out. Shard 1 must not drop
-// shard 0 and serve group 0 with what it restored (its checkpoint or
-// nothing): it waits (--last_copy_wait_s) for shard 0, which is SIGCONTed
-// after 13 s (past the 10 s a state copy waits for an answer), resumes as
-// head and hands the state over. Every push is applied exactly once.
+// Async, two faults in a row: every shard but 0 is SIGKILLed (group 0's
+// chain is shard 0 alone), then shard 0, now group 0's only copy, is
+// SIGSTOPped and the others restarted: they rejoin group 0 as tails and
+// cannot copy the state from the stopped shard 0, whose lease runs out.
+// None of them may drop shard 0 and serve group 0 with what it restored
+// (its checkpoint or nothing): they wait (--last_copy_wait_s) for shard 0,
+// which is SIGCONTed after 13 s (past the 10 s a state copy waits for an
+// answer), resumes as head and hands the state over. With R=3 the second
+// tail finds the first one still copying. Every push is applied once.
 constexpr int kLastCopyEpochs = 6;
 
-TEST_F(ReplicationTest, RejoiningTailWaitsForTheLastCopy) {
+void RunLastCopyHangs(const EtcdProcess& etcd, etcd::EtcdClient& client, const std::string& job,
+                      int replicas) {
   ProcessGroup group;
   absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(
-      group, Job("async", "lastcopy", etcd_->endpoint(), kLastCopyEpochs));
+      group, Job("async", job, etcd.endpoint(), kLastCopyEpochs, replicas));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  ASSERT_TRUE(group.Signal(cluster->shards[1], SIGKILL).ok());
-  (void)group.Wait(cluster->shards[1], absl::Seconds(10));
+  for (int s = 1; s < replicas; ++s) {
+    ASSERT_TRUE(group.Signal(cluster->shards[s], SIGKILL).ok());
+    (void)group.Wait(cluster->shards[s], absl::Seconds(10));
+  }
   ASSERT_TRUE(WaitForChains(
-      *client_, "lastcopy", [](const common::ChainConfig& c) { return !c.Contains(1); },
+      client, job,
+      [](const common::ChainConfig& c) { return c.group != 0 || c.members.size() == 1; },
       absl::Seconds(10)));
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
   const absl::Time stopped = absl::Now();
-  ASSERT_TRUE(testutil::RestartShard(group, *cluster, 1).ok());
+  for (int s = 1; s < replicas; ++s) ASSERT_TRUE(testutil::RestartShard(group, *cluster, s).ok());
   absl::SleepFor(stopped + absl::Seconds(13) - absl::Now());
-  absl::StatusOr<common::ChainConfig> waiting = Chain(*client_, "lastcopy", 0);
+  absl::StatusOr<common::ChainConfig> waiting = Chain(client, job, 0);
   ASSERT_TRUE(waiting.ok()) << waiting.status();
-  EXPECT_TRUE(waiting->Contains(0)) << "shard 1, still copying, dropped group 0's only copy";
+  EXPECT_TRUE(waiting->Contains(0)) << "a tail still copying dropped group 0's only copy";
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGCONT).ok());
   ASSERT_TRUE(WaitForChains(
-      *client_, "lastcopy",
-      [](const common::ChainConfig& c) { return c.members.size() == 2; }, absl::Seconds(30)))
-      << "the chains did not get back to 2 members:\n"
+      client, job,
+      [replicas](const common::ChainConfig& c) {
+        return static_cast<int>(c.members.size()) == replicas;
+      },
+      absl::Seconds(30)))
+      << "the chains did not get back to " << replicas << " members:\n"
       << testutil::ReadFile(cluster->ShardLog(1));
   EXPECT_NE(testutil::ReadFile(cluster->ShardLog(1)).find("for it to come back"),
             std::string::npos)
@@ -772,8 +780,16 @@ TEST_F(ReplicationTest, RejoiningTailWaitsForTheLastCopy) {
   EXPECT_LT(WorkerSteps(*cluster, 0), kLastCopyEpochs * kStepsPerEpoch)
       << "the job ended before group 0 was whole again";
   Finish(group, *cluster);
-  ExpectEveryPushApplied(*client_, "lastcopy", *cluster,
+  ExpectEveryPushApplied(client, job, *cluster,
                          int64_t{kWorkers} * kLastCopyEpochs * kStepsPerEpoch);
+}
+
+TEST_F(ReplicationTest, RejoiningTailWaitsForTheLastCopy) {
+  RunLastCopyHangs(*etcd_, *client_, "lastcopy", 2);
+}
+
+TEST_F(ReplicationTest, TwoRejoiningTailsWaitForTheLastCopy) {
+  RunLastCopyHangs(*etcd_, *client_, "lastcopy3", 3);
 }
 
 // Async, R=2: shard 0 runs in its own network namespace, and its link is

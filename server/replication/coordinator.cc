@@ -423,10 +423,7 @@ void Coordinator::ReconcileGroup(int group,
                                << ": " << next.status();
         return;
       }
-      if (table_->CatchingUp(group) && next->head().shard == me &&
-          !LastCopyWaitOver(group, m, live)) {
-        return;
-      }
+      if (table_->CatchingUp(group) && !LastCopyWaitOver(group, *next, m, live)) return;
       LOG(WARNING) << "group " << group << ": shard " << m.shard
                    << " lost its etcd lease; removing it from the chain";
       Swap(group, chain, *next, "member_lost");
@@ -473,18 +470,27 @@ void Coordinator::ReconcileGroup(int group,
   }
 }
 
-bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig::Member& gone,
+bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig& next,
+                                   const common::ChainConfig::Member& gone,
                                    const std::map<int, common::ChainConfig::Member>& live) {
   // Restarted (its key names a newer incarnation): its memory is gone, and
   // the new process rejoins from its checkpoint. Nothing to wait for.
   if (live.count(gone.shard) != 0) return true;
+  // A member left before this one that is not copying holds the state.
+  // Tails join one at a time behind the others, so one that answers it is
+  // still copying (R=3, two rejoining) has only copying members behind it.
+  for (const common::ChainConfig::Member& m : next.members) {
+    if (m.shard == table_->shard()) break;
+    absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
+    if (state.ok() && !state->catching_up()) return true;
+  }
   const absl::Time since = orphaned_since_.try_emplace(group, absl::Now()).first->second;
   const absl::Duration waited = absl::Now() - since;
   if (waited < options_.last_copy_wait) {
     LOG_EVERY_N(WARNING, 10)
         << "group " << group << ": shard " << gone.shard
-        << ", the last member before this one, lost its etcd lease while this shard was "
-           "still copying the group's state; waiting up to "
+        << " lost its etcd lease while this shard was still copying the group's state, "
+           "and no member before this one has the whole state; waiting up to "
         << options_.last_copy_wait - waited
         << " for it to come back (a hung or cut-off process) before taking the group "
            "over with the parameters this shard holds";

@@ -134,10 +134,13 @@ class Coordinator {
   void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
                       bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
-  // Whether this shard, still copying `group`'s state, may drop `gone`, the
-  // last member before it, and so be left with no complete copy before it:
-  // once `gone` restarted, or once it stayed away last_copy_wait.
-  bool LastCopyWaitOver(int group, const common::ChainConfig::Member& gone,
+  // Whether this shard, still copying `group`'s state, may drop `gone` (the
+  // chain becoming `next`): at once when `gone` restarted or a member before
+  // this one in `next` has the whole state (it says it is not copying);
+  // otherwise `gone` may hold the only complete copy, and only once it stayed
+  // away last_copy_wait.
+  bool LastCopyWaitOver(int group, const common::ChainConfig& next,
+                        const common::ChainConfig::Member& gone,
                         const std::map<int, common::ChainConfig::Member>& live);
   // etcd may have lost `group`'s chain (absent, or older than `known`, the
   // newest this shard holds): the first member of `known` whose lease is
