@@ -181,6 +181,7 @@ GroupStateResponse Shard::ExportGroup(int group) const {
       common::EncodeDense(slot, DTYPE_F32, record.add_slots());
     }
     record.set_ops(part->ops);
+    record.set_resuming(part->resuming);
     if (part->contributions > 0) {
       common::EncodeDense(part->accum, DTYPE_F32, record.mutable_accum());
       for (size_t w = 0; w < part->contributed.size(); ++w) {
@@ -255,7 +256,7 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
       }
     }
     part.ops = record.ops();
-    part.resuming = false;
+    part.resuming = record.resuming();
     part.version.store(record.version(), std::memory_order_release);
     // This shard joins as the group's tail: what it holds, the tail holds.
     part.committed.store(record.version(), std::memory_order_release);

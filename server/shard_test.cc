@@ -532,6 +532,32 @@ TEST_F(ShardTest, SyncFastForwardsOnlyUntilTheFirstStep) {
   EXPECT_EQ(metrics_.lost_updates().Value(), 7);
 }
 
+// A joining replica copies whether a partition may still fast-forward: a
+// copy of a restored partition that became the head must take the workers'
+// later step too (they resume where the job was, the group at its
+// checkpoint), and a copy of one that closed a step must not.
+TEST_F(ShardTest, StateCopyKeepsWhetherAPartitionResumes) {
+  Start(ConsistencyMode::kSync, 1);
+  auto copy = [&]() -> std::unique_ptr<Shard> {
+    auto other = Shard::Create(shard_->options(), &metrics_);
+    EXPECT_TRUE(other.ok()) << other.status();
+    RegisterRequest request;
+    *request.add_tensors() = Spec("w", 1.0f);
+    RegisterResponse response;
+    EXPECT_TRUE((*other)->Register(request, &response).ok());
+    const absl::Status imported = (*other)->ImportGroup(0, shard_->ExportGroup(0));
+    EXPECT_TRUE(imported.ok()) << imported;
+    return *std::move(other);
+  };
+  PushResponse response;
+  std::unique_ptr<Shard> resuming = copy();
+  EXPECT_TRUE(resuming->Push(Push(0, 5, 1.0f), &response).ok());
+
+  ASSERT_TRUE(DoPush(Push(0, 0, 1.0f)).ok());  // closes step 0
+  std::unique_ptr<Shard> stepped = copy();
+  EXPECT_EQ(stepped->Push(Push(0, 5, 1.0f), &response).code(), absl::StatusCode::kOutOfRange);
+}
+
 TEST_F(ShardTest, SyncDoesNotFastForwardPastPendingGradients) {
   Start(ConsistencyMode::kSync, 2);
   ASSERT_TRUE(DoPush(Push(0, 0, 1.0f)).ok());

@@ -423,7 +423,7 @@ void Coordinator::ReconcileGroup(int group,
                                << ": " << next.status();
         return;
       }
-      if (table_->CatchingUp(group) && !LastCopyWaitOver(group, *next, m, live)) return;
+      if (table_->CatchingUp(group) && !LastCopyWaitOver(group, *next, m)) return;
       LOG(WARNING) << "group " << group << ": shard " << m.shard
                    << " lost its etcd lease; removing it from the chain";
       Swap(group, chain, *next, "member_lost");
@@ -443,11 +443,18 @@ void Coordinator::ReconcileGroup(int group,
   if (index) {
     absl::StatusOr<common::ChainConfig> next =
         config->Remove(me, config->members[*index].incarnation);
-    if (next.ok()) {
+    // This shard was the group's last copy, or the only members left are
+    // tails still copying the state from it: nothing can be caught up from
+    // them, and this shard's checkpoint is the newest state there is.
+    const bool last = next.ok() ? StillCopying(group, *next)
+                                : next.status().code() == absl::StatusCode::kFailedPrecondition;
+    if (next.ok() && !last) {
       Swap(group, chain, *next, "member_lost");
-    } else if (next.status().code() == absl::StatusCode::kFailedPrecondition) {
-      // This shard was the group's last copy: nothing can be caught up from.
-      LOG(ERROR) << "group " << group << " had no live replica left; shard " << me
+    } else if (last) {
+      LOG(ERROR) << "group " << group << " had no live replica left"
+                 << (next.ok() ? " with the whole state (the members left were still copying it)"
+                               : "")
+                 << "; shard " << me
                  << " takes it over with the parameters it holds now (updates since "
                  << "its last checkpoint are lost)";
       common::ChainConfig next_config = *config;
@@ -470,12 +477,16 @@ void Coordinator::ReconcileGroup(int group,
   }
 }
 
+bool Coordinator::StillCopying(int group, const common::ChainConfig& chain) {
+  for (const common::ChainConfig::Member& m : chain.members) {
+    absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
+    if (!state.ok() || !state->catching_up()) return false;
+  }
+  return true;
+}
+
 bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig& next,
-                                   const common::ChainConfig::Member& gone,
-                                   const std::map<int, common::ChainConfig::Member>& live) {
-  // Restarted (its key names a newer incarnation): its memory is gone, and
-  // the new process rejoins from its checkpoint. Nothing to wait for.
-  if (live.count(gone.shard) != 0) return true;
+                                   const common::ChainConfig::Member& gone) {
   // A member left before this one that is not copying holds the state.
   // Tails join one at a time behind the others, so one that answers it is
   // still copying (R=3, two rejoining) has only copying members behind it.
@@ -484,6 +495,9 @@ bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig& next,
     absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
     if (state.ok() && !state->catching_up()) return true;
   }
+  // If `gone` restarted, the new process drops its old incarnation itself
+  // and, since every member left is copying, takes the group over with its
+  // checkpoint (StillCopying), newer than whatever this shard restored.
   const absl::Time since = orphaned_since_.try_emplace(group, absl::Now()).first->second;
   const absl::Duration waited = absl::Now() - since;
   if (waited < options_.last_copy_wait) {

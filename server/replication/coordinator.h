@@ -134,14 +134,17 @@ class Coordinator {
   void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
                       bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
+  // Whether every member of `chain` says it is still copying `group`'s
+  // state (false when one does not answer).
+  bool StillCopying(int group, const common::ChainConfig& chain);
   // Whether this shard, still copying `group`'s state, may drop `gone` (the
-  // chain becoming `next`): at once when `gone` restarted or a member before
-  // this one in `next` has the whole state (it says it is not copying);
-  // otherwise `gone` may hold the only complete copy, and only once it stayed
-  // away last_copy_wait.
+  // chain becoming `next`): at once when a member before this one in `next`
+  // has the whole state (it says it is not copying); otherwise `gone` may
+  // hold the only complete copy (or, restarted, drop itself and take the
+  // group over with its checkpoint), and only once it stayed away
+  // last_copy_wait.
   bool LastCopyWaitOver(int group, const common::ChainConfig& next,
-                        const common::ChainConfig::Member& gone,
-                        const std::map<int, common::ChainConfig::Member>& live);
+                        const common::ChainConfig::Member& gone);
   // etcd may have lost `group`'s chain (absent, or older than `known`, the
   // newest this shard holds): the first member of `known` whose lease is
   // alive reads it again and, if so, puts it back without the others, an
