@@ -685,6 +685,16 @@ void Coordinator::CatchUp(int group, const common::ChainConfig& config) {
     metrics_->catchup_in_progress().Set(0);
     return;
   }
+  // A predecessor that hangs (or is cut off) would hold this loop, and so
+  // every other group's reconciliation, for the whole copy's deadline:
+  // it must answer a Status call first. Tried again on the loop's next pass.
+  const absl::StatusOr<ChainState> answering =
+      forwarder_->MemberState(from->address, group, kHandOverAsk);
+  if (!answering.ok()) {
+    LOG_EVERY_N(WARNING, 10) << "group " << group << ": catching up: shard " << from->shard
+                             << " does not answer (" << answering.status() << ")";
+    return;
+  }
   const absl::Time start = absl::Now();
   absl::StatusOr<GroupStateResponse> state = forwarder_->FetchGroupState(
       from->address, group, config.epoch, std::max(absl::Seconds(10), options_.lease_ttl * 4));
