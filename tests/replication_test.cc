@@ -243,6 +243,26 @@ absl::Duration LongestStall(const LocalCluster& cluster, int64_t steps, absl::Du
 // 0.5 s more, the chain changes and the workers' watches see it.
 constexpr absl::Duration kMaxStall = absl::Seconds(4);
 
+// SIGSTOPs shard 0, which must head group 0 (at *epoch, if given), requires
+// that no worker goes kMaxStall without a step while worker 0 makes `steps`
+// more, and waits until `job`'s chains have dropped shard 0.
+void StopShard0AndMeasureStall(ProcessGroup& group, const LocalCluster& cluster,
+                               etcd::EtcdClient& client, const std::string& job, int64_t steps,
+                               int64_t* epoch = nullptr) {
+  absl::StatusOr<common::ChainConfig> before = Chain(client, job, 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->head().shard, 0);
+  if (epoch != nullptr) *epoch = before->epoch;
+  ASSERT_TRUE(group.Signal(cluster.shards[0], SIGSTOP).ok());
+  const absl::Duration stall = LongestStall(cluster, steps, absl::Seconds(30));
+  std::printf("SIGSTOP of a head (job %s): the longest a worker went without a step: %s\n",
+              job.c_str(), absl::FormatDuration(stall).c_str());
+  EXPECT_LE(stall, kMaxStall) << "calls waited on the stopped shard";
+  ASSERT_TRUE(WaitForChains(
+      client, job, [](const common::ChainConfig& c) { return !c.Contains(0); },
+      absl::Seconds(10)));
+}
+
 // Waits for the chief's accuracy and for every worker to exit 0.
 double Finish(ProcessGroup& group, const LocalCluster& cluster) {
   absl::StatusOr<double> accuracy =
@@ -619,9 +639,6 @@ TEST_F(ReplicationTest, SplitBrain) {
       group, Job("async", "split", etcd_->endpoint(), kSplitBrainEpochs));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  absl::StatusOr<common::ChainConfig> before = Chain(*client_, "split", 0);
-  ASSERT_TRUE(before.ok());
-  ASSERT_EQ(before->head().shard, 0);
   StatusResponse status;
   {
     auto stub = ParameterServer::NewStub(
@@ -631,15 +648,10 @@ TEST_F(ReplicationTest, SplitBrain) {
     request.set_max_partitions(1000);
     ASSERT_TRUE(stub->Status(&context, request, &status).ok());
   }
-  ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
-  const absl::Duration stall = LongestStall(*cluster, 200, absl::Seconds(30));
-  std::printf("SIGSTOP of a head: the longest a worker went without a step: %s\n",
-              absl::FormatDuration(stall).c_str());
-  EXPECT_LE(stall, kMaxStall) << "calls waited on the stopped shard";
+  int64_t epoch = 0;
+  StopShard0AndMeasureStall(group, *cluster, *client_, "split", 200, &epoch);
+  if (HasFatalFailure()) return;
   EXPECT_LT(WorkerSteps(*cluster, 0), kSplitBrainEpochs * kStepsPerEpoch);
-  ASSERT_TRUE(WaitForChains(
-      *client_, "split", [](const common::ChainConfig& c) { return !c.Contains(0); },
-      absl::Seconds(10)));
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGCONT).ok());
   // Straight away, with the epoch it was head at.
   auto stub = ParameterServer::NewStub(
@@ -647,10 +659,10 @@ TEST_F(ReplicationTest, SplitBrain) {
   PushRequest push;
   push.set_worker(0);
   push.set_clock(1);
-  push.set_chain_epoch(static_cast<uint64_t>(before->epoch));
+  push.set_chain_epoch(static_cast<uint64_t>(epoch));
   PullRequest pull;
   pull.set_worker(0);
-  pull.set_chain_epoch(static_cast<uint64_t>(before->epoch));
+  pull.set_chain_epoch(static_cast<uint64_t>(epoch));
   for (const PartitionInfo& info : status.partitions()) {
     GradientPart& part = *push.add_parts();
     part.mutable_key()->set_tensor(info.tensor());
@@ -695,17 +707,8 @@ TEST_F(ReplicationTest, SyncHeadHangs) {
       group, Job("sync", "synchang", etcd_->endpoint(), kSyncHangEpochs));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  absl::StatusOr<common::ChainConfig> before = Chain(*client_, "synchang", 0);
-  ASSERT_TRUE(before.ok()) << before.status();
-  ASSERT_EQ(before->head().shard, 0);
-  ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
-  const absl::Duration stall = LongestStall(*cluster, 100, absl::Seconds(30));
-  std::printf("SIGSTOP of a head, sync: the longest a worker went without a step: %s\n",
-              absl::FormatDuration(stall).c_str());
-  EXPECT_LE(stall, kMaxStall) << "sync steps waited on the stopped shard";
-  ASSERT_TRUE(WaitForChains(
-      *client_, "synchang", [](const common::ChainConfig& c) { return !c.Contains(0); },
-      absl::Seconds(10)));
+  StopShard0AndMeasureStall(group, *cluster, *client_, "synchang", 100);
+  if (HasFatalFailure()) return;
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGCONT).ok());
   ASSERT_TRUE(WaitForRejoin(*client_, "synchang", 0))
       << "shard 0 did not rejoin its chains:\n"
