@@ -9,17 +9,19 @@
 # with the CPU per sample; with cores to spare it falls only with latency.
 #
 #   bench/replication_train_ratio.sh [--build DIR] [--rounds N] [--shards N]
-#       [--workers N] [--epochs N] [--batch N] [--replicas "1 2 3"] [--out FILE]
+#       [--workers N] [--epochs N] [--batch N] [--replicas "1 2 3"]
+#       [--device cpu|cuda] [--out FILE]
 #
 # The cost of replication per step grows with the model's bytes, the
 # compute per step with the batch: a larger --batch shows what it costs a
-# job whose steps are not mostly communication.
+# job whose steps are not mostly communication. --device cuda runs the
+# workers' compute on the GPU (run-local's --device).
 #
 # Needs ps-server and ps-worker in --build DIR/bin (default build/bin),
 # etcd (Debian etcd-server) and the dataset run-local.sh uses.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" rounds=3 shards=3 workers=2 epochs=10 batch=64 replicas="1 2 3" out=""
+build="$root/build" rounds=3 shards=3 workers=2 epochs=10 batch=64 replicas="1 2 3" device=cpu out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -29,8 +31,9 @@ while [ $# -gt 0 ]; do
     --epochs) epochs=$2; shift 2 ;;
     --batch) batch=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +49,7 @@ run_once() {
   rm -f "$json"
   /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$build" "$root/scripts/run-local.sh" \
     --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --batch "$batch" \
-    --replicas "$r" \
+    --replicas "$r" --device "$device" \
     --results "$json" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
   local sps acc cpu
   sps=$(sed -n 's/.*"samples_per_second": *\([0-9.]*\).*/\1/p' "$json" | head -1)
@@ -78,7 +81,7 @@ END {
       c, (base_cpu ? c / base_cpu : 0), acc[r, mid]
   }
 }')
-header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --replicas R
+header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --device $device --replicas R
 # $rounds interleaved rounds, median round per R (by samples/s); CPU = user+sys of every process of the run
 # date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)
 # machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
