@@ -12,6 +12,7 @@
 // cores) still compares like with like.
 //
 //   step_bench --model=mlp:784-4096-4096-10 --batch=64 --shards=1,2 --steps=20
+//       [--device=cuda --pageable]
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -44,6 +45,9 @@ ABSL_FLAG(int, steps, 12, "Measured steps per case (after 3 warm-up steps)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads (cpu)");
 ABSL_FLAG(std::string, out, "", "Also write the table here");
+ABSL_FLAG(bool, pageable, false,
+          "Also step both ways with the parameters in pageable host memory "
+          "(TrainerOptions::pin_params off), to show what page-locking them saves on a GPU");
 
 namespace {
 
@@ -80,6 +84,7 @@ struct Cluster {
 // the trainer goes before its client and shards.
 struct Arm {
   bool overlap = false;
+  bool pinned = true;
   Cluster cluster;
   std::unique_ptr<client::PsClient> client;
   std::unique_ptr<worker::Trainer> trainer;
@@ -168,7 +173,7 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < 2; ++i) compute_step();
   absl::StrAppendFormat(&report, "%.1fM parameters\n", parameters / 1e6);
-  absl::StrAppendFormat(&report, "%-7s %-11s %9s %9s | %9s %9s %9s %9s %9s | %8s\n", "shards",
+  absl::StrAppendFormat(&report, "%-7s %-20s %9s %9s | %9s %9s %9s %9s %9s | %8s\n", "shards",
                         "mode", "compute1", "comm1", "compute", "push", "pull", "wait",
                         "step", "step/max");
 
@@ -202,10 +207,11 @@ int main(int argc, char** argv) {
     for (int i = 0; i < 2; ++i) comm_step();
 
     // The two ways of stepping, each a trainer with shards of its own.
-    std::vector<Arm> arms(2);
-    for (int a = 0; a < 2; ++a) {
+    std::vector<Arm> arms(absl::GetFlag(FLAGS_pageable) ? 4 : 2);
+    for (size_t a = 0; a < arms.size(); ++a) {
       Arm& arm = arms[a];
-      arm.overlap = a == 1;
+      arm.overlap = a % 2 == 1;
+      arm.pinned = a < 2;
       arm.cluster = StartShards(shards);
       client::PsClientOptions options;
       options.servers = arm.cluster.addresses;
@@ -213,6 +219,7 @@ int main(int argc, char** argv) {
       worker::TrainerOptions trainer_options;
       trainer_options.batch = batch;
       trainer_options.overlap = arm.overlap;
+      trainer_options.pin_params = arm.pinned;
       arm.trainer =
           worker::Trainer::Create(trainer_options, *make_model, arm.client.get(), nullptr)
               .value();
@@ -253,8 +260,9 @@ int main(int argc, char** argv) {
       auto per_step_ms = [&](double total) { return total / steps * 1e3; };
       const double step = Median(arm.step_s);
       absl::StrAppendFormat(
-          &report, "%-7d %-11s %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.2f\n", shards,
-          arm.overlap ? "overlap" : "sequential", compute_alone * 1e3, comm_alone * 1e3,
+          &report, "%-7d %-20s %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.2f\n", shards,
+          absl::StrCat(arm.overlap ? "overlap" : "sequential", arm.pinned ? "" : " pageable"),
+          compute_alone * 1e3, comm_alone * 1e3,
           per_step_ms(after.compute_seconds - arm.before.compute_seconds),
           per_step_ms(after.push_seconds - arm.before.push_seconds),
           per_step_ms(after.pull_seconds - arm.before.pull_seconds + arm.drain_s),
@@ -270,7 +278,9 @@ int main(int argc, char** argv) {
       "is what was still in flight after compute). step/max = step / max(compute1,\n"
       "comm1): 1.0 is perfect overlap, (compute1+comm1)/max is none. Where the\n"
       "shards and the worker share the cores, compute and communication also\n"
-      "compete for CPU.\n";
+      "compete for CPU. The trainer's compute phase also copies the pulled\n"
+      "parameters into the model (compute1 does not); \"pageable\" rows (--pageable)\n"
+      "keep those parameters in pageable host memory, the others page-locked.\n";
   std::cout << report;
   if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << report;
   return 0;

@@ -52,6 +52,10 @@ class LateCopyModel final : public worker::Model {
   absl::Status GetParam(int index, absl::Span<float> out) const override {
     return inner_->GetParam(index, out);
   }
+  absl::StatusOr<std::unique_ptr<worker::HostPin>> PinParamHost(int index,
+                                                                absl::Span<float> host) override {
+    return inner_->PinParamHost(index, host);
+  }
   absl::StatusOr<float> ForwardBackward(const float* x, const int32_t* labels, int batch,
                                         const std::function<void(int)>& on_grad_ready) override {
     return inner_->ForwardBackward(x, labels, batch, on_grad_ready);

@@ -65,6 +65,10 @@ struct TrainerOptions {
   // the next step's parameters behind it (see client/tensor_exchange.h);
   // otherwise push everything after backward and pull before the next step.
   bool overlap = true;
+  // Page-lock the host copy of the parameters for the model's copies
+  // (Model::PinParamHost: on a GPU, DMA instead of a staged copy). Off only
+  // to measure what that saves (step_bench --pageable).
+  bool pin_params = true;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // How long the chief waits for the other workers after its last epoch.
   absl::Duration wait_for_workers = absl::Minutes(10);
@@ -222,6 +226,9 @@ class Trainer {
 
   std::vector<std::vector<float>> params_;
   std::vector<absl::Span<float>> param_spans_;
+  // params_ page-locked for the model's copies (Model::PinParamHost); after
+  // params_, so they are released first.
+  std::vector<std::unique_ptr<HostPin>> param_pins_;
   // This step's gradients, in host memory the model owns.
   std::vector<absl::Span<const float>> grad_spans_;
   std::atomic<int64_t> clock_{0};

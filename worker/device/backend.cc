@@ -41,6 +41,10 @@ absl::Status CheckShape(const char* op, int rows, int cols) {
   return absl::OkStatus();
 }
 
+// A pin of nothing: empty spans, and memory a backend copies at full speed
+// as it is.
+class NoHostPin final : public HostPin {};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceBuffer>> Backend::Allocate(size_t n) {
@@ -80,6 +84,13 @@ absl::Status Backend::CopyToHost(const DeviceBuffer& src, size_t src_offset,
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> Backend::AllocateHost(size_t n) {
   return DoAllocateHost(n);
+}
+
+std::unique_ptr<HostPin> Backend::NoPin() { return std::make_unique<NoHostPin>(); }
+
+absl::StatusOr<std::unique_ptr<HostPin>> Backend::PinHost(absl::Span<float> host) {
+  if (host.empty()) return NoPin();
+  return DoPinHost(host.data(), host.size());
 }
 
 absl::StatusOr<std::unique_ptr<Fence>> Backend::CopyToHostAsync(

@@ -43,6 +43,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "worker/device/fence.h"
+#include "worker/device/host_pin.h"
 
 namespace shardtrain::worker {
 
@@ -133,6 +134,16 @@ class Backend {
   absl::StatusOr<std::unique_ptr<Fence>> CopyToHostAsync(
       const DeviceBuffer& src, size_t src_offset, absl::Span<float> dst);
 
+  // Makes copies between `host` and this backend's buffers run at the bus's
+  // speed: a GPU backend page-locks the memory (cudaHostRegister), so
+  // CopyFromHost and CopyToHost no longer stage it through a bounce buffer;
+  // the CPU backend does nothing. For host memory the caller keeps and
+  // copies every step (a worker's parameters). An empty span gets a pin that
+  // does nothing. RESOURCE_EXHAUSTED when the memory cannot be locked,
+  // INVALID_ARGUMENT when part of it is pinned already; copies stay correct
+  // without a pin, only slower.
+  absl::StatusOr<std::unique_ptr<HostPin>> PinHost(absl::Span<float> host);
+
   // Blocks until all work queued on this backend has finished.
   absl::Status Synchronize() { return DoSynchronize(); }
 
@@ -182,6 +193,9 @@ class Backend {
  protected:
   Backend() = default;
 
+  // A pin that does nothing, for DoPinHost of a backend whose copies need none.
+  static std::unique_ptr<HostPin> NoPin();
+
   // Hooks called by the methods above after argument validation: sizes and
   // shapes are non-negative, copy ranges are in bounds, pointers are non-null
   // whenever the call touches at least one element, and no hook is called for
@@ -199,6 +213,7 @@ class Backend {
       size_t n) = 0;
   virtual absl::StatusOr<std::unique_ptr<Fence>> DoCopyToHostAsync(
       const float* src, size_t n, float* dst) = 0;
+  virtual absl::StatusOr<std::unique_ptr<HostPin>> DoPinHost(float* host, size_t n) = 0;
   virtual absl::Status DoSynchronize() = 0;
   virtual absl::Status DoGemm(Trans trans_a, Trans trans_b, int m, int n, int k,
                               float alpha, const float* a, const float* b,

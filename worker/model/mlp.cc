@@ -78,6 +78,12 @@ absl::Status Mlp::GetParam(int index, absl::Span<float> host_out) const {
   return backend_->CopyToHost(*ParamBuffer(index), 0, host_out);
 }
 
+absl::StatusOr<std::unique_ptr<HostPin>> Mlp::PinParamHost(int index,
+                                                           absl::Span<float> host) {
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host.size()));
+  return backend_->PinHost(host);
+}
+
 absl::Status Mlp::GetGrad(int index, absl::Span<float> host_out) const {
   RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host_out.size()));
   return backend_->CopyToHost(*GradBuffer(index), 0, host_out);

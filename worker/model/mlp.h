@@ -68,6 +68,9 @@ class Mlp : public Model {
   absl::Status SetParam(int index, absl::Span<const float> host_values) override;
   // Copies parameter `index` to the host; same errors as SetParam.
   absl::Status GetParam(int index, absl::Span<float> host_out) const override;
+  // As Model::PinParamHost, on this Mlp's backend.
+  absl::StatusOr<std::unique_ptr<HostPin>> PinParamHost(int index,
+                                                        absl::Span<float> host) override;
 
   // Runs forward and backward on one batch and returns the mean loss, after
   // the backend has finished computing every gradient. x holds

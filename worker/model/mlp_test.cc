@@ -143,6 +143,19 @@ TEST_F(MlpTest, SetParamGetParamRoundTrip) {
   EXPECT_EQ(out, w);
 }
 
+TEST_F(MlpTest, PinParamHostChecksIndexAndSize) {
+  ASSERT_OK_AND_ASSIGN(auto mlp, MakeMlp("mlp:3-2", 1));
+  std::vector<float> w(6), b(2);
+  EXPECT_TRUE(mlp->PinParamHost(0, absl::MakeSpan(w)).ok());
+  EXPECT_TRUE(mlp->PinParamHost(1, absl::MakeSpan(b)).ok());
+  EXPECT_EQ(mlp->PinParamHost(2, absl::MakeSpan(b)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mlp->PinParamHost(-1, absl::MakeSpan(b)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mlp->PinParamHost(0, absl::MakeSpan(b)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Central differences of the Mlp's own float loss against its backward pass,
 // for every scalar parameter.
 TEST_F(MlpTest, GradientsMatchFiniteDifferences) {

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/device/fence.h"
+#include "worker/device/host_pin.h"
 
 namespace shardtrain::worker {
 
@@ -65,6 +66,13 @@ class Model {
   // Host values of parameter `index`; INVALID_ARGUMENT on a size mismatch.
   virtual absl::Status SetParam(int index, absl::Span<const float> host_values) = 0;
   virtual absl::Status GetParam(int index, absl::Span<float> host_out) const = 0;
+  // For host memory the caller keeps and hands to SetParam(index, ...) step
+  // after step: makes that copy run at the bus's speed until the pin goes
+  // (a GPU page-locks it, see Backend::PinHost; the CPU does nothing).
+  // INVALID_ARGUMENT for a bad index or size; otherwise Backend::PinHost's
+  // errors, after which SetParam still works, only slower.
+  virtual absl::StatusOr<std::unique_ptr<HostPin>> PinParamHost(int index,
+                                                                absl::Span<float> host) = 0;
   // Forward and backward on one batch; returns the mean loss once every
   // gradient is computed. on_grad_ready(i), if set, is called once per
   // parameter as soon as its gradient is final (on a GPU: queued), while

@@ -36,6 +36,10 @@ class BackendOwningMlp final : public Model {
   absl::Status GetParam(int index, absl::Span<float> out) const override {
     return mlp_->GetParam(index, out);
   }
+  absl::StatusOr<std::unique_ptr<HostPin>> PinParamHost(int index,
+                                                        absl::Span<float> host) override {
+    return mlp_->PinParamHost(index, host);
+  }
   absl::StatusOr<float> ForwardBackward(
       const float* x, const int32_t* labels, int batch,
       const std::function<void(int)>& on_grad_ready) override {

@@ -63,6 +63,22 @@ TEST_F(CpuBackendTest, CopiesHonourOffsetsAndBounds) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// Nothing to lock on the CPU: pins always succeed, also twice, and copies
+// are unchanged.
+TEST_F(CpuBackendTest, PinHostDoesNothing) {
+  std::vector<float> host = {1, 2, 3};
+  auto pin = backend_->PinHost(absl::MakeSpan(host));
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  auto again = backend_->PinHost(absl::MakeSpan(host));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(backend_->PinHost({}).ok());
+  auto buffer = Upload({0, 0, 0});
+  ASSERT_TRUE(backend_->CopyFromHost(host, buffer.get(), 0).ok());
+  std::vector<float> out(3);
+  ASSERT_TRUE(backend_->CopyToHost(*buffer, 0, absl::MakeSpan(out)).ok());
+  EXPECT_EQ(out, host);
+}
+
 TEST_F(CpuBackendTest, CopyToHostAsyncIsDoneOnReturn) {
   auto buffer = Upload({1, 2, 3, 4, 5});
   auto host = backend_->AllocateHost(3);

@@ -51,6 +51,16 @@ class PinnedHostBuffer final : public HostBuffer {
 // wait: it first makes the event's device current, so the runtime does not
 // set up a context on device 0 for a thread that never chose one. The first
 // answer is kept, so a later, unrelated failure cannot change it.
+// Host memory of the caller's, page-locked while this lives.
+class RegisteredHostPin final : public HostPin {
+ public:
+  explicit RegisteredHostPin(cuda::HostRegistration registration)
+      : registration_(std::move(registration)) {}
+
+ private:
+  cuda::HostRegistration registration_;
+};
+
 class EventFence final : public Fence {
  public:
   EventFence(cuda::CudaEvent event, int device) : event_(std::move(event)), device_(device) {}
@@ -219,6 +229,15 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> CudaBackend::DoAllocateHost(
                    cuda::PinnedBuffer<float>::Create(std::max<size_t>(n, 1)));
   std::memset(memory.data(), 0, memory.bytes());
   return std::unique_ptr<HostBuffer>(new PinnedHostBuffer(std::move(memory), n));
+}
+
+absl::StatusOr<std::unique_ptr<HostPin>> CudaBackend::DoPinHost(float* host, size_t n) {
+  RETURN_IF_ERROR(Activate());
+  size_t bytes = 0;
+  RETURN_IF_ERROR(cuda::CheckedBytes(n, sizeof(float), &bytes));
+  ASSIGN_OR_RETURN(cuda::HostRegistration registration,
+                   cuda::HostRegistration::Create(host, bytes));
+  return std::unique_ptr<HostPin>(new RegisteredHostPin(std::move(registration)));
 }
 
 absl::StatusOr<std::unique_ptr<Fence>> CudaBackend::DoCopyToHostAsync(

@@ -84,6 +84,8 @@ class CudaBackend final : public Backend {
   // asynchronous.
   absl::StatusOr<std::unique_ptr<HostBuffer>> DoAllocateHost(
       size_t n) override;
+  // cudaHostRegister (cuda::HostRegistration).
+  absl::StatusOr<std::unique_ptr<HostPin>> DoPinHost(float* host, size_t n) override;
   // Queued on copy_stream_ behind an event recorded on stream_, so the copy
   // waits for the work that wrote src and overlaps whatever is queued on
   // stream_ afterwards; the fence is an event recorded after the copy.

@@ -5,6 +5,8 @@
 #include "worker/device/cuda/cuda_backend.h"
 #include "worker/device/cuda/cuda_test_util.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -87,6 +89,37 @@ TEST_F(BackendParity, CopiesHonourOffsets) {
   std::vector<float> out(2);
   ASSERT_TRUE(gpu_.backend->CopyToHost(*buffer, 3, absl::MakeSpan(out)).ok());
   EXPECT_EQ(out, (std::vector<float>{2, 3}));
+}
+
+// A pin page-locks the caller's memory until it goes; copies through it are
+// exact; memory pinned already is refused with INVALID_ARGUMENT and stays
+// usable.
+TEST_F(BackendParity, PinHostLocksTheMemoryUntilThePinGoes) {
+  std::vector<float> host(1 << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i % 977);
+  auto locked = [&] {
+    cudaPointerAttributes attributes{};
+    EXPECT_EQ(cudaPointerGetAttributes(&attributes, host.data()), cudaSuccess);
+    return attributes.type == cudaMemoryTypeHost;
+  };
+  EXPECT_FALSE(locked());
+  auto pin = gpu_.backend->PinHost(absl::MakeSpan(host));
+  ASSERT_TRUE(pin.ok()) << pin.status();
+  EXPECT_TRUE(locked());
+  EXPECT_EQ(gpu_.backend->PinHost(absl::MakeSpan(host)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(locked());
+  auto buffer = gpu_.backend->Allocate(host.size());
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE(gpu_.backend->CopyFromHost(host, buffer->get(), 0).ok());
+  std::vector<float> back(host.size());
+  ASSERT_TRUE(gpu_.backend->CopyToHost(**buffer, 0, absl::MakeSpan(back)).ok());
+  EXPECT_EQ(back, host);
+  pin->reset();
+  EXPECT_FALSE(locked());
+  EXPECT_TRUE(gpu_.backend->PinHost({}).ok());
+  // The refused second pin left no error behind for later work.
+  EXPECT_TRUE(gpu_.backend->Synchronize().ok());
 }
 
 // Every transpose combination over odd and model-like shapes, including

@@ -20,6 +20,7 @@ absl::StatusCode CodeFor(cudaError_t code) {
     case cudaErrorInvalidConfiguration:
     case cudaErrorInvalidDevicePointer:
     case cudaErrorInvalidMemcpyDirection:
+    case cudaErrorHostMemoryAlreadyRegistered:
       return absl::StatusCode::kInvalidArgument;
     default:
       return absl::StatusCode::kInternal;

@@ -60,4 +60,26 @@ RawPinnedMemory::~RawPinnedMemory() {
                                      << cudaGetErrorString(code);
 }
 
+absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes) {
+  const cudaError_t code = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
+  if (code == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: keep it from resurfacing later
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda: cannot page-lock ", bytes, " bytes of host memory (",
+        cudaGetErrorString(code), ")"));
+  }
+  CUDA_RETURN_IF_ERROR(code);
+  HostRegistration registration;
+  registration.data_ = data;
+  registration.bytes_ = bytes;
+  return registration;
+}
+
+HostRegistration::~HostRegistration() {
+  if (data_ == nullptr) return;
+  const cudaError_t code = cudaHostUnregister(data_);
+  LOG_IF(ERROR, code != cudaSuccess) << "cudaHostUnregister of " << bytes_
+                                     << " bytes failed: " << cudaGetErrorString(code);
+}
+
 }  // namespace shardtrain::worker::cuda

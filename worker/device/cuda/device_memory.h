@@ -1,5 +1,6 @@
 // DeviceMemory<T> and PinnedBuffer<T>: move-only owners of GPU memory
-// (cudaMalloc) and page-locked host memory (cudaMallocHost).
+// (cudaMalloc) and page-locked host memory (cudaMallocHost); HostRegistration:
+// the page lock of host memory someone else owns (cudaHostRegister).
 //
 // Memory is released in the destructor, which logs a failure and never
 // throws. Copying is possible only through explicit cudaMemcpy* calls on a
@@ -82,6 +83,39 @@ class RawPinnedMemory {
   }
 
   void* data_ = nullptr;  // Owned; from cudaMallocHost, or null when empty.
+  size_t bytes_ = 0;
+};
+
+// Page-locks `bytes` of host memory at `data`, which the caller owns and
+// must keep until this goes (cudaHostRegister, portable: every device's
+// copies see it locked); the destructor unlocks it (cudaHostUnregister).
+class HostRegistration {
+ public:
+  // RESOURCE_EXHAUSTED when the memory cannot be locked, INVALID_ARGUMENT
+  // when part of it is locked already.
+  // REQUIRES: bytes > 0.
+  static absl::StatusOr<HostRegistration> Create(void* data, size_t bytes);
+
+  HostRegistration() = default;
+  HostRegistration(HostRegistration&& other) noexcept { Swap(other); }
+  HostRegistration& operator=(HostRegistration&& other) noexcept {
+    HostRegistration(std::move(other)).Swap(*this);
+    return *this;
+  }
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Swap(HostRegistration& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+  }
+
+  void* data_ = nullptr;  // Locked here; null when empty. Not owned.
   size_t bytes_ = 0;
 };
 

@@ -41,6 +41,8 @@ TEST(CudaStatusMacros, MapCodesAndKeepTheErrorString) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(FailWith(cudaErrorInvalidValue).code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FailWith(cudaErrorHostMemoryAlreadyRegistered).code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(FailWithCublas(CUBLAS_STATUS_SUCCESS).ok());
   EXPECT_EQ(FailWithCublas(CUBLAS_STATUS_ALLOC_FAILED).code(),
             absl::StatusCode::kResourceExhausted);
@@ -116,6 +118,29 @@ TEST(PinnedBufferTest, MoveTransfersOwnershipAndHostCanWrite) {
   cudaPointerAttributes attributes;
   ASSERT_EQ(cudaPointerGetAttributes(&attributes, b.data()), cudaSuccess);
   EXPECT_EQ(attributes.type, cudaMemoryTypeHost);
+}
+
+// The lock moves with the owner and is undone once, by the last one.
+TEST(HostRegistrationTest, MoveTransfersTheLock) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  std::vector<float> host(4096);
+  auto locked = [&] {
+    cudaPointerAttributes attributes{};
+    EXPECT_EQ(cudaPointerGetAttributes(&attributes, host.data()), cudaSuccess);
+    return attributes.type == cudaMemoryTypeHost;
+  };
+  auto a = HostRegistration::Create(host.data(), host.size() * sizeof(float));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->data(), host.data());
+  HostRegistration b(std::move(a).value());
+  EXPECT_TRUE(locked());
+  {
+    HostRegistration c;
+    c = std::move(b);
+    EXPECT_EQ(b.data(), nullptr);  // NOLINT: moved-from is empty by contract.
+    EXPECT_TRUE(locked());
+  }
+  EXPECT_FALSE(locked());
 }
 
 TEST(CudaStreamTest, MoveAndOrderWithEvents) {

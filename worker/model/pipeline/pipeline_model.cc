@@ -243,6 +243,12 @@ absl::Status PipelineModel::SetParam(int index,
       host_values, stage.layers[slot.layer]->param(slot.local), 0);
 }
 
+absl::StatusOr<std::unique_ptr<HostPin>> PipelineModel::PinParamHost(
+    int index, absl::Span<float> host) {
+  RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host.size()));
+  return stages_[param_stage_[index]]->backend->PinHost(host);
+}
+
 absl::Status PipelineModel::GetParam(int index,
                                      absl::Span<float> host_out) const {
   RETURN_IF_ERROR(CheckParamAccess(kName, params_, index, host_out.size()));

@@ -105,6 +105,9 @@ class PipelineModel : public Model {
 
   // As Mlp::SetParam / GetParam.
   absl::Status SetParam(int index, absl::Span<const float> host_values) override;
+  // As Mlp::PinParamHost, on the backend of the stage that holds the parameter.
+  absl::StatusOr<std::unique_ptr<HostPin>> PinParamHost(int index,
+                                                        absl::Span<float> host) override;
   absl::Status GetParam(int index, absl::Span<float> host_out) const override;
 
   // As Mlp::ForwardBackward, plus INVALID_ARGUMENT for batch <
