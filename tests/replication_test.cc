@@ -1065,40 +1065,66 @@ TEST_F(ReplicationTest, DuplicateShardIsRefused) {
                          int64_t{kWorkers} * kDuplicateEpochs * kStepsPerEpoch);
 }
 
-// Async, R=2: a shard started for the same job with --replicas=3 (a
-// mistyped restart) exits at once naming the replica count etcd's chains
-// keep, before it takes a lease or touches a chain; the job goes on.
-TEST_F(ReplicationTest, ChangedReplicasIsRefused) {
+// Async, R=2: a shard started again for the same job with another layout (a
+// mistyped restart): --replicas=3, --num_shards=4, --num_shards=2. Each exits at once
+// naming what etcd's chains keep, before it takes a lease or touches a
+// chain; the job goes on.
+TEST_F(ReplicationTest, ChangedLayoutIsRefused) {
   ProcessGroup group;
   absl::StatusOr<LocalCluster> cluster =
       testutil::StartLocalCluster(group, Job("async", "relayout", etcd_->endpoint(), 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 4);
-  std::vector<std::string> argv = cluster->shard_argv[2];
-  absl::StatusOr<int> port = testutil::PickFreePort();
-  ASSERT_TRUE(port.ok()) << port.status();
-  for (std::string& arg : argv) {
-    if (absl::StartsWith(arg, "--listen=")) arg = absl::StrCat("--listen=127.0.0.1:", *port);
-    if (absl::StartsWith(arg, "--port_file=")) arg += ".relayout";
-    if (arg == "--replicas=2") arg = "--replicas=3";
+  struct Relayout {
+    int shard;
+    std::string from, to, expected;
+  };
+  const std::string shards_flag = absl::StrCat("--num_shards=", kShards);
+  const Relayout relayouts[] = {
+      {2, "--replicas=2", "--replicas=3",
+       "keeps 2 replicas, but this shard was started with --replicas=3"},
+      // Group 2's chain is [2, 0]; with 4 shards it would be [2, 3].
+      {2, shards_flag, "--num_shards=4",
+       "has shard 0 as a member, which a job of --num_shards=4 --replicas=2 never places in "
+       "that group"},
+      {1, shards_flag, "--num_shards=2",
+       "holds a chain of group 2 of job 'relayout' (/shardtrain/relayout/chains/2), which a "
+       "job of --num_shards=2 does not have"},
+  };
+  for (int r = 0; r < 3; ++r) {
+    const Relayout& relayout = relayouts[r];
+    std::vector<std::string> argv = cluster->shard_argv[relayout.shard];
+    absl::StatusOr<int> port = testutil::PickFreePort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    bool changed = false;
+    for (std::string& arg : argv) {
+      if (absl::StartsWith(arg, "--listen=")) arg = absl::StrCat("--listen=127.0.0.1:", *port);
+      if (absl::StartsWith(arg, "--port_file=")) arg += absl::StrCat(".relayout", r);
+      if (arg == relayout.from) {
+        arg = relayout.to;
+        changed = true;
+      }
+    }
+    ASSERT_TRUE(changed) << relayout.from << " is not among the shard's flags";
+    const std::string log = absl::StrCat(cluster->dir, "/relayout", r, ".log");
+    absl::StatusOr<pid_t> shard = group.Start(argv, log);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    absl::StatusOr<int> exit = group.Wait(*shard, absl::Seconds(20));
+    ASSERT_TRUE(exit.ok()) << "the shard with " << relayout.to << " is still running:\n"
+                           << testutil::ReadFile(log);
+    EXPECT_NE(*exit, 0);
+    const std::string text = testutil::ReadFile(log);
+    size_t at = text.find("etcd's chain of group");
+    if (at == std::string::npos) at = text.find("etcd holds a chain of group");
+    std::printf("RELAYOUT %s: exit %d: %s\n", relayout.to.c_str(), *exit,
+                at == std::string::npos ? "(no message)"
+                                        : text.substr(at, text.find('\n', at) - at).c_str());
+    EXPECT_NE(text.find("of job 'relayout' (/shardtrain/relayout/chains/"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("etcdctl del --prefix /shardtrain/relayout/"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find(relayout.expected), std::string::npos) << text;
   }
-  const std::string log = cluster->dir + "/relayout.log";
-  absl::StatusOr<pid_t> shard = group.Start(argv, log);
-  ASSERT_TRUE(shard.ok()) << shard.status();
-  absl::StatusOr<int> exit = group.Wait(*shard, absl::Seconds(20));
-  ASSERT_TRUE(exit.ok()) << "the shard with --replicas=3 is still running:\n"
-                         << testutil::ReadFile(log);
-  EXPECT_NE(*exit, 0);
-  const std::string expected = "of job 'relayout' (/shardtrain/relayout/chains/";
-  const std::string text = testutil::ReadFile(log);
-  const size_t at = text.find("etcd's chain of group");
-  std::printf("RELAYOUT: exit %d: %s\n", *exit,
-              at == std::string::npos ? "(no message)"
-                                      : text.substr(at, text.find('\n', at) - at).c_str());
-  EXPECT_NE(text.find(expected), std::string::npos) << text;
-  EXPECT_NE(text.find("keeps 2 replicas, but this shard was started with --replicas=3"),
-            std::string::npos)
-      << text;
   for (int g = 0; g < kShards; ++g) {
     absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "relayout", g);
     ASSERT_TRUE(chain.ok()) << chain.status();

@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
                                                etcd.status().message()));
   }
   coordinator->etcd_ = *std::move(etcd);
-  RETURN_IF_ERROR(coordinator->CheckReplicas());
+  RETURN_IF_ERROR(coordinator->CheckLayout());
   RETURN_IF_ERROR(coordinator->TakeLease());
   Coordinator* c = coordinator.get();
   c->StartWatches();
@@ -116,23 +116,53 @@ Coordinator::~Coordinator() {
   }
 }
 
-absl::Status Coordinator::CheckReplicas() {
+absl::Status Coordinator::CheckLayout() {
   const std::string prefix = common::ChainsPrefix(options_.job);
   absl::StatusOr<etcd::RangeResult> chains = etcd_->GetPrefix(prefix);
   if (!chains.ok()) {
     return absl::UnavailableError(
         absl::StrCat("reading ", prefix, " from etcd: ", chains.status().message()));
   }
+  std::vector<std::pair<std::string, common::ChainConfig>> configs;
   for (const etcd::KeyValue& kv : chains->kvs) {
     absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(kv.value);
-    if (!config.ok() || config->replicas == options_.replicas) continue;
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "etcd's chain of group %d of job '%s' (%s) keeps %d replicas, but this shard was "
-        "started with --replicas=%d: a job keeps its replica count across restarts. Start it "
-        "with --replicas=%d, or run the new layout as another --job (or remove the old job's "
-        "keys first: etcdctl del --prefix %s)",
-        config->group, options_.job, kv.key, config->replicas, options_.replicas,
-        config->replicas, common::JobPrefix(options_.job)));
+    if (config.ok()) configs.emplace_back(kv.key, *std::move(config));
+  }
+  const std::string remedy = absl::StrFormat(
+      "run the new layout as another --job (or remove the old job's keys first: etcdctl del "
+      "--prefix %s)",
+      common::JobPrefix(options_.job));
+  for (const auto& [key, config] : configs) {
+    if (config.replicas != options_.replicas) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "etcd's chain of group %d of job '%s' (%s) keeps %d replicas, but this shard was "
+          "started with --replicas=%d: a job keeps its replica count across restarts. Start "
+          "it with --replicas=%d, or %s",
+          config.group, options_.job, key, config.replicas, options_.replicas, config.replicas,
+          remedy));
+    }
+    if (config.group < 0 || config.group >= options_.num_shards) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "etcd holds a chain of group %d of job '%s' (%s), which a job of --num_shards=%d "
+          "does not have: a job keeps its shard count across restarts. Start it with the "
+          "--num_shards it was run with, or %s",
+          config.group, options_.job, key, options_.num_shards, remedy));
+    }
+  }
+  // Members join only the groups the placement gives them, so a member
+  // outside them is from a job with another shard count.
+  for (const auto& [key, config] : configs) {
+    const std::vector<int> placed =
+        common::InitialChain(config.group, options_.num_shards, options_.replicas);
+    for (const common::ChainConfig::Member& member : config.members) {
+      if (std::find(placed.begin(), placed.end(), member.shard) != placed.end()) continue;
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "etcd's chain of group %d of job '%s' (%s) has shard %d as a member, which a job "
+          "of --num_shards=%d --replicas=%d never places in that group: a job keeps its "
+          "shard count across restarts. Start it with the --num_shards it was run with, or %s",
+          config.group, options_.job, key, member.shard, options_.num_shards,
+          options_.replicas, remedy));
+    }
   }
   return absl::OkStatus();
 }

@@ -113,10 +113,12 @@ class Coordinator {
   Coordinator(const CoordinatorOptions& options, Shard* shard, ChainTable* table,
               Forwarder* forwarder, ReplicationMetrics* metrics);
   absl::Status TakeLease();
-  // FAILED_PRECONDITION when the job's chains in etcd keep another number
-  // of replicas than this shard was started for (a restart with another
-  // --replicas, or another job's --job): checked before it takes part.
-  absl::Status CheckReplicas();
+  // FAILED_PRECONDITION when the job's chains in etcd are of another layout
+  // than this shard was started for: another number of replicas, or members
+  // that --num_shards never places in their group (a restart with another
+  // --replicas or --num_shards, or another job's --job). Checked before it
+  // takes part.
+  absl::Status CheckLayout();
   // Puts this shard's liveness key under a new lease, returned, once no
   // other process holds the key (see the file comment); ALREADY_EXISTS
   // naming the holder when one keeps it alive.
