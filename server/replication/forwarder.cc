@@ -123,6 +123,16 @@ void Forwarder::Attempt(Call* call) {
   bool member = false;
   const std::optional<common::ChainConfig::Member> next =
       table_->Successor(call->group, &epoch, &member);
+  if (!member && table_->Fenced()) {
+    // The lease is being confirmed or renewed (etcd restarted, a pause):
+    // this shard may still be in the chain, with this push applied here and
+    // not yet at its successor. Hold it: sent once the shard serves again
+    // and still has a successor, failed once the chain has dropped it (or
+    // at the deadline). Failing it now would leave the successor without an
+    // operation the shard goes on from.
+    Retry(call, absl::UnavailableError("this shard is fenced until its etcd lease is confirmed"));
+    return;
+  }
   if (!member) {
     End(call, absl::UnavailableError(absl::StrFormat(
                   "this shard left group %d's chain before the push reached its tail",

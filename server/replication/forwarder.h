@@ -10,7 +10,9 @@
 // now (at once when this shard sees the new chain, even mid-backoff); a
 // member that already applied it skips it (per-partition operation
 // counts), so nothing is applied twice. A shard that became the tail
-// completes its forwards at once; one that left the chain fails them.
+// completes its forwards at once; one that left the chain fails them; one
+// fenced while its lease is confirmed (ChainTable::Fence) holds them until
+// it serves again or the chain drops it.
 // Forwards are pipelined: any number may be in flight. A forward in
 // flight to a successor that hangs or is cut off (no reset comes back) is
 // cancelled and sent again as soon as the chain drops that successor

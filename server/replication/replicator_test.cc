@@ -5,6 +5,7 @@
 #include <grpcpp/support/proto_buffer_writer.h>
 #include <prometheus/registry.h>
 
+#include "absl/synchronization/notification.h"
 #include "common/partition.h"
 #include "common/testing/status_matchers.h"
 #include "common/wire/message_views.h"
@@ -102,6 +103,45 @@ TEST_F(ReplicatorTest, ForwardAtAnotherEpochIsRetryable) {
   status = Replicate();  // older than this shard's configuration
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_NE(status.message().find("stale chain epoch 2"), absl::string_view::npos) << status;
+}
+
+// A forward that meets this shard fenced (its etcd lease being confirmed,
+// say after etcd restarted) is held, not failed: the shard may still be in
+// the chain with the push applied here. It ends once the shard serves again
+// (here as the group's tail: done) ...
+TEST_F(ReplicatorTest, AForwardWaitsOutAFence) {
+  table_->Fence("etcd lease expired");
+  absl::Notification ended;
+  absl::Status result = absl::InternalError("done not called");
+  forwarder_->Forward(kGroup, grpc::ByteBuffer(), absl::Seconds(10), [&](absl::Status status) {
+    result = status;
+    ended.Notify();
+  });
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "a fenced shard ended a forward: " << result;
+  table_->Unfence();
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(result);
+}
+
+// ... and fails once the chain it finds then has dropped the shard.
+TEST_F(ReplicatorTest, AFencedForwardFailsOnceTheChainDropsTheShard) {
+  table_->Fence("etcd lease expired");
+  absl::Notification ended;
+  absl::Status result;
+  forwarder_->Forward(kGroup, grpc::ByteBuffer(), absl::Seconds(10), [&](absl::Status status) {
+    result = status;
+    ended.Notify();
+  });
+  ASSERT_OK_AND_ASSIGN(common::ChainConfig without,
+                       common::MakeChainConfig(kGroup, 2, {{0, "127.0.0.1:1", 7}}));
+  without.epoch = 2;
+  ASSERT_TRUE(table_->Update(without));
+  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  table_->Unfence();
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
+  EXPECT_NE(result.message().find("left group 0's chain"), absl::string_view::npos) << result;
 }
 
 TEST_F(ReplicatorTest, AGroupThisShardNeverHoldsIsABadRequest) {
