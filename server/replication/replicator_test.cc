@@ -72,6 +72,20 @@ class ReplicatorTest : public ::testing::Test {
     return result;
   }
 
+  // How a forward of group 0 ended (status valid once `ended` is notified).
+  struct ForwardEnd {
+    absl::Notification ended;
+    absl::Status status = absl::InternalError("done not called");
+  };
+  // Forwards an empty push of group 0 with a 10 s deadline.
+  void StartForward(ForwardEnd* end) {
+    forwarder_->Forward(kGroup, grpc::ByteBuffer(), absl::Seconds(10),
+                        [end](absl::Status status) {
+                          end->status = std::move(status);
+                          end->ended.Notify();
+                        });
+  }
+
   prometheus::Registry registry_;
   std::unique_ptr<ShardMetrics> shard_metrics_;
   std::unique_ptr<Shard> shard_;
@@ -111,37 +125,30 @@ TEST_F(ReplicatorTest, ForwardAtAnotherEpochIsRetryable) {
 // (here as the group's tail: done) ...
 TEST_F(ReplicatorTest, AForwardWaitsOutAFence) {
   table_->Fence("etcd lease expired");
-  absl::Notification ended;
-  absl::Status result = absl::InternalError("done not called");
-  forwarder_->Forward(kGroup, grpc::ByteBuffer(), absl::Seconds(10), [&](absl::Status status) {
-    result = status;
-    ended.Notify();
-  });
-  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
-      << "a fenced shard ended a forward: " << result;
+  ForwardEnd end;
+  StartForward(&end);
+  EXPECT_FALSE(end.ended.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "a fenced shard ended a forward: " << end.status;
   table_->Unfence();
-  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_OK(result);
+  ASSERT_TRUE(end.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(end.status);
 }
 
 // ... and fails once the chain it finds then has dropped the shard.
 TEST_F(ReplicatorTest, AFencedForwardFailsOnceTheChainDropsTheShard) {
   table_->Fence("etcd lease expired");
-  absl::Notification ended;
-  absl::Status result;
-  forwarder_->Forward(kGroup, grpc::ByteBuffer(), absl::Seconds(10), [&](absl::Status status) {
-    result = status;
-    ended.Notify();
-  });
+  ForwardEnd end;
+  StartForward(&end);
   ASSERT_OK_AND_ASSIGN(common::ChainConfig without,
                        common::MakeChainConfig(kGroup, 2, {{0, "127.0.0.1:1", 7}}));
   without.epoch = 2;
   ASSERT_TRUE(table_->Update(without));
-  EXPECT_FALSE(ended.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  EXPECT_FALSE(end.ended.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   table_->Unfence();
-  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_EQ(result.code(), absl::StatusCode::kUnavailable) << result;
-  EXPECT_NE(result.message().find("left group 0's chain"), absl::string_view::npos) << result;
+  ASSERT_TRUE(end.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(end.status.code(), absl::StatusCode::kUnavailable) << end.status;
+  EXPECT_NE(end.status.message().find("left group 0's chain"), absl::string_view::npos)
+      << end.status;
 }
 
 TEST_F(ReplicatorTest, AGroupThisShardNeverHoldsIsABadRequest) {

@@ -61,14 +61,7 @@ RawPinnedMemory::~RawPinnedMemory() {
 }
 
 absl::StatusOr<HostRegistration> HostRegistration::Create(void* data, size_t bytes) {
-  const cudaError_t code = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
-  if (code == cudaErrorMemoryAllocation) {
-    cudaGetLastError();  // not sticky: keep it from resurfacing later
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cuda: cannot page-lock ", bytes, " bytes of host memory (",
-        cudaGetErrorString(code), ")"));
-  }
-  CUDA_RETURN_IF_ERROR(code);
+  CUDA_RETURN_IF_ERROR(cudaHostRegister(data, bytes, cudaHostRegisterPortable));
   HostRegistration registration;
   registration.data_ = data;
   registration.bytes_ = bytes;
