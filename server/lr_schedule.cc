@@ -21,7 +21,18 @@ absl::Status ValidateLrSchedule(const LrScheduleOptions& options) {
     return Invalid(absl::StrCat("warmup_steps must be >= 0, got ",
                                 options.warmup_steps));
   }
+  if (options.updates_per_step < 1) {
+    return Invalid(absl::StrCat("updates_per_step must be >= 1, got ",
+                                options.updates_per_step));
+  }
   if (options.kind == "constant") return absl::OkStatus();
+  if (options.kind == "noam") {
+    if (options.warmup_steps <= 0) {
+      return Invalid(absl::StrCat("noam needs warmup_steps > 0, got ",
+                                  options.warmup_steps));
+    }
+    return absl::OkStatus();
+  }
   if (options.kind == "step") {
     if (options.step_size <= 0) {
       return Invalid(
@@ -47,12 +58,12 @@ absl::Status ValidateLrSchedule(const LrScheduleOptions& options) {
     return absl::OkStatus();
   }
   return Invalid(absl::StrCat("unknown kind \"", options.kind,
-                              "\" (want constant, step or cosine)"));
+                              "\" (want constant, step, cosine or noam)"));
 }
 
 float ScheduledLearningRate(const LrScheduleOptions& options, float base_lr,
                             int64_t step) {
-  step = std::max<int64_t>(step, 0);
+  step = std::max<int64_t>(step, 0) / std::max<int64_t>(options.updates_per_step, 1);
   const double lr = base_lr;
   const int64_t warmup = options.warmup_steps;
   if (step < warmup) {
@@ -60,6 +71,10 @@ float ScheduledLearningRate(const LrScheduleOptions& options, float base_lr,
                               static_cast<double>(warmup));
   }
   const int64_t since_warmup = step - warmup;
+  if (options.kind == "noam") {
+    return static_cast<float>(lr * std::sqrt(static_cast<double>(warmup) /
+                                             static_cast<double>(step + 1)));
+  }
   if (options.kind == "step") {
     const int64_t decays = since_warmup / options.step_size;
     return static_cast<float>(

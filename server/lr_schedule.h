@@ -1,5 +1,6 @@
 // Learning-rate schedules: constant, step decay and cosine decay, each with an
-// optional linear warmup.
+// optional linear warmup, and Noam's (linear warmup, then the inverse square
+// root of the step, as in "Attention Is All You Need").
 //
 // A schedule is a pure function of (options, base rate, step), so a shard can
 // recompute the rate for any partition from its own step counter without
@@ -24,11 +25,18 @@
 namespace shardtrain::server {
 
 struct LrScheduleOptions {
-  // "constant" | "step" | "cosine".
+  // "constant" | "step" | "cosine" | "noam".
   std::string kind = "constant";
+  // Updates that make one schedule step: the schedule sees
+  // floor(update index / updates_per_step). An async shard sets it to the
+  // number of workers for "noam", so N workers' pushes advance the schedule
+  // as one synchronous step of N averaged gradients does. >= 1.
+  int64_t updates_per_step = 1;
   // Linear warmup: for step < warmup_steps the rate is
   // base_lr * (step + 1) / warmup_steps, so the first step already moves the
   // parameters and step warmup_steps - 1 reaches base_lr. 0 disables warmup.
+  // "noam" needs it > 0: after warmup its rate is
+  // base_lr * sqrt(warmup_steps / (step + 1)), so base_lr is the peak.
   int64_t warmup_steps = 0;
   // Step decay ("step"): base_lr * gamma^floor((step - warmup_steps) /
   // step_size) once warmup is over. Must be > 0.

@@ -1,5 +1,6 @@
 #include "server/lr_schedule.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gtest/gtest.h"
@@ -131,6 +132,50 @@ TEST(LrScheduleTest, RejectsBadOptions) {
   expect_invalid(cosine);
   cosine.min_lr = 0.0f;
   EXPECT_TRUE(ValidateLrSchedule(cosine).ok());
+
+  LrScheduleOptions noam;
+  noam.kind = "noam";
+  expect_invalid(noam);  // no warmup
+  noam.warmup_steps = 4;
+  EXPECT_TRUE(ValidateLrSchedule(noam).ok());
+  noam.updates_per_step = 0;
+  expect_invalid(noam);
+}
+
+// Noam: linear warmup to the peak at step warmup - 1, then
+// base * sqrt(warmup / (step + 1)), i.e. the Transformer paper's
+// d^-0.5 * min(t^-0.5, t * warmup^-1.5) with t = step + 1, scaled so that the
+// peak is the base rate.
+TEST(LrScheduleTest, NoamWarmsUpThenDecaysAsInverseSquareRoot) {
+  LrScheduleOptions options;
+  options.kind = "noam";
+  options.warmup_steps = 100;
+  for (int64_t step : {0, 1, 49, 98, 99, 100, 399, 9999}) {
+    const double t = static_cast<double>(step + 1);
+    const double paper = std::pow(128.0, -0.5) * std::min(std::pow(t, -0.5), t * std::pow(100.0, -1.5));
+    const double peak = std::pow(128.0, -0.5) * std::pow(100.0, -0.5);
+    EXPECT_NEAR(ScheduledLearningRate(options, 0.5f, step), 0.5 * paper / peak, 1e-6)
+        << "step " << step;
+  }
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(options, 0.5f, 99), 0.5f);
+  EXPECT_FLOAT_EQ(ScheduledLearningRate(options, 0.5f, 399), 0.25f);
+}
+
+// updates_per_step: N updates (an async shard's pushes from N workers) make
+// one schedule step, for every kind.
+TEST(LrScheduleTest, UpdatesPerStepDividesTheUpdateIndex) {
+  LrScheduleOptions options;
+  options.kind = "noam";
+  options.warmup_steps = 10;
+  LrScheduleOptions per_four = options;
+  per_four.updates_per_step = 4;
+  for (int64_t step : {0, 3, 9, 40, 57, 1000}) {
+    for (int64_t push = 4 * step; push < 4 * step + 4; ++push) {
+      EXPECT_FLOAT_EQ(ScheduledLearningRate(per_four, 1.0f, push),
+                      ScheduledLearningRate(options, 1.0f, step))
+          << "push " << push;
+    }
+  }
 }
 
 }  // namespace

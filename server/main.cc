@@ -4,6 +4,7 @@
 //             --listen=0.0.0.0:7000 --metrics_listen=0.0.0.0:9100
 #include <csignal>
 #include <string>
+#include <vector>
 
 #include <glog/logging.h>
 
@@ -18,6 +19,7 @@
 #include "common/atomic_file.h"
 #include "common/flags_usage.h"
 #include "server/ps_server.h"
+#include "server/update_rule.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC listen address host:port; port 0 picks a free port");
@@ -35,17 +37,34 @@ ABSL_FLAG(int64_t, max_staleness, -1,
           "async: a worker more than this many steps ahead of the slowest "
           "waits (SSP); -1 disables the bound");
 ABSL_FLAG(bool, staleness_aware_lr, false,
-          "async: scale each update by 1/staleness");
+          "async: scale each update by 1/staleness (a staleness of 0 or 1 leaves "
+          "it; with 2 workers taking turns it changes nothing)");
 ABSL_FLAG(std::string, optimizer, "sgd",
-          "sgd, momentum, nesterov, adam, adamw or adagrad");
+          "sgd, momentum, nesterov, adam, adamw, adagrad or delayed_nesterov "
+          "(async momentum that trains like sync; see --async_momentum)");
+ABSL_FLAG(std::string, async_momentum, "delayed_nesterov",
+          "async with several workers: how --optimizer=momentum|nesterov runs. "
+          "delayed_nesterov: every push applies lr*g/N, every N-th push a Nesterov "
+          "momentum step on the N pushes' mean (N = --async_momentum_period), so "
+          "--lr means what it means in sync mode; heavy_ball: the rule as in sync "
+          "mode, stable only at a much smaller --lr");
+ABSL_FLAG(int64_t, async_momentum_period, 0,
+          "async delayed_nesterov: pushes per momentum step (0: --num_workers)");
+ABSL_FLAG(double, delay_compensation, 0.0,
+          "async: DC-ASGD lambda (MXNet's default is 0.04): each gradient g becomes "
+          "g + lambda*g*g*(p - p before the last update) before sgd, adam, adamw or "
+          "adagrad applies it; 0 disables");
 ABSL_FLAG(double, lr, 0.01, "Learning rate");
 ABSL_FLAG(double, momentum, 0.9, "Momentum (momentum, nesterov)");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam/AdaGrad epsilon");
 ABSL_FLAG(double, weight_decay, 0.0, "Weight decay (decoupled for adamw)");
-ABSL_FLAG(std::string, lr_schedule, "constant", "constant, step or cosine");
-ABSL_FLAG(int64_t, warmup_steps, 0, "Linear learning-rate warmup, in updates");
+ABSL_FLAG(std::string, lr_schedule, "constant",
+          "constant, step, cosine or noam (warmup to --lr, then "
+          "--lr*sqrt(warmup_steps/step); async counts N workers' pushes as one step)");
+ABSL_FLAG(int64_t, warmup_steps, 0,
+          "Linear learning-rate warmup, in updates (noam: in steps; needs > 0)");
 ABSL_FLAG(int64_t, lr_step_size, 1000, "step schedule: updates per decay");
 ABSL_FLAG(double, lr_gamma, 0.1, "step schedule: decay factor");
 ABSL_FLAG(int64_t, lr_total_steps, 0, "cosine schedule: updates to reach min");
@@ -234,6 +253,14 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   opt.schedule.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_gamma));
   opt.schedule.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
   opt.schedule.min_lr = static_cast<float>(absl::GetFlag(FLAGS_min_lr));
+  opt.delay_compensation = static_cast<float>(absl::GetFlag(FLAGS_delay_compensation));
+  shardtrain::server::UpdateRuleChoice rule;
+  rule.async_momentum = absl::GetFlag(FLAGS_async_momentum);
+  rule.period = absl::GetFlag(FLAGS_async_momentum_period);
+  absl::StatusOr<std::vector<std::string>> warnings =
+      shardtrain::server::ResolveUpdateRule(rule, &shard);
+  if (!warnings.ok()) return warnings.status();
+  for (const std::string& warning : *warnings) LOG(WARNING) << warning;
   return options;
 }
 

@@ -1,5 +1,6 @@
 #include "server/optimizer.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstddef>
@@ -58,6 +59,51 @@ void MomentumKernel(int64_t n, float lr, float mu, float wd, float* __restrict p
     const float b = mu * buf[i] + d;
     buf[i] = b;
     p[i] -= lr * (kNesterov ? d + mu * b : b);
+  }
+}
+
+// Delayed Nesterov with period N (Liu, Douillard et al. 2024, Algorithm 3),
+// the same weight decay as SGD:
+//   d = g + wd * p
+//   sum = sum + d
+//   every update:        p = p - lr * d / N
+//   the period's last:   buf = mu * buf + sum / N;  sum = 0
+//                        p = p - lr * mu * buf   (in the same subtraction)
+// With N = 1, d / N is d and sum is d, so this is the Nesterov kernel above,
+// operation for operation.
+template <int kDType, bool kMomentumStep>
+SHARDTRAIN_VECTOR_CLONES
+void DelayedNesterovKernel(int64_t n, float lr, float inv_period, float mu, float wd,
+                           float* __restrict p, const char* __restrict g,
+                           float* __restrict buf, float* __restrict sum) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = LoadElement<kDType>(g, i) + wd * p[i];
+    const float total = sum[i] + d;
+    if constexpr (kMomentumStep) {
+      const float b = mu * buf[i] + total * inv_period;
+      buf[i] = b;
+      sum[i] = 0.0f;
+      p[i] -= lr * (d * inv_period + mu * b);
+    } else {
+      sum[i] = total;
+      p[i] -= lr * (d * inv_period);
+    }
+  }
+}
+
+// DC-ASGD's gradient, as MXNet's DCASGD computes it, with `last` the update
+// the parameters received last (p - p_before_last_update):
+//   c = g + lambda * g * g * last
+// `before` keeps p so the caller can record this update's change.
+template <int kDType>
+SHARDTRAIN_VECTOR_CLONES
+void CompensateKernel(int64_t n, float lambda, const char* __restrict g,
+                      const float* __restrict p, const float* __restrict last,
+                      float* __restrict c, float* __restrict before) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = LoadElement<kDType>(g, i);
+    c[i] = gi + lambda * gi * gi * last[i];
+    before[i] = p[i];
   }
 }
 
@@ -166,6 +212,81 @@ class MomentumOptimizer final : public Optimizer {
   }
 };
 
+class DelayedNesterovOptimizer final : public Optimizer {
+ public:
+  explicit DelayedNesterovOptimizer(const OptimizerOptions& options)
+      : Optimizer(options) {}
+  int num_slots() const override { return 2; }  // momentum buffer, sum
+  Step PrepareStep(int64_t step, float lr_scale) const override {
+    Step s = Optimizer::PrepareStep(step, lr_scale);
+    // The partition's step counts its updates, so the period's position
+    // needs no state of its own: checkpoints, state copies and replicas
+    // applying the same operations in order all agree on it.
+    s.momentum_step = (std::max<int64_t>(step, 0) + 1) % options().period == 0;
+    return s;
+  }
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    assert(slots.size() == 2);
+    const float lr = step.lr, mu = options().momentum, wd = options().weight_decay;
+    const float inv_period = 1.0f / static_cast<float>(options().period);
+    ForDType(dtype, [&](auto type) {
+      constexpr int kType = decltype(type)::value;
+      if (step.momentum_step) {
+        DelayedNesterovKernel<kType, true>(n, lr, inv_period, mu, wd, params, grad,
+                                           slots[0], slots[1]);
+      } else {
+        DelayedNesterovKernel<kType, false>(n, lr, inv_period, mu, wd, params, grad,
+                                            slots[0], slots[1]);
+      }
+    });
+  }
+};
+
+// DC-ASGD around a momentum-free rule: its slots, then one slot holding the
+// change of each parameter at the last update (0 before the first, so the
+// first update is uncompensated, as MXNet's is).
+class DelayCompensatedOptimizer final : public Optimizer {
+ public:
+  DelayCompensatedOptimizer(const OptimizerOptions& options, std::unique_ptr<Optimizer> rule)
+      : Optimizer(options), rule_(std::move(rule)) {}
+  int num_slots() const override { return rule_->num_slots() + 1; }
+  float InitialSlotValue(int slot) const override {
+    return slot < rule_->num_slots() ? rule_->InitialSlotValue(slot) : 0.0f;
+  }
+  Step PrepareStep(int64_t step, float lr_scale) const override {
+    return rule_->PrepareStep(step, lr_scale);
+  }
+  void ApplyRun(const Step& step, int dtype, const char* grad, int64_t n,
+                float* params, absl::Span<float* const> slots) const override {
+    const int rule_slots = rule_->num_slots();
+    assert(slots.size() == static_cast<size_t>(rule_slots + 1));
+    const float lambda = options().delay_compensation;
+    const int64_t width = common::DTypeSize(dtype);
+    float* const last = slots[rule_slots];
+    // Chunks small enough for the stack and the L1 cache.
+    constexpr int64_t kChunk = 512;
+    float compensated[kChunk];
+    float before[kChunk];
+    float* run_slots[kMaxSlots];
+    for (int64_t first = 0; first < n; first += kChunk) {
+      const int64_t count = std::min(kChunk, n - first);
+      ForDType(dtype, [&](auto type) {
+        CompensateKernel<decltype(type)::value>(count, lambda, grad + first * width,
+                                                params + first, last + first,
+                                                compensated, before);
+      });
+      for (int s = 0; s < rule_slots; ++s) run_slots[s] = slots[s] + first;
+      rule_->ApplyRun(step, DTYPE_F32, reinterpret_cast<const char*>(compensated), count,
+                      params + first, absl::MakeConstSpan(run_slots, rule_slots));
+      for (int64_t i = 0; i < count; ++i) last[first + i] = params[first + i] - before[i];
+    }
+  }
+
+ private:
+  const std::unique_ptr<Optimizer> rule_;
+};
+
 template <bool kDecoupled>
 class AdamOptimizer final : public Optimizer {
  public:
@@ -240,8 +361,24 @@ absl::Status ValidateOptions(const OptimizerOptions& o) {
   if (!(o.momentum >= 0.0f && o.momentum < 1.0f)) {
     return Invalid("momentum", o.momentum, "in [0, 1)");
   }
-  if (o.name == "nesterov" && o.momentum == 0.0f) {
-    return Invalid("momentum", o.momentum, "> 0 for nesterov");
+  if ((o.name == "nesterov" || o.name == "delayed_nesterov") && o.momentum == 0.0f) {
+    return Invalid("momentum", o.momentum, absl::StrCat("> 0 for ", o.name));
+  }
+  if (o.period < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: period must be >= 1, got ", o.period));
+  }
+  if (!(o.delay_compensation >= 0.0f && std::isfinite(o.delay_compensation))) {
+    return Invalid("delay_compensation", o.delay_compensation, "finite and >= 0");
+  }
+  if (o.delay_compensation > 0.0f &&
+      (o.name == "momentum" || o.name == "nesterov" || o.name == "delayed_nesterov")) {
+    // Compensating a gradient that momentum then repeats for many updates
+    // diverged in every configuration tried (issue 27's simulation).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer: delay compensation (DC-ASGD) applies to sgd, adam, adamw and "
+        "adagrad, not to ", o.name,
+        "; for momentum under asynchrony use delayed_nesterov without it"));
   }
   if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) {
     return Invalid("beta1", o.beta1, "in [0, 1)");
@@ -273,6 +410,13 @@ absl::Status ValidateOptions(const OptimizerOptions& o) {
 absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     const OptimizerOptions& options) {
   RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> rule, CreateRule(options));
+  if (options.delay_compensation == 0.0f) return rule;
+  return std::make_unique<DelayCompensatedOptimizer>(options, std::move(rule));
+}
+
+absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::CreateRule(
+    const OptimizerOptions& options) {
   const std::string& name = options.name;
   if (name == "sgd") return std::make_unique<SgdOptimizer>(options);
   if (name == "momentum") {
@@ -288,9 +432,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> Optimizer::Create(
     return std::make_unique<AdamOptimizer</*kDecoupled=*/true>>(options);
   }
   if (name == "adagrad") return std::make_unique<AdagradOptimizer>(options);
+  if (name == "delayed_nesterov") return std::make_unique<DelayedNesterovOptimizer>(options);
   return absl::InvalidArgumentError(absl::StrCat(
       "optimizer: unknown name \"", name,
-      "\" (want sgd, momentum, nesterov, adam, adamw or adagrad)"));
+      "\" (want sgd, momentum, nesterov, adam, adamw, adagrad or delayed_nesterov)"));
 }
 
 Optimizer::Optimizer(const OptimizerOptions& options) : options_(options) {}

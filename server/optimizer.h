@@ -3,7 +3,12 @@
 //
 // The rules reproduce PyTorch's torch.optim.SGD (momentum, dampening 0,
 // optional Nesterov), Adam, AdamW and Adagrad (lr_decay 0) so results can be
-// compared against a PyTorch run. Per-parameter state ("slots", e.g. Adam's
+// compared against a PyTorch run. Two rules exist for asynchronous training:
+// Delayed Nesterov ("delayed_nesterov", Liu, Douillard et al. 2024,
+// "Asynchronous Local-SGD Training for Language Modeling", Algorithm 3), the
+// momentum rule that stays stable when every gradient is a few updates
+// stale, and delay compensation (DC-ASGD, Zheng et al. 2017) on top of the
+// momentum-free rules. Per-parameter state ("slots", e.g. Adam's
 // first and second moments) is owned by the caller, which lets the shard keep
 // it next to the parameters, checkpoint it and split it across threads.
 //
@@ -34,12 +39,27 @@
 namespace shardtrain::server {
 
 struct OptimizerOptions {
-  // "sgd" | "momentum" | "nesterov" | "adam" | "adamw" | "adagrad".
+  // "sgd" | "momentum" | "nesterov" | "adam" | "adamw" | "adagrad" |
+  // "delayed_nesterov".
   std::string name = "sgd";
+  // "delayed_nesterov": updates per momentum step (an async shard uses its
+  // number of workers). Every update applies lr * g / period and adds g to
+  // a buffer; every period-th update (the partition's step + 1 a multiple
+  // of period) also takes a Nesterov momentum step with the buffer's mean:
+  //   buf = momentum * buf + sum(g) / period;  p -= lr * momentum * buf.
+  // So period updates move the parameters as one Nesterov step on their
+  // mean gradient does, and period 1 is torch's Nesterov SGD exactly. >= 1.
+  int64_t period = 1;
+  // DC-ASGD's lambda: > 0 compensates each gradient for the update made
+  // since the previous one, g += lambda * g * g * (p - p_before_last_update),
+  // as MXNet's DCASGD optimizer does, before the rule ("sgd", "adam",
+  // "adamw", "adagrad"; not the momentum rules) applies it. 0 disables it;
+  // MXNet's default is 0.04. >= 0.
+  float delay_compensation = 0.0f;
   // Base learning rate before the schedule and lr_scale; > 0.
   float learning_rate = 0.01f;
-  // Momentum factor for "momentum" and "nesterov", in [0, 1); "nesterov"
-  // needs it > 0 (as in PyTorch, Nesterov without momentum is plain SGD and
+  // Momentum factor for "momentum", "nesterov" and "delayed_nesterov", in
+  // [0, 1); "nesterov" and "delayed_nesterov" need it > 0 (as in PyTorch, Nesterov without momentum is plain SGD and
   // almost certainly a configuration mistake).
   float momentum = 0.9f;
   // Adam/AdamW decay of the first moment estimate, in [0, 1).
@@ -75,7 +95,9 @@ class Optimizer {
   virtual ~Optimizer();
 
   // Number of state vectors per parameter: sgd 0, momentum/nesterov 1,
-  // adam/adamw 2 (first, second moment), adagrad 1 (sum of squares).
+  // adam/adamw 2 (first, second moment), adagrad 1 (sum of squares),
+  // delayed_nesterov 2 (momentum buffer, gradient sum of the period); one
+  // more (the last update) with delay compensation.
   virtual int num_slots() const = 0;
 
   // Value a fresh slot must be filled with: adagrad_initial_accumulator for
@@ -83,8 +105,8 @@ class Optimizer {
   // REQUIRES: 0 <= slot < num_slots().
   virtual float InitialSlotValue(int slot) const;
 
-  // The most slots any rule has.
-  static constexpr int kMaxSlots = 2;
+  // The most slots any rule has (Adam's two plus delay compensation's).
+  static constexpr int kMaxSlots = 3;
 
   // The constants of one update of a partition (its rate under the schedule
   // and lr_scale, Adam's bias corrections): computed once by PrepareStep and
@@ -94,6 +116,7 @@ class Optimizer {
     float step_size = 0.0f;     // Adam: lr / (1 - beta1^t)
     float bc2_sqrt = 0.0f;      // Adam: sqrt(1 - beta2^t)
     float decay_factor = 0.0f;  // AdamW: 1 - lr * weight_decay
+    bool momentum_step = false; // delayed_nesterov: the period's last update
   };
 
   // `step` is the number of updates already applied to the partition (0 for
@@ -141,6 +164,10 @@ class Optimizer {
   explicit Optimizer(const OptimizerOptions& options);
 
  private:
+  // The rule `options.name` names, without delay compensation.
+  static absl::StatusOr<std::unique_ptr<Optimizer>> CreateRule(
+      const OptimizerOptions& options);
+
   const OptimizerOptions options_;
 };
 

@@ -77,10 +77,20 @@ void ExpectClose(const std::vector<float>& actual,
   }
 }
 
-OptimizerOptions Options(const std::string& name) {
+// `rule` is an optimizer name, optionally with ":period" (delayed_nesterov)
+// or "+dc" (delay compensation with lambda 0.5) appended.
+OptimizerOptions Options(const std::string& rule) {
   OptimizerOptions options;
-  options.name = name;
+  options.name = rule;
   options.learning_rate = 0.1f;
+  if (const size_t colon = rule.find(':'); colon != std::string::npos) {
+    options.name = rule.substr(0, colon);
+    options.period = std::stoll(rule.substr(colon + 1));
+  }
+  if (const size_t plus = rule.find("+dc"); plus != std::string::npos) {
+    options.name = rule.substr(0, plus);
+    options.delay_compensation = 0.5f;
+  }
   return options;
 }
 
@@ -178,6 +188,116 @@ TEST(OptimizerTest, Nesterov) {
   ExpectClose(RunSteps(options), ReferenceMomentum(0.1, 0.8f, 0.01f, true));
 }
 
+// Delayed Nesterov with period 1 is torch's Nesterov SGD, bit for bit.
+TEST(OptimizerTest, DelayedNesterovWithPeriodOneIsNesterov) {
+  for (float wd : {0.0f, 0.01f}) {
+    OptimizerOptions delayed = Options("delayed_nesterov");
+    delayed.momentum = 0.8f;
+    delayed.weight_decay = wd;
+    OptimizerOptions nesterov = delayed;
+    nesterov.name = "nesterov";
+    ExpectClose(RunSteps(delayed), ReferenceMomentum(0.1, 0.8f, wd, true));
+    const std::vector<float> a = RunSteps(delayed), b = RunSteps(nesterov);
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "element " << i;
+  }
+}
+
+// Period N: N pushes move the parameters as one Nesterov step on their mean
+// gradient does (gradients that do not depend on the parameters, no weight
+// decay), and the pushes between momentum steps apply lr * g / N each.
+TEST(OptimizerTest, DelayedNesterovPeriodIsOneNesterovStepOnTheMean) {
+  const double lr = 0.1, mu = 0.9;
+  OptimizerOptions options = Options("delayed_nesterov:2");
+  options.momentum = static_cast<float>(mu);
+  auto optimizer = Optimizer::Create(options).value();
+  Partition partition = MakePartition(*optimizer, kInitialParams);
+  std::vector<double> p = kInitialParams, buf(p.size(), 0.0);
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    const std::vector<float> grad = ToFloat(kGrads[t]);
+    optimizer->Apply(static_cast<int64_t>(t), 1.0f, absl::MakeSpan(partition.params), grad,
+                     partition.SlotPointers(0));
+    if (t % 2 == 0) {  // the first push of a period: half a plain step
+      std::vector<double> expected = p;
+      for (size_t i = 0; i < p.size(); ++i) expected[i] -= lr * kGrads[t][i] / 2;
+      ExpectClose(partition.params, expected);
+      continue;
+    }
+    for (size_t i = 0; i < p.size(); ++i) {  // Nesterov on the pair's mean
+      const double mean = (kGrads[t - 1][i] + kGrads[t][i]) / 2;
+      buf[i] = mu * buf[i] + mean;
+      p[i] -= lr * (mean + mu * buf[i]);
+    }
+    ExpectClose(partition.params, p);
+    for (float sum : partition.slots[1]) EXPECT_EQ(sum, 0.0f) << "push " << t;
+  }
+}
+
+// DC-ASGD as MXNet's DCASGD (momentum 0) computes it, in double:
+//   mom = -lr * (g + wd * w + lambda * g * g * (w - previous_weight))
+//   previous_weight = w;  w += mom
+std::vector<double> ReferenceDcSgd(const std::vector<double>& initial,
+                                   const std::vector<std::vector<double>>& grads, double lr,
+                                   double wd, double lambda) {
+  std::vector<double> w = initial, previous = initial;
+  for (const std::vector<double>& g : grads) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double mom = -lr * (g[i] + wd * w[i] + lambda * g[i] * g[i] * (w[i] - previous[i]));
+      previous[i] = w[i];
+      w[i] += mom;
+    }
+  }
+  return w;
+}
+
+TEST(OptimizerTest, DelayCompensationMatchesMxnetDcasgd) {
+  for (float wd : {0.0f, 0.01f}) {
+    OptimizerOptions options = Options("sgd+dc");
+    options.weight_decay = wd;
+    ExpectClose(RunSteps(options), ReferenceDcSgd(kInitialParams, kGrads, 0.1, wd, 0.5));
+  }
+  // Longer than the compensation's chunk, with a tail.
+  const size_t n = 1300;
+  std::vector<double> initial(n);
+  std::vector<std::vector<double>> grads(3, std::vector<double>(n));
+  for (size_t i = 0; i < n; ++i) {
+    initial[i] = std::sin(0.1 * static_cast<double>(i));
+    for (size_t t = 0; t < grads.size(); ++t) {
+      grads[t][i] = std::cos(0.7 * static_cast<double>(i + 31 * t));
+    }
+  }
+  auto optimizer = Optimizer::Create(Options("sgd+dc")).value();
+  ASSERT_EQ(optimizer->num_slots(), 1);
+  Partition partition = MakePartition(*optimizer, initial);
+  for (size_t t = 0; t < grads.size(); ++t) {
+    optimizer->Apply(static_cast<int64_t>(t), 1.0f, absl::MakeSpan(partition.params),
+                     ToFloat(grads[t]), partition.SlotPointers(0));
+  }
+  // Absolute: float sums of O(1) terms that cancel to ~1e-3 keep ~1e-8.
+  const std::vector<double> expected = ReferenceDcSgd(initial, grads, 0.1, 0.0, 0.5);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_NEAR(partition.params[i], expected[i], 1e-6) << "element " << i;
+  }
+}
+
+// Adam applies the compensated gradient; its bias corrections are Adam's.
+TEST(OptimizerTest, DelayCompensationUnderAdam) {
+  const double lr = 0.1, b1 = 0.9, b2 = 0.999, eps = 1e-8, lambda = 0.5;
+  std::vector<double> p = kInitialParams, m(p.size()), v(p.size()), last(p.size());
+  for (size_t t = 1; t <= kGrads.size(); ++t) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double g = kGrads[t - 1][i];
+      const double c = g + lambda * g * g * last[i];
+      m[i] = b1 * m[i] + (1 - b1) * c;
+      v[i] = b2 * v[i] + (1 - b2) * c * c;
+      const double step = lr * (m[i] / (1 - std::pow(b1, t))) /
+                          (std::sqrt(v[i] / (1 - std::pow(b2, t))) + eps);
+      p[i] -= step;
+      last[i] = -step;
+    }
+  }
+  ExpectClose(RunSteps(Options("adam+dc")), p);
+}
+
 TEST(OptimizerTest, Adam) {
   OptimizerOptions options = Options("adam");
   options.learning_rate = 0.01f;
@@ -217,23 +337,28 @@ TEST(OptimizerTest, SlotsAndInitialValues) {
     const char* name;
     int slots;
   } kCases[] = {{"sgd", 0},  {"momentum", 1}, {"nesterov", 1},
-                {"adam", 2}, {"adamw", 2},    {"adagrad", 1}};
+                {"adam", 2}, {"adamw", 2},    {"adagrad", 1},
+                {"delayed_nesterov", 2}, {"sgd+dc", 1}, {"adam+dc", 3},
+                {"adagrad+dc", 2}};
   for (const auto& c : kCases) {
     OptimizerOptions options = Options(c.name);
     options.adagrad_initial_accumulator = 0.25f;
     auto optimizer = Optimizer::Create(options).value();
     EXPECT_EQ(optimizer->num_slots(), c.slots) << c.name;
-    EXPECT_EQ(optimizer->options().name, c.name);
+    EXPECT_LE(optimizer->num_slots(), Optimizer::kMaxSlots) << c.name;
+    EXPECT_EQ(optimizer->options().name, options.name);
     for (int s = 0; s < optimizer->num_slots(); ++s) {
-      EXPECT_EQ(optimizer->InitialSlotValue(s),
-                std::string(c.name) == "adagrad" ? 0.25f : 0.0f)
-          << c.name;
+      // Adagrad's accumulator comes first; the compensation slot is last.
+      const bool accumulator = options.name == "adagrad" && s == 0;
+      EXPECT_EQ(optimizer->InitialSlotValue(s), accumulator ? 0.25f : 0.0f) << c.name;
     }
   }
 }
 
-const char* const kAllNames[] = {"sgd",  "momentum", "nesterov",
-                                 "adam", "adamw",    "adagrad"};
+const char* const kAllNames[] = {"sgd",     "momentum",           "nesterov",
+                                 "adam",    "adamw",              "adagrad",
+                                 "delayed_nesterov:1", "delayed_nesterov:2", "sgd+dc",
+                                 "adam+dc", "adagrad+dc"};
 
 OptimizerOptions WithDecay(const char* name) {
   OptimizerOptions options = Options(name);
@@ -403,6 +528,25 @@ TEST(OptimizerTest, CreateRejectsBadOptions) {
        [](OptimizerOptions& o) {
          o.name = "nesterov";
          o.momentum = 0.0f;
+       }},
+      {"delayed_nesterov without momentum",
+       [](OptimizerOptions& o) {
+         o.name = "delayed_nesterov";
+         o.momentum = 0.0f;
+       }},
+      {"period zero", [](OptimizerOptions& o) { o.period = 0; }},
+      {"delay compensation negative",
+       [](OptimizerOptions& o) { o.delay_compensation = -0.1f; }},
+      {"delay compensation nan", [](OptimizerOptions& o) { o.delay_compensation = NAN; }},
+      {"delay compensation under momentum",
+       [](OptimizerOptions& o) {
+         o.name = "momentum";
+         o.delay_compensation = 0.04f;
+       }},
+      {"delay compensation under delayed_nesterov",
+       [](OptimizerOptions& o) {
+         o.name = "delayed_nesterov";
+         o.delay_compensation = 0.04f;
        }},
       {"beta1 negative", [](OptimizerOptions& o) { o.beta1 = -0.5f; }},
       {"beta1 one", [](OptimizerOptions& o) { o.beta1 = 1.0f; }},
