@@ -252,8 +252,13 @@ std::string Checkpointer::Mismatch(const CheckpointHeader& header) const {
         shard.partitioning.max_partition_elements));
   }
   if (header.optimizer() != shard.optimizer.name) {
-    differences.push_back(absl::StrFormat("optimizer %s (this shard: %s)",
-                                          header.optimizer(), shard.optimizer.name));
+    // Async momentum became Delayed Nesterov (server/update_rule.h); a job
+    // checkpointed with the heavy-ball rule resumes with it.
+    const bool heavy_ball = shard.optimizer.name == "delayed_nesterov" &&
+                            (header.optimizer() == "momentum" || header.optimizer() == "nesterov");
+    differences.push_back(absl::StrFormat(
+        "optimizer %s (this shard: %s%s)", header.optimizer(), shard.optimizer.name,
+        heavy_ball ? "; resume with --async_momentum=heavy_ball, the rule the job ran" : ""));
   }
   // Files from before modes were recorded were written by async shards.
   const std::string mode = header.mode().empty() ? "async" : header.mode();

@@ -187,6 +187,21 @@ TEST_F(CheckpointTest, AnotherOptimizerIsRefused) {
   EXPECT_EQ(DirectoryFiles(dir), before);
 }
 
+// A job checkpointed by async shards running heavy-ball momentum, restarted
+// by a release whose async default is Delayed Nesterov: refused with the
+// flag that resumes it.
+TEST_F(CheckpointTest, HeavyBallCheckpointNamesTheFlagThatResumesIt) {
+  const std::string dir = TempDir();
+  ASSERT_OK_AND_ASSIGN(auto shard, NewShard("momentum"));
+  Train(*shard, 1);
+  WriteOneCheckpoint(dir, shard.get());
+  ASSERT_OK_AND_ASSIGN(auto delayed, NewShard("delayed_nesterov"));
+  Checkpointer reader({dir}, delayed.get(), &metrics_);
+  auto path = reader.RestoreLatest();
+  EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(path.status().message(), HasSubstr("--async_momentum=heavy_ball"));
+}
+
 TEST_F(CheckpointTest, NoDirectoryMeansAFreshStart) {
   ASSERT_OK_AND_ASSIGN(auto shard, NewShard());
   Checkpointer reader({TempDir() + "/absent"}, shard.get(), &metrics_);

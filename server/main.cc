@@ -148,6 +148,15 @@ ABSL_FLAG(std::string, tls_peer_ca, "",
           "With --replicas > 1 and TLS: PEM CA that signed the other shards' "
           "certificates (default: --tls_client_ca); with mutual TLS this "
           "shard's own certificate identifies it to them");
+ABSL_FLAG(std::string, push_order, "arrival",
+          "For tests of async convergence: apply pushes in arrival order (the "
+          "default), round_robin (workers take turns, every gradient N-1 updates "
+          "stale) or random (each round a seeded permutation); needs --mode=async, "
+          "--replicas=1 and workers that push once per step (--overlap=off)");
+ABSL_FLAG(uint64_t, push_order_seed, 1, "--push_order=random: the permutations' seed");
+ABSL_FLAG(double, push_order_skip_s, 2.0,
+          "--push_order: pass a turn on when its worker has not pushed for this "
+          "long while others wait (a finished or evaluating worker)");
 ABSL_FLAG(int, max_partition_metrics, 256,
           "Partitions that get their own version gauge in /metrics");
 
@@ -254,6 +263,12 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   opt.schedule.total_steps = absl::GetFlag(FLAGS_lr_total_steps);
   opt.schedule.min_lr = static_cast<float>(absl::GetFlag(FLAGS_min_lr));
   opt.delay_compensation = static_cast<float>(absl::GetFlag(FLAGS_delay_compensation));
+  options.push_order.kind = absl::GetFlag(FLAGS_push_order);
+  options.push_order.seed = absl::GetFlag(FLAGS_push_order_seed);
+  if (!(absl::GetFlag(FLAGS_push_order_skip_s) > 0)) {
+    return absl::InvalidArgumentError("--push_order_skip_s must be > 0");
+  }
+  options.push_order.skip_after = absl::Seconds(absl::GetFlag(FLAGS_push_order_skip_s));
   shardtrain::server::UpdateRuleChoice rule;
   rule.async_momentum = absl::GetFlag(FLAGS_async_momentum);
   rule.period = absl::GetFlag(FLAGS_async_momentum_period);

@@ -70,6 +70,19 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
       server->shard_metrics_.get(), server->checkpointer_.get(),
       options.shard.max_pull_wait);
   ParameterServerService* service = server->service_.get();
+  PushOrderOptions push_order = options.push_order;
+  push_order.num_workers = options.shard.num_workers;
+  ASSIGN_OR_RETURN(server->push_order_, PushOrder::Create(push_order));
+  if (server->push_order_->ordered()) {
+    if (options.shard.mode != ConsistencyMode::kAsync || options.shard.replicas > 1) {
+      return absl::InvalidArgumentError(
+          "--push_order orders the pushes of an unreplicated async shard (tests of "
+          "convergence under staleness); use --mode=async and --replicas=1");
+    }
+    LOG(WARNING) << "pushes are applied in " << options.push_order.kind
+                 << " order of the workers (--push_order, for tests)";
+    service->set_push_order(server->push_order_.get());
+  }
   if (options.shard.replicas > 1) RETURN_IF_ERROR(server->StartReplication(options, registry));
   server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
 

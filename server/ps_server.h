@@ -26,6 +26,7 @@
 #include "server/replication/forwarder.h"
 #include "server/replication/replication_metrics.h"
 #include "server/replication/replicator.h"
+#include "server/push_order.h"
 #include "server/service.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -64,6 +65,10 @@ struct PsServerOptions {
   absl::Duration forward_timeout = absl::Seconds(30);
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
+  // Tests of async convergence: the order pushes are applied in
+  // (server/push_order.h); "arrival" in production. Only for unreplicated
+  // async shards. Its num_workers is taken from shard.num_workers.
+  PushOrderOptions push_order;
 };
 
 class PsServer {
@@ -100,6 +105,7 @@ class PsServer {
   std::unique_ptr<ChainTable> chain_table_;
   std::unique_ptr<Forwarder> forwarder_;
   std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<PushOrder> push_order_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Server> server_;

@@ -191,8 +191,69 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
                       });
     return reactor;
   }
+  if (status.ok() && Ordered(push.worker)) {
+    return OrderedPush(reactor, push.worker, start, request, response);
+  }
   if (status.ok()) status = shard_->Push(push, &push_response);
   FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
+  return reactor;
+}
+
+bool ParameterServerService::Ordered(uint32_t worker) const {
+  // A worker id out of range is refused by the shard, unordered.
+  return push_order_ != nullptr && push_order_->ordered() &&
+         worker < static_cast<uint32_t>(shard_->options().num_workers);
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::OrderedPush(
+    grpc::ServerUnaryReactor* reactor, uint32_t worker, absl::Time start,
+    const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
+  // gRPC keeps `request` alive until the call is finished; the parked push
+  // is parsed again when admitted (the views above are this thread's).
+  push_order_->Enter(worker, [this, reactor, start, request, response](bool admitted) {
+    PushResponse push_response;
+    absl::Status status =
+        admitted ? absl::OkStatus() : absl::UnavailableError("shard is shutting down");
+    if (status.ok()) {
+      wire::ReceivedMessage message;
+      wire::PushView& push = ThreadPushView();
+      status = ParsePushRequest(*request, &message, &push);
+      if (status.ok()) status = shard_->Push(push, &push_response);
+    }
+    FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
+    push_order_->Leave();
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::OrderedPushPull(
+    grpc::CallbackServerContext* context, absl::Time start, const grpc::ByteBuffer* request,
+    wire::PushPullView& view, grpc::ByteBuffer* response) {
+  const PushResponse no_push_yet;
+  const uint32_t worker = view.push.worker;
+  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
+                                     request->Length(), std::move(view.pull), &no_push_yet,
+                                     response);
+  push_order_->Enter(worker, [this, reactor, request](bool admitted) {
+    absl::Status status =
+        admitted ? absl::OkStatus() : absl::UnavailableError("shard is shutting down");
+    PushResponse push_response;
+    if (status.ok()) {
+      wire::ReceivedMessage message;
+      wire::PushPullView& view = ThreadPushPullView();
+      status = message.Take(*request);
+      if (status.ok()) status = wire::ParsePushPull(message, &view, MaxParts());
+      if (status.ok()) status = shard_->ValidatePull(reactor->request_);
+      if (status.ok()) status = shard_->Push(view.push, &push_response);
+    }
+    if (status.ok()) {
+      reactor->push_ = push_response;
+      BeginPull(reactor);
+    } else {
+      FinishWaiter(reactor, common::ToGrpcStatus(status));
+    }
+    push_order_->Leave();
+  });
   return reactor;
 }
 
@@ -354,6 +415,9 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     return ReplicatedPushPull(context, start, request->Length(), message, view, response);
   }
   if (status.ok()) status = shard_->ValidatePull(view.pull);
+  if (status.ok() && Ordered(view.push.worker)) {
+    return OrderedPushPull(context, start, request, view, response);
+  }
   if (status.ok()) status = shard_->Push(view.push, &push_response);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -503,6 +567,7 @@ void ParameterServerService::WakeWaiters() {
 }
 
 void ParameterServerService::ExpireWaiters(absl::Time now) {
+  if (push_order_ != nullptr) push_order_->Tick(now);
   std::vector<WaitingReactor*> expired;
   {
     absl::MutexLock lock(&mu_);
@@ -547,6 +612,7 @@ void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
 }
 
 void ParameterServerService::CancelAllWaiters() {
+  if (push_order_ != nullptr) push_order_->CancelAll();
   std::list<WaitingReactor*> all;
   {
     absl::MutexLock lock(&mu_);

@@ -25,6 +25,7 @@
 #include "common/metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
+#include "server/push_order.h"
 #include "server/internal/arena_messages.h"
 #include "common/wire/message_views.h"
 #include "server/replication/replicator.h"
@@ -91,12 +92,17 @@ class ParameterServerService final : public ParameterServerBase {
   // through `replicator` (server/replication/replicator.h). Not owned; set
   // before serving.
   void set_replicator(Replicator* replicator) { replicator_ = replicator; }
+  // Unreplicated async shards under test: Push and PushPull are applied in
+  // `order`'s turns (server/push_order.h). Not owned; set before serving.
+  void set_push_order(PushOrder* order) { push_order_ = order; }
 
   // Answers every parked pull that has become ready.
   void WakeWaiters();
-  // Ends parked pulls whose deadline is before `now`.
+  // Ends parked pulls whose deadline is before `now`; passes on a push
+  // order's turn held too long.
   void ExpireWaiters(absl::Time now);
-  // Ends every parked pull with UNAVAILABLE; call before server shutdown.
+  // Ends every parked pull (and parked push) with UNAVAILABLE; call before
+  // server shutdown.
   void CancelAllWaiters();
 
  private:
@@ -119,6 +125,18 @@ class ParameterServerService final : public ParameterServerBase {
                                                const wire::ReceivedMessage& message,
                                                wire::PushPullView& view,
                                                grpc::ByteBuffer* response);
+  // Whether `worker`'s push waits for its turn in push_order_.
+  bool Ordered(uint32_t worker) const;
+  // The Push of `request` (as received), applied in its worker's turn.
+  grpc::ServerUnaryReactor* OrderedPush(grpc::ServerUnaryReactor* reactor, uint32_t worker,
+                                        absl::Time start, const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response);
+  // The PushPull of `request` (parsed as `view`), its push half applied in
+  // its worker's turn, then its pull half answered as any other.
+  grpc::ServerUnaryReactor* OrderedPushPull(grpc::CallbackServerContext* context,
+                                            absl::Time start, const grpc::ByteBuffer* request,
+                                            wire::PushPullView& view,
+                                            grpc::ByteBuffer* response);
   // When a parked pull of a call that started at `start` gives up: the
   // client's deadline or --max_pull_wait, whichever comes first.
   absl::Time PullDeadline(grpc::CallbackServerContext* context, absl::Time start) const;
@@ -160,6 +178,7 @@ class ParameterServerService final : public ParameterServerBase {
   Checkpointer* const checkpointer_;
   const absl::Duration max_pull_wait_;
   Replicator* replicator_ = nullptr;
+  PushOrder* push_order_ = nullptr;
 
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;
