@@ -19,7 +19,7 @@
 #include "absl/types/span.h"
 #include "bench/echo.grpc.pb.h"
 #include "client/ps_client.h"
-#include "server/internal/message_pool.h"
+#include "bench/message_pool.h"
 
 namespace shardtrain::bench {
 
@@ -45,7 +45,7 @@ class EchoServiceImpl final : public Echo::CallbackService {
 
  private:
   const std::string source_;
-  server::internal::MessagePool<EchoRequest, EchoReply> pool_{4};
+  MessagePool<EchoRequest, EchoReply> pool_{4};
 };
 
 // The Echo service and its gRPC server on `address` (port 0: chosen free).

@@ -71,7 +71,6 @@
 #include "common/deadlock_detection.h"
 #include "common/malloc_tuning.h"
 #include "common/status_macros.h"
-#include "server/internal/message_pool.h"
 #include "server/ps_server.h"
 
 ABSL_FLAG(std::string, out, "",

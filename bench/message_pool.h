@@ -4,8 +4,8 @@
 // keeps the capacity of its strings and repeated fields, so parsing the next
 // request into a recycled message reuses those buffers instead of faulting in
 // fresh pages for every call. Thread-safe.
-#ifndef SHARDTRAIN_SERVER_INTERNAL_MESSAGE_POOL_H_
-#define SHARDTRAIN_SERVER_INTERNAL_MESSAGE_POOL_H_
+#ifndef SHARDTRAIN_BENCH_MESSAGE_POOL_H_
+#define SHARDTRAIN_BENCH_MESSAGE_POOL_H_
 
 #include <memory>
 #include <vector>
@@ -14,7 +14,7 @@
 
 #include "absl/synchronization/mutex.h"
 
-namespace shardtrain::server::internal {
+namespace shardtrain::bench {
 
 template <typename Request, typename Response>
 class MessagePool : public grpc::MessageAllocator<Request, Response> {
@@ -66,6 +66,6 @@ class MessagePool : public grpc::MessageAllocator<Request, Response> {
   std::vector<std::unique_ptr<Holder>> idle_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardtrain::server::internal
+}  // namespace shardtrain::bench
 
-#endif  // SHARDTRAIN_SERVER_INTERNAL_MESSAGE_POOL_H_
+#endif  // SHARDTRAIN_BENCH_MESSAGE_POOL_H_

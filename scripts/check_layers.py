@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Fails on an include that goes up or sideways between the project's rooms.
+
+Each room (a folder) may include from itself and from the rooms listed
+below it in LAYERS, nothing else: the arrows of the include graph all point
+one way, so no room can grow a cycle through another. A folder named
+`internal` is private to the room it sits in; `testing` folders serve tests
+(`*_test.cc`, tests/, bench/, fuzz targets) and other testing folders only.
+
+    scripts/check_layers.py [REPO]     # prints each violation, exits 1 if any
+
+Only includes in quotes that name a file of the tree are checked (system,
+generated and third-party headers are not rooms).
+"""
+
+import os
+import re
+import sys
+
+# room -> the rooms it may include from (besides itself). Longest prefix
+# wins, so server/replication is part of server unless listed.
+LAYERS = {
+    "proto": [],
+    "common": ["proto"],
+    "common/wire": ["common", "proto"],
+    "common/etcd": ["common", "proto"],
+    "server": ["common", "common/wire", "common/etcd", "proto"],
+    "client": ["common", "common/wire", "common/etcd", "proto"],
+    "worker": ["client", "common", "common/wire", "proto"],
+    "ctl": ["client", "common", "common/wire", "common/etcd", "proto"],
+    "python": ["worker", "client", "common", "common/wire", "proto"],
+    "examples": [],
+    # Binaries' drivers of everything: any room's public headers.
+    "bench": ["*"],
+    "tests": ["*"],
+}
+SOURCE_SUFFIXES = (".h", ".cc", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def room_of(path):
+    best = None
+    for room in LAYERS:
+        if (path == room or path.startswith(room + "/")) and (best is None or len(room) > len(best)):
+            best = room
+    return best
+
+
+def is_test(path):
+    return (path.endswith("_test.cc") or path.startswith(("tests/", "bench/"))
+            or "/testing/" in path or "/fuzz/" in path)
+
+
+def violation(path, included):
+    """Why `path` may not include `included`, or None."""
+    here, there = room_of(path), room_of(included)
+    if here is None or there is None:
+        return None
+    parts = included.split("/")
+    if "internal" in parts:
+        owner = "/".join(parts[:parts.index("internal")])
+        if not (path.startswith(owner + "/")):
+            return f"{included} is internal to {owner}/"
+    if "testing" in parts and not is_test(path):
+        return f"{included} serves tests only"
+    if here == there:
+        return None
+    allowed = LAYERS[here]
+    if "*" in allowed or there in allowed:
+        return None
+    return f"{here}/ may include from {', '.join(r + '/' for r in allowed) or 'no other room'}, not {there}/"
+
+
+def main():
+    repo = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
+                           os.path.join(os.path.dirname(__file__), ".."))
+    found = []
+    for room in LAYERS:
+        top = os.path.join(repo, room)
+        if "/" in room or not os.path.isdir(top):
+            continue
+        for folder, dirs, files in os.walk(top):
+            dirs[:] = [d for d in dirs if not d.startswith(".") and d != "node_modules"]
+            for name in sorted(files):
+                if not name.endswith(SOURCE_SUFFIXES):
+                    continue
+                full = os.path.join(folder, name)
+                path = os.path.relpath(full, repo)
+                with open(full, encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+                for match in INCLUDE.finditer(text):
+                    included = match.group(1)
+                    if not os.path.isfile(os.path.join(repo, included)):
+                        continue
+                    why = violation(path, included)
+                    if why:
+                        line = text.count("\n", 0, match.start()) + 1
+                        found.append(f"{path}:{line}: includes {included}: {why}")
+    for item in found:
+        print(item)
+    print(f"{len(found)} layering violation(s)" if found else "layers: every include points down")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
