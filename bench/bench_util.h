@@ -18,8 +18,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "bench/echo.grpc.pb.h"
-#include "client/ps_client.h"
 #include "bench/message_pool.h"
+#include "client/ps_client.h"
 
 namespace shardtrain::bench {
 
