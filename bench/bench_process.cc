@@ -139,13 +139,6 @@ absl::Status Children::Kill(pid_t pid) {
   return Wait(pid, absl::Seconds(10)).status();
 }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
 absl::StatusOr<int> WaitForPort(Children& children, pid_t pid, const std::string& path,
                                 const std::string& log_path, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -160,22 +153,6 @@ absl::StatusOr<int> WaitForPort(Children& children, pid_t pid, const std::string
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::DeadlineExceededError(absl::StrCat("no port in ", path));
-}
-
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) != 0) {
-    close(fd);
-    return absl::InternalError("cannot pick a free port");
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
 }
 
 double SelfCpuSeconds() {
@@ -213,14 +190,6 @@ absl::StatusOr<double> ProcessesCpuSeconds(const std::vector<pid_t>& pids) {
     total += seconds;
   }
   return total;
-}
-
-std::string MakeTempDir(const std::string& name) {
-  const char* base = std::getenv("TMPDIR");
-  std::string path = absl::StrCat(base != nullptr && *base != '\0' ? base : "/tmp", "/",
-                                  name, "-XXXXXX");
-  if (mkdtemp(path.data()) == nullptr) return "";
-  return path;
 }
 
 std::string SelfPath() {

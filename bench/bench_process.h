@@ -20,6 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
 
 namespace shardtrain::bench {
 
@@ -62,16 +64,16 @@ class Children {
   std::vector<pid_t> mine_;
 };
 
-std::string ReadFile(const std::string& path);
+// Shared with the tests (testing/): a port below the ephemeral range, so
+// a shard restarted on it finds it free; scratch directories; file reads.
+using testutil::MakeTempDir;
+using testutil::PickFreePort;
+using testutil::ReadFile;
 
 // Waits for `path` to name a port (the first number in it) while `pid`
 // runs; UNAVAILABLE with the process's log when it exits first.
 absl::StatusOr<int> WaitForPort(Children& children, pid_t pid, const std::string& path,
                                 const std::string& log_path, absl::Duration timeout);
-
-// A free TCP port on 127.0.0.1 now (bound and released), for servers that
-// must keep their port across restarts or cannot report the one they took.
-absl::StatusOr<int> PickFreePort();
 
 // CPU time (user + system) of this process, and of its reaped children.
 double SelfCpuSeconds();
@@ -81,10 +83,6 @@ double ReapedChildrenCpuSeconds();
 absl::StatusOr<double> ProcessCpuSeconds(pid_t pid);
 // Their sum over `pids`.
 absl::StatusOr<double> ProcessesCpuSeconds(const std::vector<pid_t>& pids);
-
-// A fresh directory $TMPDIR/<name>-XXXXXX (TMPDIR default /tmp) for port
-// files and logs; empty when it cannot be made.
-std::string MakeTempDir(const std::string& name);
 
 // This binary's path, from /proc/self/exe; empty when unknown.
 std::string SelfPath();

@@ -810,7 +810,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << valid;
     return 2;
   }
-  options.dir = b::MakeTempDir("replication_bench");
+  options.dir = b::MakeTempDir("replication_bench-");
   if (options.dir.empty()) {
     LOG(ERROR) << "cannot make a temporary directory";
     return 1;

@@ -30,6 +30,8 @@ LAYERS = {
     "ctl": ["client", "common", "common/wire", "common/etcd", "proto"],
     "python": ["worker", "client", "common", "common/wire", "proto"],
     "examples": [],
+    # The process kit of tests and benchmarks.
+    "testing": ["common", "proto"],
     # Binaries' drivers of everything: any room's public headers.
     "bench": ["*"],
     "tests": ["*"],
@@ -47,7 +49,7 @@ def room_of(path):
 
 
 def is_test(path):
-    return (path.endswith("_test.cc") or path.startswith(("tests/", "bench/"))
+    return (path.endswith("_test.cc") or path.startswith(("tests/", "bench/", "testing/"))
             or "/testing/" in path or "/fuzz/" in path)
 
 

@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -94,60 +93,6 @@ void ProcessGroup::StopAll() {
   running_.clear();
 }
 
-namespace {
-
-// Binds a TCP socket to `port` (0: the kernel picks) on every local address
-// and returns the port bound, or -1.
-int BindAndRelease(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t length = sizeof(addr);
-  int bound = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &length) == 0) {
-    bound = static_cast<int>(ntohs(addr.sin_port));
-  }
-  close(fd);
-  return bound;
-}
-
-// The lowest port the kernel hands out on its own (outgoing connections,
-// bind to port 0): /proc/sys/net/ipv4/ip_local_port_range.
-int EphemeralLow() {
-  std::ifstream in("/proc/sys/net/ipv4/ip_local_port_range");
-  int low = 0;
-  if (!(in >> low) || low <= 0) return 32768;
-  return low;
-}
-
-}  // namespace
-
-absl::StatusOr<int> PickFreePort() {
-  // Below the ephemeral range: between this pick and the process binding
-  // the port, no outgoing connection (a shard's to etcd or to a peer) can be
-  // given it, which happens with a port the kernel picked.
-  const int high = EphemeralLow() - 1;
-  const int low = std::min(10000, high);
-  std::mt19937 rng(static_cast<uint32_t>(getpid()) * 2654435761u ^
-                   static_cast<uint32_t>(absl::ToUnixNanos(absl::Now())));
-  if (high > low) {
-    std::uniform_int_distribution<int> pick(low, high);
-    for (int attempt = 0; attempt < 64; ++attempt) {
-      const int port = BindAndRelease(pick(rng));
-      if (port > 0) return port;
-    }
-  }
-  const int port = BindAndRelease(0);
-  if (port <= 0) {
-    return absl::InternalError(absl::StrCat("cannot pick a free port: ", std::strerror(errno)));
-  }
-  return port;
-}
-
 absl::StatusOr<std::vector<int>> ReadPortFile(const std::string& path,
                                               absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -210,20 +155,6 @@ std::map<std::string, double> SumByName(const std::string& exposition) {
     sums[std::string(line.substr(0, name_end))] += value;
   }
   return sums;
-}
-
-std::string MakeTempDir(const std::string& prefix) {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(base != nullptr ? base : "/tmp", "/", prefix, "XXXXXX");
-  if (mkdtemp(tmpl.data()) == nullptr) return "";
-  return tmpl;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
 }
 
 }  // namespace shardtrain::testutil

@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
 
 namespace shardtrain::testutil {
 
@@ -42,11 +44,6 @@ class ProcessGroup {
   std::map<pid_t, int> exited_;  // exit statuses of the processes reaped
 };
 
-// A TCP port that is free on every local address now (bound and released),
-// for a process that must keep its address across restarts; picked below
-// the kernel's ephemeral range, so that no outgoing connection takes it
-// before the process binds it.
-absl::StatusOr<int> PickFreePort();
 
 // Waits until `path` holds a whitespace-separated list of integers.
 absl::StatusOr<std::vector<int>> ReadPortFile(const std::string& path,
@@ -59,10 +56,6 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 // (all label sets together).
 std::map<std::string, double> SumByName(const std::string& exposition);
 
-// A fresh directory under the test's temporary directory.
-std::string MakeTempDir(const std::string& prefix);
-
-std::string ReadFile(const std::string& path);
 
 }  // namespace shardtrain::testutil
 
