@@ -12,7 +12,17 @@
 //            spread over both shards)
 //   echo     the raw gRPC Echo (bench/echo.proto) against a second
 //            wire_bench process started with --serve_echo, carrying the same
-//            payload bytes in the same direction(s)
+//            payload bytes in the same direction(s); callback-API server
+//            and client (a message is read on one thread and its reaction
+//            runs on another)
+//   echo sync the same on gRPC's synchronous API: a server process with
+//            --echo_model=sync (a handler per call on gRPC's sync thread
+//            pool) and a blocking stub (--systems=echo-sync)
+//   echo cq  the same on the async API: a server process with
+//            --echo_model=cq (--echo_cq_threads threads, each polling its
+//            own completion queue and answering inline) and an async stub
+//            whose completion queue the calling thread polls
+//            (--systems=echo-cq)
 //   iperf3   a single-stream `iperf3 -c 127.0.0.1 -t N` (default settings)
 //            against an `iperf3 -s` process: the reference for what one TCP
 //            stream over loopback moves on this machine
@@ -35,6 +45,7 @@
 //              getrusage) + its server's (/proc).
 //   x iperf3   median over rounds of MB/s / the same round's iperf3 MB/s
 //   x echo     median over rounds of MB/s / the same round's echo MB/s
+//              (echo: the callback one)
 // Without iperf3 on the PATH (or at --iperf3) its rows and column are left
 // out with a note. Every process the bench starts is stopped (by PID) when
 // it ends, on error, and on SIGINT/SIGTERM/SIGHUP.
@@ -69,6 +80,7 @@
 #include "absl/time/time.h"
 #include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "bench/echo_models.h"
 #include "client/ps_client.h"
 #include "common/malloc_tuning.h"
 #include "common/partition.h"
@@ -90,7 +102,9 @@ ABSL_FLAG(bool, quick, false,
           "Payloads 4K, 1M and 16M only, --rounds=2, --seconds_per_case=0.6: "
           "under a minute");
 ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
-          "Systems to time, comma-separated (e.g. st1x1 alone while profiling)");
+          "Systems to time, comma-separated (e.g. st1x1 alone while profiling): "
+          "st1x1, st2x2, echo (or echo-cb: callback API), echo-sync (sync API), "
+          "echo-cq (async API, completion queues polled inline), iperf3");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(std::string, client, "",
           "Client settings of st 1x1 and st 2x2, key=value,...: channels, write_buffer_kb, "
@@ -104,6 +118,12 @@ ABSL_FLAG(bool, serve_echo, false,
           "port to --port_file");
 ABSL_FLAG(std::string, port_file, "", "--serve_echo: write the port here");
 ABSL_FLAG(int, echo_max_mb, 64, "--serve_echo: largest reply in MiB");
+ABSL_FLAG(std::string, echo_model, "callback",
+          "--serve_echo: gRPC API of the server: callback, sync (gRPC's sync thread "
+          "pool) or cq (async API: --echo_cq_threads threads, each polling its own "
+          "completion queue and answering inline)");
+ABSL_FLAG(int, echo_cq_threads, 1,
+          "Polling threads (one completion queue each) of the echo-cq server");
 
 namespace shardtrain::bench {
 namespace {
@@ -111,8 +131,13 @@ namespace {
 // ---------------------------------------------------------------------------
 // Measurements.
 
-enum System { kSt1x1 = 0, kSt2x2, kEcho, kIperf, kNumSystems };
-const char* const kSystemNames[kNumSystems] = {"st 1x1", "st 2x2", "echo", "iperf3"};
+enum System { kSt1x1 = 0, kSt2x2, kEcho, kEchoSync, kEchoCq, kIperf, kNumSystems };
+const char* const kSystemNames[kNumSystems] = {"st 1x1",    "st 2x2",  "echo",
+                                               "echo sync", "echo cq", "iperf3"};
+// The --echo_model of each echo system's server process.
+const char* EchoModelOf(int s) {
+  return s == kEchoSync ? "sync" : s == kEchoCq ? "cq" : "callback";
+}
 
 // What one system did in one (size, op) case, over all rounds.
 struct CaseFigures {
@@ -271,7 +296,9 @@ struct BenchOptions {
   std::vector<int64_t> sizes;
   absl::Duration start_timeout = absl::Seconds(30);
   std::string out_path;
-  bool systems[kNumSystems] = {true, true, true, true};
+  bool systems[kNumSystems] = {true, true, true, false, false, true};
+  // Polling threads of the echo cq server.
+  int echo_cq_threads = 1;
   std::vector<Op> ops = {Op::kPush, Op::kPull, Op::kPushPull};
   // Client settings of st 1x1 and st 2x2 (bench::ApplyClientSettings).
   std::string client_settings;
@@ -319,6 +346,33 @@ absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& optio
     shards.addresses.push_back(absl::StrCat("127.0.0.1:", port));
   }
   return shards;
+}
+
+// A wire_bench --serve_echo process with the server of system `s` (an echo).
+struct EchoProcess {
+  pid_t pid = 0;
+  std::string address;
+};
+
+absl::StatusOr<EchoProcess> StartEcho(Children& children, const BenchOptions& options,
+                                      const std::string& self, const std::string& dir,
+                                      int s) {
+  const std::string name = absl::StrCat("echo-", EchoModelOf(s));
+  const std::string port_file = absl::StrCat(dir, "/", name, ".port");
+  const std::string log = absl::StrCat(dir, "/", name, ".log");
+  EchoProcess echo;
+  ASSIGN_OR_RETURN(
+      echo.pid,
+      children.Start({self, "--serve_echo", absl::StrCat("--echo_model=", EchoModelOf(s)),
+                      absl::StrCat("--echo_cq_threads=", options.echo_cq_threads),
+                      absl::StrCat("--port_file=", port_file),
+                      absl::StrCat("--echo_max_mb=",
+                                   (options.sizes.back() + (1 << 20) - 1) >> 20)},
+                     log));
+  ASSIGN_OR_RETURN(const int port,
+                   WaitForPort(children, echo.pid, port_file, log, options.start_timeout));
+  echo.address = absl::StrCat("127.0.0.1:", port);
+  return echo;
 }
 
 // Worker `worker_index` of `num_workers`.
@@ -387,16 +441,13 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   ASSIGN_OR_RETURN(const Shards one, StartShards(children, options, dir, "shard1x1", 1,
                                                        1 + options.variants.size()));
   ASSIGN_OR_RETURN(const Shards two, StartShards(children, options, dir, "shard2x2", 2, 2));
-  const std::string echo_port_file = absl::StrCat(dir, "/echo.port");
-  const std::string echo_log = absl::StrCat(dir, "/echo.log");
-  ASSIGN_OR_RETURN(const pid_t echo_pid,
-                   children.Start({self, "--serve_echo",
-                                   absl::StrCat("--port_file=", echo_port_file),
-                                   absl::StrCat("--echo_max_mb=",
-                                                (options.sizes.back() + (1 << 20) - 1) >> 20)},
-                                  echo_log));
-  ASSIGN_OR_RETURN(const int echo_port, WaitForPort(children, echo_pid, echo_port_file,
-                                                    echo_log, options.start_timeout));
+  // The echo servers, one process per selected model.
+  EchoProcess echoes[kNumSystems];
+  for (int s : {kEcho, kEchoSync, kEchoCq}) {
+    if (options.systems[s]) {
+      ASSIGN_OR_RETURN(echoes[s], StartEcho(children, options, self, dir, s));
+    }
+  }
   std::unique_ptr<Iperf> iperf;
   std::string iperf_note;
   if (options.systems[kIperf]) {
@@ -428,7 +479,16 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   for (int w = 0; w < 2; ++w) {
     ASSIGN_OR_RETURN(clients2[w], Connect(two, w, 2, options.client_settings));
   }
-  EchoClient echo(absl::StrCat("127.0.0.1:", echo_port));
+  std::unique_ptr<EchoClient> echo_cb;
+  std::unique_ptr<SyncEchoClient> echo_sync;
+  std::unique_ptr<CqEchoClient> echo_cq;
+  if (options.systems[kEcho]) echo_cb = std::make_unique<EchoClient>(echoes[kEcho].address);
+  if (options.systems[kEchoSync]) {
+    echo_sync = std::make_unique<SyncEchoClient>(echoes[kEchoSync].address);
+  }
+  if (options.systems[kEchoCq]) {
+    echo_cq = std::make_unique<CqEchoClient>(echoes[kEchoCq].address);
+  }
   const std::string echo_source(static_cast<size_t>(options.sizes.back()), '\x3c');
 
   const std::string header = absl::StrCat(
@@ -436,9 +496,15 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       "another process, and iperf3 single-stream loopback\n",
       CommonHeader(command_line), iperf_note,
       absl::StrFormat("# each case: %d rounds after warm-up; a round times a block of >= %.3f s "
-                      "(>= 1 call) of st 1x1, st 2x2 and echo and one iperf3 run, in an order "
+                      "(>= 1 call) of each gRPC system and one iperf3 run, in an order "
                       "rotating by round\n",
                       options.rounds, options.seconds_per_case / options.rounds),
+      absl::StrFormat("# echo: callback-API server and client; echo sync: sync-API server "
+                      "(gRPC's sync thread pool, default sizes) and blocking stub; echo cq: "
+                      "async-API server, %d thread(s) each polling its own completion queue "
+                      "and answering inline, and an async stub whose completion queue the "
+                      "calling thread polls; each server in its own process\n",
+                      options.echo_cq_threads),
       "# MB/s = 1e6 payload bytes per second of wall time (both directions for pushpull; "
       "2x2 = both workers), median over rounds; p50/p99 in ms over all calls; cpu/MB = "
       "(client + server process CPU ms) / MB moved over all blocks, cli/MB and srv/MB its "
@@ -483,13 +549,31 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
       std::vector<OpFn> ops2;
       if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
+      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops;
+      if (echo_cb != nullptr) {
+        echo_cb_ops = {[&] {
+          return echo_cb->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+        }};
+      }
+      if (echo_sync != nullptr) {
+        echo_sync_ops = {[&] {
+          return echo_sync->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+        }};
+      }
+      if (echo_cq != nullptr) {
+        echo_cq_ops = {[&] {
+          return echo_cq->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+        }};
+      }
       // By system; iperf3 (kIperf) has no ops.
       std::vector<std::vector<OpFn>> ops = {
-          {tensor1->MakeOp(op)},
-          ops2,
-          {[&] { return echo.Call(echo_source, echo_request_bytes, echo_reply_bytes); }},
-          {}};
-      std::vector<std::vector<pid_t>> servers = {one.pids, two.pids, {echo_pid}, {}};
+          {tensor1->MakeOp(op)}, ops2, echo_cb_ops, echo_sync_ops, echo_cq_ops, {}};
+      std::vector<std::vector<pid_t>> servers = {one.pids,
+                                                 two.pids,
+                                                 {echoes[kEcho].pid},
+                                                 {echoes[kEchoSync].pid},
+                                                 {echoes[kEchoCq].pid},
+                                                 {}};
       for (const std::unique_ptr<BenchTensor>& tensor : variant_tensors) {
         ops.push_back({tensor->MakeOp(op)});
         servers.push_back(one.pids);
@@ -533,6 +617,15 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   return absl::OkStatus();
 }
 
+// Moves a started server into `*kept`; returns its port.
+template <typename Server>
+absl::StatusOr<int> KeepServer(absl::StatusOr<std::unique_ptr<Server>> started,
+                               std::unique_ptr<Server>* kept) {
+  RETURN_IF_ERROR(started.status());
+  *kept = *std::move(started);
+  return (*kept)->port();
+}
+
 // --serve_echo: the Echo server as its own process.
 int ServeEcho() {
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -544,16 +637,30 @@ int ServeEcho() {
   sigemptyset(&stop);
   for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // before gRPC starts threads
-  absl::StatusOr<std::unique_ptr<EchoServer>> server =
-      EchoServer::Start(int64_t{absl::GetFlag(FLAGS_echo_max_mb)} << 20);
-  if (!server.ok()) {
-    LOG(ERROR) << server.status();
+  const int64_t max_reply_bytes = int64_t{absl::GetFlag(FLAGS_echo_max_mb)} << 20;
+  const std::string model = absl::GetFlag(FLAGS_echo_model);
+  // The server of the chosen model, kept until the process ends.
+  std::unique_ptr<EchoServer> callback;
+  std::unique_ptr<SyncEchoServer> sync;
+  std::unique_ptr<CqEchoServer> cq;
+  absl::StatusOr<int> port = absl::InvalidArgumentError(
+      absl::StrCat("--echo_model: \"", model, "\" is not callback, sync or cq"));
+  if (model == "callback") {
+    port = KeepServer(EchoServer::Start(max_reply_bytes), &callback);
+  } else if (model == "sync") {
+    port = KeepServer(SyncEchoServer::Start(max_reply_bytes), &sync);
+  } else if (model == "cq") {
+    port = KeepServer(
+        CqEchoServer::Start(max_reply_bytes, absl::GetFlag(FLAGS_echo_cq_threads)), &cq);
+  }
+  if (!port.ok()) {
+    LOG(ERROR) << port.status();
     return 1;
   }
   const std::string temp = absl::StrCat(port_file, ".tmp");
   {
     std::ofstream out(temp);
-    out << (*server)->port() << "\n";
+    out << *port << "\n";
   }
   if (std::rename(temp.c_str(), port_file.c_str()) != 0) {
     LOG(ERROR) << "cannot write " << port_file;
@@ -593,6 +700,11 @@ int main(int argc, char** argv) {
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.out_path = absl::GetFlag(FLAGS_out);
   options.client_settings = absl::GetFlag(FLAGS_client);
+  options.echo_cq_threads = absl::GetFlag(FLAGS_echo_cq_threads);
+  if (options.echo_cq_threads < 1) {
+    LOG(ERROR) << "--echo_cq_threads must be at least 1";
+    return 2;
+  }
   {
     shardtrain::client::PsClientOptions check;
     const absl::Status valid = b::ApplyClientSettings(options.client_settings, &check);
@@ -616,7 +728,9 @@ int main(int argc, char** argv) {
     options.seconds_per_case = 0.6;
   }
   const std::map<std::string, int> system_names = {
-      {"st1x1", b::kSt1x1}, {"st2x2", b::kSt2x2}, {"echo", b::kEcho}, {"iperf3", b::kIperf}};
+      {"st1x1", b::kSt1x1},        {"st2x2", b::kSt2x2},     {"echo", b::kEcho},
+      {"echo-cb", b::kEcho},       {"echo-sync", b::kEchoSync}, {"echo-cq", b::kEchoCq},
+      {"iperf3", b::kIperf}};
   std::fill(std::begin(options.systems), std::end(options.systems), false);
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',')) {
     const auto it = system_names.find(std::string(name));
