@@ -1,7 +1,8 @@
 # shardtrain_grpc_library(NAME PROTOS a.proto [b.proto ...])
 # Generates C++ messages and gRPC stubs for the given .proto files (in the
 # calling directory) into ${CMAKE_BINARY_DIR}/<dir> and builds them as
-# library NAME, includable as "<dir>/<file>.pb.h".
+# library NAME, includable as "<dir>/<file>.pb.h" (and installed so when a
+# public header includes them; cmake/shardtrain_install.cmake).
 function(shardtrain_grpc_library name)
   cmake_parse_arguments(ARG "" "" "PROTOS" ${ARGN})
   file(RELATIVE_PATH rel_dir ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
@@ -26,7 +27,13 @@ function(shardtrain_grpc_library name)
     list(APPEND srcs ${gen_dir}/${base}.pb.cc ${gen_dir}/${base}.grpc.pb.cc)
   endforeach()
   add_library(${name} ${srcs})
-  target_include_directories(${name} PUBLIC ${CMAKE_BINARY_DIR})
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}>)
+  set(headers)
+  foreach(proto ${ARG_PROTOS})
+    get_filename_component(base ${proto} NAME_WE)
+    list(APPEND headers ${rel_dir}/${base}.pb.h ${rel_dir}/${base}.grpc.pb.h)
+  endforeach()
+  shardtrain_generated_headers(${name} ${headers})
   target_link_libraries(${name} PUBLIC protobuf::libprotobuf gRPC::grpc++)
   target_compile_options(${name} PRIVATE -w)
 endfunction()

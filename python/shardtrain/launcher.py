@@ -15,7 +15,8 @@ every shard serves), then runs --workers copies of COMMAND with
     SHARDTRAIN_METRICS_PORT 0 (each worker serves metrics on a free port)
     SHARDTRAIN_MAX_PARTITION_ELEMENTS  when --max_partition_elements is
                             among the ps-server flags: its value
-    PYTHONPATH              BUILD_DIR/python first, so `import shardtrain` works
+    PYTHONPATH              BUILD_DIR/python (installed: the package's
+                            directory) first, so `import shardtrain` works
     PYTHONUNBUFFERED        1, so output arrives line by line
     OMP_NUM_THREADS         cpus / workers (at least 1) unless already set
 
@@ -24,6 +25,21 @@ the launcher's own environment). Every line a worker prints is forwarded with
 a "[worker I] " prefix (stdout to stdout, stderr to stderr); the shards'
 lines go to stderr with "[shard S] ". With --logs DIR each process's output
 is also written, unprefixed, to DIR/worker-I.log and DIR/shard-S.log.
+
+BUILD_DIR is --build-dir, else $BUILD_DIR, else build/ beside scripts/; an
+installed shardtrain-run uses the ps-server beside it and the installed
+package unless --build-dir is given.
+
+The workers' Python. A COMMAND that is a Python script without an
+interpreter (`-- examples/torch_fmnist_cnn.py`) runs with the interpreter
+the extension was built for (the build's Python3_EXECUTABLE; unless the
+script's first line names an interpreter by its path). Before any shard
+starts, the launcher asks the command's interpreter (`python3`, a script's,
+...) to import shardtrain and to find the modules the script imports at its
+top level (torch, numpy, ...), with the workers' PYTHONPATH; when one is
+missing it exits 2, naming the interpreter it found, the one the extension
+was built for and the command to use instead. Commands that are not Python
+are not checked.
 
 Arguments before "--" that are not the launcher's own are ps-server flags,
 passed to every shard (e.g. --lr 0.05 --optimizer momentum --max_staleness 4).
@@ -44,8 +60,14 @@ gets SIGKILL if the launcher itself is killed (Linux parent-death signal).
 Uses the standard library only: it runs before anything is importable.
 """
 
+import ast
 import ctypes
+import glob
+import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,6 +82,8 @@ _OWN_SERVER_FLAGS = ("shard_index", "num_shards", "num_workers", "mode",
                      "port_file", "listen")
 _DEFAULT_SERVER_FLAGS = ("--optimizer=adam", "--lr=0.001")
 _SHARD_START_TIMEOUT_S = 30.0
+# Bounds the check of the workers' interpreter (it imports shardtrain).
+_INTERPRETER_CHECK_TIMEOUT_S = 60.0
 _POLL_S = 0.05
 
 
@@ -79,6 +103,8 @@ class Options:
         self.stop_timeout = 10.0
         self.server_flags: List[str] = []
         self.command: List[str] = []
+        # The arguments before "--", as given (to print a corrected command).
+        self.own_args: List[str] = []
 
 
 def _flag_name(arg: str) -> str:
@@ -93,6 +119,7 @@ def parse_args(argv: Sequence[str]) -> Options:
         raise UsageError("no command: put it after '--'")
     split = list(argv).index("--")
     own, options.command = list(argv[:split]), list(argv[split + 1:])
+    options.own_args = own
     if not options.command:
         raise UsageError("no command after '--'")
     i = 0
@@ -162,6 +189,195 @@ def default_build_dir() -> str:
         return os.environ["BUILD_DIR"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return os.path.join(root, "build")
+
+
+class Layout:
+    """Where a job's pieces are: the directory of ps-server, the directory
+    put first on the workers' PYTHONPATH (it holds the shardtrain package)
+    and the interpreter the extension was built for ("" when unknown).
+    build_dir is set for a build tree (it names the targets to build)."""
+
+    def __init__(self, bin_dir: str, python_dir: str, python: str, build_dir: str = ""):
+        self.bin_dir = bin_dir
+        self.python_dir = python_dir
+        self.python = python
+        self.build_dir = build_dir
+
+    @staticmethod
+    def of_build(build_dir: str) -> "Layout":
+        """A CMake build tree: BUILD/bin, BUILD/python and the cache's
+        Python3_EXECUTABLE."""
+        build_dir = os.path.abspath(build_dir)
+        python = ""
+        try:
+            with open(os.path.join(build_dir, "CMakeCache.txt"), encoding="utf-8",
+                      errors="replace") as f:
+                for line in f:
+                    if line.startswith("Python3_EXECUTABLE:"):
+                        python = line.split("=", 1)[1].strip()
+                        break
+        except OSError:
+            pass
+        return Layout(os.path.join(build_dir, "bin"), os.path.join(build_dir, "python"),
+                      python, build_dir)
+
+    def extension_python_version(self) -> str:
+        """"3.11" from the extension's file name (_core.cpython-311-...so),
+        or "" when it is not there."""
+        for path in glob.glob(os.path.join(self.python_dir, "shardtrain", "_core.*.so")):
+            match = re.search(r"\.cpython-(\d)(\d+)", os.path.basename(path))
+            if match:
+                return f"{match.group(1)}.{match.group(2)}"
+        return ""
+
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)*)?$")
+
+
+def _is_python(program: str) -> bool:
+    return bool(_PYTHON_NAME.match(os.path.basename(program)))
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.readline(256).decode("utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _script_of(args: Sequence[str]) -> Optional[str]:
+    """The script a Python command line runs (its first argument that is
+    not an option), or None for -c, -m and stdin."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-c", "-m", "-") or arg.startswith(("-c", "-m")) and len(arg) > 2 \
+                and not arg.startswith("--"):
+            return None
+        if arg in ("-W", "-X"):
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return arg
+    return None
+
+
+def resolve_command(command: Sequence[str], layout: Layout):
+    """(argv to run, the Python interpreter it runs or None, the script or
+    None). A Python script given without an interpreter (a .py file, or one
+    whose first line is a python #! line) runs with the interpreter its #!
+    line names by path, else with the extension's."""
+    first = command[0]
+    if _is_python(first):
+        return list(command), first, _script_of(command[1:])
+    if os.path.isfile(first):
+        line = _first_line(first)
+        shebang = line[2:].split() if line.startswith("#!") else []
+        if first.endswith(".py") or (shebang and any("python" in w for w in shebang)):
+            interpreter = ""
+            if shebang and _is_python(shebang[0]) and os.path.isabs(shebang[0]):
+                interpreter = shebang[0]  # "#!/usr/bin/python3", not "#!/usr/bin/env python3"
+            interpreter = interpreter or layout.python or sys.executable
+            return [interpreter] + list(command), interpreter, first
+    return list(command), None, None
+
+
+def script_imports(script: Optional[str]) -> List[str]:
+    """The modules `script` needs, to check before it runs: what it imports
+    unconditionally (statements at its top level, not under try/if; the
+    top-level package of each, "torch" for "torch.nn"), and the shardtrain
+    modules it imports anywhere ("shardtrain.torch", which needs torch too)."""
+    if not script:
+        return []
+    try:
+        with open(script, "rb") as f:
+            tree = ast.parse(f.read(), filename=script)
+    except (OSError, SyntaxError, ValueError):
+        return []  # the interpreter will say what is wrong with it
+
+    def imported(node) -> List[str]:
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "shardtrain":  # from shardtrain import torch
+                return ["shardtrain"] + [f"shardtrain.{a.name}" for a in node.names
+                                         if a.name == "torch"]
+            return [node.module]
+        return []
+
+    names = []
+    for node in tree.body:
+        names += [n if n.startswith("shardtrain.") else n.split(".")[0]
+                  for n in imported(node)]
+    for node in ast.walk(tree):
+        for name in imported(node):
+            if name.split(".")[0] == "shardtrain":
+                names.append(name)
+                if name.startswith("shardtrain.torch"):
+                    names.append("torch")
+    return [n for n in dict.fromkeys(names) if n != "__future__"]
+
+
+# Run by the workers' interpreter with sys.path as running the script (or
+# -c/-m) would have it: imports shardtrain (the extension loads) and finds
+# each module in argv[2:] (without running it: finding is cheap).
+_CHECK_SOURCE = r"""
+import importlib, importlib.util, json, os, sys
+script, names = sys.argv[1], sys.argv[2:]
+if script:  # python SCRIPT puts the script's directory first, not the working directory
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+missing = {}
+try:
+    importlib.import_module("shardtrain")
+except BaseException as e:
+    missing["shardtrain"] = "%s: %s" % (type(e).__name__, e)
+for name in names:
+    if name.split(".")[0] in missing:
+        continue
+    try:
+        if importlib.util.find_spec(name) is None:
+            missing[name] = "ModuleNotFoundError: No module named %r" % name
+    except BaseException as e:
+        missing[name] = "%s: %s" % (type(e).__name__, e)
+print(json.dumps({"executable": sys.executable, "missing": missing,
+                  "version": "%d.%d.%d" % sys.version_info[:3]}))
+"""
+
+
+def check_interpreter(python: str, script: Optional[str], env: dict) -> dict:
+    """Asks `python` (a name looked up on env's PATH, or a path) whether
+    it can import shardtrain and find what `script` imports. Returns
+    {"found": path or "", "executable", "version", "missing": {name: error},
+    "error": why the check itself failed, or ""}."""
+    found = shutil.which(python, path=env.get("PATH")) if os.sep not in python else python
+    result = {"found": found or "", "executable": "", "version": "", "missing": {}, "error": ""}
+    if not found:
+        result["error"] = f"{python} not found on PATH"
+        return result
+    try:
+        done = subprocess.run([found, "-c", _CHECK_SOURCE, script or ""] + script_imports(script),
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=_INTERPRETER_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        result["error"] = f"did not answer within {_INTERPRETER_CHECK_TIMEOUT_S:.0f} s"
+        return result
+    except OSError as e:
+        result["error"] = str(e)
+        return result
+    lines = done.stdout.decode("utf-8", errors="replace").strip().splitlines()
+    try:
+        result.update(json.loads(lines[-1]))
+    except (IndexError, ValueError):
+        error = done.stderr.decode("utf-8", errors="replace").strip().splitlines()
+        result["error"] = (error[-1] if error else f"exit status {done.returncode}")
+    return result
+
+
+def _same_program(a: str, b: str) -> bool:
+    return bool(a) and bool(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
 def _describe_exit(code: int) -> str:
@@ -270,7 +486,8 @@ class Launcher:
     """Runs one job. Not thread-safe: run() is called once, from the main
     thread (it installs signal handlers)."""
 
-    def __init__(self, options: Options, stdout: IO = sys.stdout, stderr: IO = sys.stderr):
+    def __init__(self, options: Options, stdout: IO = sys.stdout, stderr: IO = sys.stderr,
+                 layout: Optional[Layout] = None):
         self.options = options
         self.stdout = stdout
         self.stderr = stderr
@@ -280,7 +497,11 @@ class Launcher:
         self.stop_signal: Optional[int] = None
         self.shards: List[Child] = []
         self.workers: List[Child] = []
-        self.build_dir = os.path.abspath(options.build_dir or default_build_dir())
+        # --build-dir wins; an installed launcher passes its own layout.
+        if options.build_dir or layout is None:
+            layout = Layout.of_build(options.build_dir or default_build_dir())
+        self.layout = layout
+        self.command = list(options.command)
 
     def say(self, message: str):
         with self.lock:
@@ -291,6 +512,88 @@ class Launcher:
         if not self.options.logs:
             return ""
         return os.path.join(self.options.logs, name.replace(" ", "-") + ".log")
+
+    def _worker_env(self) -> dict:
+        """The launcher's environment with the package's directory first on
+        PYTHONPATH (what every worker gets, before its job variables)."""
+        env = dict(os.environ)
+        path = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = self.layout.python_dir + (os.pathsep + path if path else "")
+        return env
+
+    def _check_workers_python(self) -> bool:
+        """Resolves the command's interpreter and checks that it imports
+        shardtrain and finds the script's modules; says what is wrong (and
+        the command to use) when not."""
+        argv, python, script = resolve_command(self.options.command, self.layout)
+        self.command = argv
+        if python is None:
+            return True  # not a Python command: nothing to check
+        env = self._worker_env()
+        result = check_interpreter(python, script, env)
+        if not result["error"] and not result["missing"]:
+            return True
+        layout = self.layout
+        built_for = layout.python
+        found = result["found"] or python
+        if result["executable"] and result["executable"] != found:
+            found = f"{found} (that is {result['executable']})"
+        if result["error"]:
+            self.say(f"the workers' Python {found} cannot be run: {result['error']}")
+        else:
+            self.say(f"the workers' Python {found} (Python {result['version']}) cannot import "
+                     f"{', '.join(result['missing'])}:")
+            for name, error in result["missing"].items():
+                self.say(f"  {name}: {error}")
+        extension_version = layout.extension_python_version()
+        if built_for:
+            self.say(f"the shardtrain extension in {layout.python_dir} was built for {built_for}"
+                     + (f" (Python {extension_version})" if extension_version else ""))
+        # Another interpreter than the extension's: does that one work?
+        if built_for and built_for not in (python, result["found"], result["executable"]):
+            other = check_interpreter(built_for, script, env)
+            if not other["error"] and not other["missing"]:
+                self.say("run the workers with that interpreter:")
+                self.say("  " + shlex.join(self._command_with(built_for)))
+                return False
+            if not other["error"]:
+                self.say(f"{built_for} cannot import {', '.join(other['missing'])} either")
+                result = other
+        for line in self._advice(result["missing"], built_for or python, extension_version):
+            self.say(line)
+        return False
+
+    def _advice(self, missing: dict, python: str, extension_version: str) -> List[str]:
+        """What to do about the modules `python` lacks."""
+        layout = self.layout
+        ours = [n for n in missing if n.split(".")[0] == "shardtrain"]
+        if ours and layout.build_dir:
+            what = ("the extension is not built" if "shardtrain" in missing
+                    and not extension_version else f"the package in {layout.python_dir} "
+                    "is incomplete")
+            return [f"{what}: cmake --build {layout.build_dir} --target _core"]
+        if ours:
+            return [f"the shardtrain package in {layout.python_dir} is incomplete: "
+                    "reinstall shardtrain"]
+        if missing:
+            packages = " ".join(sorted({f"python3-{n.split('.')[0].replace('_', '-')}"
+                                        for n in missing}))
+            return [f"install them for {python} (Debian: apt-get install {packages})"]
+        return []
+
+    def _command_with(self, python: str) -> List[str]:
+        """This launcher's command line with the workers' interpreter
+        replaced by `python`."""
+        command = list(self.options.command)
+        if _is_python(command[0]):
+            command[0] = python
+        else:
+            command = [python] + command
+        launcher = sys.argv[0] if sys.argv and sys.argv[0] else "shardtrain-run"
+        on_path = shutil.which(os.path.basename(launcher))
+        if on_path and _same_program(on_path, launcher):
+            launcher = os.path.basename(launcher)
+        return [launcher] + self.options.own_args + ["--"] + command
 
     def run(self) -> int:
         """Runs the job and stops everything it started; returns the exit
@@ -316,11 +619,17 @@ class Launcher:
                 signal.signal(signum, handler)
 
     def _run(self) -> int:
-        server = os.path.join(self.build_dir, "bin", "ps-server")
+        server = os.path.join(self.layout.bin_dir, "ps-server")
         if not os.access(server, os.X_OK):
-            self.say(f"{server} not found: build it first "
-                     f"(cmake --build {self.build_dir} --target ps-server), "
-                     "or point --build-dir (or $BUILD_DIR) at a build")
+            if self.layout.build_dir:
+                self.say(f"{server} not found: build it first "
+                         f"(cmake --build {self.layout.build_dir} --target ps-server), "
+                         "or point --build-dir (or $BUILD_DIR) at a build")
+            else:
+                self.say(f"{server} not found: the installation is incomplete "
+                         "(or point --build-dir at a build)")
+            return 2
+        if not self._check_workers_python():
             return 2
         if self.options.logs:
             os.makedirs(self.options.logs, exist_ok=True)
@@ -373,15 +682,11 @@ class Launcher:
     def _start_workers(self, servers: List[str]) -> Optional[int]:
         """Starts the workers; an exit code if one cannot be started."""
         o = self.options
-        python_dir = os.path.join(self.build_dir, "python")
-        if not os.path.isdir(os.path.join(python_dir, "shardtrain")):
-            self.say(f"warning: {python_dir}/shardtrain is missing (build the python "
-                     "extension): `import shardtrain` will fail in the workers")
         flags = " ".join(o.server_flags)
         self.say(f"{o.workers} workers, {o.shards} shards, {o.mode} mode, ps-server {flags}")
         threads = max(1, (os.cpu_count() or 1) // o.workers)
         for w in range(o.workers):
-            env = dict(os.environ)
+            env = self._worker_env()
             env.update({
                 "SHARDTRAIN_SERVERS": ",".join(servers),
                 "SHARDTRAIN_WORKER": str(w),
@@ -394,14 +699,12 @@ class Launcher:
             if partition is not None:
                 env["SHARDTRAIN_MAX_PARTITION_ELEMENTS"] = partition
             env.setdefault("OMP_NUM_THREADS", str(threads))
-            path = env.get("PYTHONPATH", "")
-            env["PYTHONPATH"] = python_dir + (os.pathsep + path if path else "")
             try:
-                self.workers.append(Child(f"worker {w}", o.command, env, self.stdout,
+                self.workers.append(Child(f"worker {w}", self.command, env, self.stdout,
                                           self.stderr, self._log_path(f"worker {w}"),
                                           self.lock))
             except OSError as e:
-                self.say(f"cannot start {o.command[0]!r}: {e}")
+                self.say(f"cannot start {self.command[0]!r}: {e}")
                 return 127
             self.say(f"worker {w}: pid {self.workers[-1].pid}")
         return None
@@ -480,7 +783,9 @@ def _read(path: str) -> str:
     return text if text.endswith("\n") else ""
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, layout: Optional[Layout] = None) -> int:
+    """shardtrain-run's command line. `layout`: where an installed launcher
+    finds ps-server and the package (default: a build tree, see --build-dir)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
@@ -491,7 +796,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.stderr.write(f"shardtrain-run: {e}\nusage:\n{USAGE}\n"
                          "(shardtrain-run --help for more)\n")
         return 2
-    return Launcher(options).run()
+    return Launcher(options, layout=layout).run()
 
 
 if __name__ == "__main__":

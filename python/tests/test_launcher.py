@@ -139,3 +139,103 @@ def test_usage_errors(tmp_path, args, message):
     finally:
         run.stop()
     assert message in run.output()
+
+
+# The workers' interpreter. The extension's is the build's Python3_EXECUTABLE.
+def built_for() -> str:
+    with open(os.path.join(BUILD_DIR, "CMakeCache.txt"), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("Python3_EXECUTABLE:"):
+                return line.split("=", 1)[1].strip()
+    raise AssertionError(f"no Python3_EXECUTABLE in {BUILD_DIR}/CMakeCache.txt")
+
+
+@pytest.fixture
+def bare_python(tmp_path):
+    """A python3 without site packages (no torch, no numpy): a virtual
+    environment of the extension's interpreter, made by hand (no venv
+    module needed)."""
+    real = os.path.realpath(built_for())
+    bin_dir = tmp_path / "bare" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3").symlink_to(real)
+    (tmp_path / "bare" / "pyvenv.cfg").write_text(
+        f"home = {os.path.dirname(real)}\ninclude-system-site-packages = false\n")
+    return str(bin_dir / "python3")
+
+
+TORCH_WORKER = textwrap.dedent("""
+    import sys
+    import torch
+    import shardtrain
+    print("interpreter", sys.executable, flush=True)
+""")
+
+
+def test_a_script_path_runs_with_the_extensions_interpreter(tmp_path, bare_python):
+    script = tmp_path / "torch_worker.py"
+    script.write_text("#!/usr/bin/env python3\n" + TORCH_WORKER)
+    # `python3` on PATH is the bare one: the launcher must not take it.
+    path = os.path.dirname(bare_python) + os.pathsep + os.environ.get("PATH", "")
+    run = LauncherRun(tmp_path, ["--workers", "2", "--", str(script)], env={"PATH": path})
+    try:
+        assert run.wait(timeout=60) == 0, run.output()
+    finally:
+        run.stop()
+    lines = re.findall(r"^\[worker \d\] interpreter (\S+)$", run.output(), re.MULTILINE)
+    assert lines == [built_for()] * 2, run.output()
+
+
+def test_an_interpreter_without_torch_fails_before_any_shard_starts(tmp_path, bare_python):
+    script = tmp_path / "torch_worker.py"
+    script.write_text(TORCH_WORKER)
+    run = LauncherRun(tmp_path, ["--workers", "2", "--shards", "2", "--",
+                                 bare_python, str(script), "--flag"])
+    try:
+        code = run.wait(timeout=60)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 2, out
+    assert "shard 0 on" not in out and "[worker" not in out, out
+    assert f"the workers' Python {bare_python}" in out, out
+    assert "cannot import torch:" in out, out
+    assert f"was built for {built_for()}" in out, out
+    # The command to use: the same, with the extension's interpreter.
+    assert re.search(rf"--workers 2 --shards 2 -- {re.escape(built_for())} "
+                     rf"{re.escape(str(script))} --flag$", out, re.MULTILINE), out
+
+
+def test_a_build_without_the_extension_says_how_to_build_it(tmp_path, worker_script):
+    # A build tree whose package lacks _core: the launcher names the target.
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "ps-server").symlink_to(os.path.join(BUILD_DIR, "bin", "ps-server"))
+    package = build / "python" / "shardtrain"
+    package.mkdir(parents=True)
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "shardtrain")
+    for name in ("__init__.py", "env.py"):
+        (package / name).write_text(open(os.path.join(source, name)).read())
+    (build / "CMakeCache.txt").write_text(f"Python3_EXECUTABLE:FILEPATH={sys.executable}\n")
+    run = LauncherRun(tmp_path, ["--build-dir", str(build), "--",
+                                 sys.executable, worker_script, "done"],
+                      env={"PYTHONPATH": ""})
+    try:
+        code = run.wait(timeout=60)
+    finally:
+        run.stop()
+    out = run.output()
+    assert code == 2, out
+    assert "cannot import shardtrain:" in out, out
+    assert f"the extension is not built: cmake --build {build} --target _core" in out, out
+    assert "shard 0 on" not in out, out
+
+
+def test_commands_that_are_not_python_are_not_checked(tmp_path):
+    run = LauncherRun(tmp_path, ["--", "sh", "-c", "echo not python"])
+    try:
+        assert run.wait(timeout=60) == 0, run.output()
+    finally:
+        run.stop()
+    assert "[worker 0] not python" in run.output()
