@@ -10,7 +10,7 @@ SHARDTRAIN_PACKAGES=(
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev
   libopenblas-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  dataset-fashion-mnist
+  dataset-fashion-mnist vim-runtime
   etcd-server
   mmdebstrap
   curl openssl

@@ -28,6 +28,40 @@ the shards hold a worker that runs more than --max_staleness clocks ahead.
 A sync worker the shards dropped (it stalled) rejoins at the job's step;
 `clock` then jumps, so a training loop should take its position from it.
 
+Momentum under asynchrony, on the workers (DANA-Slim). Heavy-ball momentum
+on an async server amplifies staleness; besides the shards' delay-tolerant
+rule (an async shard's --optimizer=momentum|nesterov), worker_momentum=γ
+serves models that need momentum while the shards run plain SGD (ps-server
+--optimizer=sgd). Each worker keeps its own buffer
+v per parameter and pushes, instead of its gradient g,
+
+    v <- γ·v + g          (the buffer; PyTorch's convention: no lr in it)
+    push  γ·v + g         (the Bengio-Nesterov step, with the new v)
+
+so the shards' SGD applies θ <- θ - lr·(γ·v + g). This is DANA-Slim
+(Hakimi, Barkai, Gabel, Schuster, "Taming Momentum in a Distributed
+Asynchronous Environment", arXiv:1907.11612): one worker trains exactly like
+torch.optim.SGD(momentum=γ, nesterov=True); with N async workers each
+worker's momentum holds its own gradients only, which keeps the gap between
+the parameters a gradient is computed on and those it is applied to near
+plain async SGD's. In sync mode the shards average the N pushes, and the
+mean of the N buffers is the buffer of the mean gradient, so N workers train
+exactly like torch.optim.SGD(momentum=γ, nesterov=True) on the union of
+their batches (as ps-server --optimizer=nesterov would). The shards must run
+sgd: the constructor asks them (Status) and raises ValueError, before it
+registers anything, when one runs another rule (it would add a second
+momentum or an adaptive scaling on top). Leave --delay_compensation off too:
+its correction is made for a gradient (the shards do not report it, so this
+is not checked). The shards' --lr, --lr_schedule
+and --weight_decay act on the pushed vector (so weight decay stays outside
+the momentum, unlike torch.optim.SGD's). The buffers are this optimizer's
+state (state_dict()["state"][i]["momentum_buffer"], made at the first step),
+so a script may save and restore them with its model. A worker process
+starts with zero buffers, and they are reset to zero whenever a push of
+this worker was not applied: a sync worker the shards dropped (it stalled)
+that rejoins at the job's step, or one whose step a previous process of the
+same index had pushed already.
+
 Differences from torch.optim: a parameter that got no gradient in a step
 (unused, grad None) is pushed a zero gradient, as every worker must push
 every tensor each step; momentum or Adam then still move it. The learning
@@ -100,6 +134,7 @@ class _Param:
             self.host_param = param.detach().view(-1)
             self.host_grad = None
         self.param_view = self.host_param.numpy()
+        self.push_buffer = None  # worker momentum: the vector pushed, γ·v + g
         self.passes = 0  # gradients accumulated since the last step
         self.started = False  # its exchange of this step is under way
         self.grad_ref = None  # the gradient being sent; alive until step()
@@ -172,13 +207,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, model: Union["torch.nn.Module", Iterable[Tuple[str, "torch.Tensor"]]],
                  *, backward_passes_per_step: int = 1, batch_size: Optional[int] = None,
                  settings: Optional[env.Settings] = None,
-                 heartbeat_interval: float = 1.0, **client_overrides):
+                 heartbeat_interval: float = 1.0, worker_momentum: float = 0.0,
+                 **client_overrides):
         """`model`: a module (all its parameters) or model.named_parameters()
         (names identify the tensors on the shards: every worker must use the
         same names). `backward_passes_per_step`: backward() calls that
         accumulate one step's gradient (scale the loss yourself).
         `batch_size`: examples per step, for the samples metrics when step()
         is not told. `settings`: the job (default: shardtrain.env.from_environ()).
+        `worker_momentum`: γ in [0, 1); above 0 each push is DANA-Slim's
+        γ·v + g instead of the gradient (see the module comment), and the
+        shards must run --optimizer=sgd (ValueError otherwise).
         `client_overrides`: extra shardtrain.Client keyword arguments
         (e.g. rpc_timeout=10.0)."""
         named = _named_parameters(model)
@@ -186,6 +225,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError("the model has no parameters")
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step={backward_passes_per_step} is not >= 1")
+        worker_momentum = float(worker_momentum)
+        if not 0.0 <= worker_momentum < 1.0:
+            raise ValueError(f"worker_momentum={worker_momentum} is not in [0, 1)")
         seen_names, seen_tensors = set(), {}
         for name, p in named:
             _check_parameter(name, p)
@@ -205,6 +247,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"{env.SERVERS}, {env.WORKER}, {env.NUM_WORKERS} and {env.MODE}")
         self.backward_passes_per_step = backward_passes_per_step
         self.batch_size = batch_size
+        self.worker_momentum = worker_momentum
         self._params = [_Param(i, name, p) for i, (name, p) in enumerate(named)]
         self._any_cuda = any(p.cuda for p in self._params)
         self._sync = self.settings.sync
@@ -220,6 +263,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         kwargs.update(client_overrides)
         self.client = shardtrain.Client(**kwargs)
         try:
+            if self.worker_momentum > 0.0:
+                self._check_shards_run_sgd()
             self.client.register([(p.name, tuple(p.param.shape), p.param_view)
                                   for p in self._params])
             self._clock = self._initial_clock()
@@ -299,8 +344,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if pull_first:
             self._pull(self._clock, 0)
         self._clock = self._sync_to_shard_step()
+        # The last push was dropped: a buffer holding its gradient would
+        # push momentum the shards never applied.
+        self._reset_worker_momentum()
         _log.warning("worker %d rejoined at step %d (was at %d): %s",
                      self.settings.worker, self._clock, was, why)
+
+    def _check_shards_run_sgd(self):
+        """worker_momentum: refuses shards whose update rule is not plain SGD."""
+        rules = sorted({shard["optimizer"] for shard in self.client.status()})
+        if rules != ["sgd"]:
+            raise ValueError(
+                f"worker_momentum={self.worker_momentum} (DANA-Slim) pushes momentum steps "
+                f"for the shards' plain SGD, but the shards run {', '.join(rules)}, which "
+                "would add its own momentum or scaling on top: start the shards with "
+                "--optimizer=sgd, or push plain gradients (worker_momentum=0)")
+
+    def _reset_worker_momentum(self):
+        for p in self._params:
+            self.state[p.param].pop("momentum_buffer", None)
 
     def _heartbeats(self, interval: float):
         failures = 0
@@ -347,8 +409,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._start(p, p.param.grad)
         return on_gradient
 
+    def _worker_momentum_step(self, p: _Param, grad: "torch.Tensor") -> "torch.Tensor":
+        """DANA-Slim: v <- γ·v + g; returns γ·v + g (p.push_buffer)."""
+        gamma = self.worker_momentum
+        with torch.no_grad():
+            state = self.state[p.param]
+            buffer = state.get("momentum_buffer")
+            if buffer is None:
+                buffer = torch.zeros_like(p.param, memory_format=torch.contiguous_format)
+                state["momentum_buffer"] = buffer
+            buffer.mul_(gamma).add_(grad)
+            if p.push_buffer is None:
+                p.push_buffer = torch.empty_like(buffer)
+            torch.add(grad, buffer, alpha=gamma, out=p.push_buffer)
+        return p.push_buffer
+
     def _start(self, p: _Param, grad: "torch.Tensor"):
         next_clock = self._clock + 1
+        if self.worker_momentum > 0.0:
+            grad = self._worker_momentum_step(p, grad)
         view = p.grad_view(grad)
         self.client.start_exchange(p.index, next_clock, next_clock if self._sync else 0,
                                    view, p.param_view)
@@ -420,6 +499,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 # This worker index (a previous process) pushed this step
                 # already: the step goes on with that gradient.
                 _log.info("%s; continuing with it", e)
+                self._reset_worker_momentum()  # this process's push was not applied
                 self._pull(step + 1, step + 1)
                 stats = {}
             else:
