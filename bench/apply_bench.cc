@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -46,9 +47,9 @@
 #include "bench/bench_util.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "common/wire/message_encoder.h"
-#include "common/wire/message_views.h"
 #include "server/shard.h"
+#include "wire/message_encoder.h"
+#include "wire/message_views.h"
 
 ABSL_FLAG(int, mb, 4, "MiB of f32 parameters pushed per request");
 ABSL_FLAG(int, partitions, 256, "Partitions the tensor is split into");
@@ -78,9 +79,13 @@ double Block(int iterations, Op&& op) {
 }
 
 DType ParseDType(absl::string_view name) {
-  if (name == "f16") return DTYPE_F16;
-  if (name == "bf16") return DTYPE_BF16;
-  return DTYPE_F32;
+  absl::StatusOr<DType> dtype = common::ParseDTypeName(name);
+  if (!dtype.ok()) {
+    std::fprintf(stderr, "apply_bench: --dtypes: %s\n",
+                 std::string(dtype.status().message()).c_str());
+    std::exit(2);
+  }
+  return *dtype;
 }
 
 struct Case {

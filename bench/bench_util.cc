@@ -5,8 +5,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "common/deadlock_detection.h"
-#include "common/malloc_tuning.h"
+#include "app/deadlock_detection.h"
+#include "app/malloc_tuning.h"
 
 #include <unistd.h>
 
@@ -280,13 +280,13 @@ absl::Status WriteTable(const std::string& path, const std::string& table) {
 }
 
 std::string StartBenchmark(int argc, char** argv, const char* usage) {
-  common::SkipDeadlockDetectionInRelease();
+  app::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage(usage);
   std::string command_line = argv[0];
   for (int i = 1; i < argc; ++i) absl::StrAppend(&command_line, " ", argv[i]);
   absl::ParseCommandLine(argc, argv);
   // As ps-server and ps-worker do; applies to the baselines too.
-  common::KeepLargeBuffersInHeap();
+  app::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = google::WARNING;
   google::InitGoogleLogging(argv[0]);

@@ -35,7 +35,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/deadlock_detection.h"
+#include "app/deadlock_detection.h"
 #include "common/status_macros.h"
 #include "worker/device/cuda/cublas_handle.h"
 #include "worker/device/cuda/cuda_backend.h"
@@ -368,7 +368,7 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage(
       "CUDA backend GEMM throughput vs. the best cuBLAS in the same run");
   absl::ParseCommandLine(argc, argv);

@@ -32,7 +32,7 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
-#include "common/deadlock_detection.h"
+#include "app/deadlock_detection.h"
 #include "common/status_macros.h"
 #include "worker/device/cpu/cpu_backend.h"
 #include "worker/model/pipeline/schedule.h"
@@ -236,7 +236,7 @@ absl::Status Run() {
 }  // namespace shardtrain::worker::pipeline
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
   absl::ParseCommandLine(argc, argv);
   absl::Status status = shardtrain::worker::pipeline::Run();
   if (!status.ok()) {

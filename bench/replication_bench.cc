@@ -62,11 +62,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/blocking_counter.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -74,13 +74,14 @@
 #include "bench/bench_process.h"
 #include "bench/bench_util.h"
 #include "bench/replication_cluster.h"
+#include "chain/chain_config.h"
+#include "chain/chain_reader.h"
+#include "chain/replication_keys.h"
 #include "client/client_metrics.h"
 #include "client/shard_call.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
-#include "common/etcd/testing/etcd_process.h"
-#include "common/replication_keys.h"
 #include "common/status_macros.h"
+#include "etcd/etcd_client.h"
+#include "etcd/testing/etcd_process.h"
 
 ABSL_FLAG(std::string, out, "", "If set, also write the results to this file");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -300,7 +301,7 @@ class EtcdLog {
       if (time < after || event.key != key || event.type != etcd::WatchEvent::Type::kPut) {
         continue;
       }
-      absl::StatusOr<common::ChainConfig> chain = common::DecodeChainConfig(event.value);
+      absl::StatusOr<chain::ChainConfig> chain = chain::DecodeChainConfig(event.value);
       if (chain.ok() && !chain->Contains(shard)) return time;
     }
     return std::nullopt;
@@ -403,7 +404,8 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
                                   const prometheus::Registry& registry, int group,
                                   bool hang, absl::Duration timeout) {
   const std::string& job = cluster.options.name;
-  ASSIGN_OR_RETURN(const std::vector<common::ChainConfig> before, ReadChains(etcd, job));
+  ASSIGN_OR_RETURN(const std::vector<chain::ChainConfig> before,
+                   chain::ReadAllChains(etcd, job, kClusterShards));
   Failover f;
   f.group = group;
   f.shard = before[group].head().shard;
@@ -432,7 +434,7 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   std::optional<Clock::time_point> pushed;
   while (Clock::now() < deadline && !(pushed.has_value() && f.router_ms >= 0)) {
     if (f.router_ms < 0) {
-      const std::optional<common::ChainConfig> seen = worker.client().router()->Config(group);
+      const std::optional<chain::ChainConfig> seen = worker.client().router()->Config(group);
       if (seen.has_value() && !seen->Contains(f.shard)) f.router_ms = Ms(Clock::now() - killed);
     }
     if (!pushed.has_value()) pushed = pusher.FirstOkAfter(killed);
@@ -449,16 +451,16 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   const Clock::time_point events_deadline = Clock::now() + std::chrono::seconds(5);
   while (true) {
     const std::optional<Clock::time_point> lease =
-        log.Deleted(common::MemberKey(job, f.shard), killed);
+        log.Deleted(chain::MemberKey(job, f.shard), killed);
     const std::optional<Clock::time_point> chain =
-        log.ChainWithout(common::ChainKey(job, group), f.shard, killed);
+        log.ChainWithout(chain::ChainKey(job, group), f.shard, killed);
     f.lease_ms = lease.has_value() ? Ms(*lease - killed) : -1;
     f.chain_ms = chain.has_value() ? Ms(*chain - killed) : -1;
     f.all_chains_ms = 0;
-    for (const common::ChainConfig& chain_before : before) {
+    for (const chain::ChainConfig& chain_before : before) {
       if (!chain_before.Contains(f.shard)) continue;
       const std::optional<Clock::time_point> changed =
-          log.ChainWithout(common::ChainKey(job, chain_before.group), f.shard, killed);
+          log.ChainWithout(chain::ChainKey(job, chain_before.group), f.shard, killed);
       f.all_chains_ms = changed.has_value() ? std::max(f.all_chains_ms, Ms(*changed - killed)) : -1;
       if (!changed.has_value()) break;
     }
@@ -489,7 +491,7 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   const absl::Time router_deadline = absl::Now() + timeout;
   const auto router_full = [&] {
     for (int g = 0; g < kClusterShards; ++g) {
-      const std::optional<common::ChainConfig> seen = worker.client().router()->Config(g);
+      const std::optional<chain::ChainConfig> seen = worker.client().router()->Config(g);
       if (!seen.has_value() || seen->members.size() != 2) return false;
     }
     return true;
@@ -545,7 +547,7 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
   ASSIGN_OR_RETURN(Cluster cluster, StartCluster(children, &etcd, cluster_options));
   EtcdLog log;
   std::unique_ptr<etcd::Watcher> watcher = etcd.Watch(
-      common::JobPrefix(cluster_options.name), 0, [&log](const etcd::WatchEvent& event) {
+      chain::JobPrefix(cluster_options.name), 0, [&log](const etcd::WatchEvent& event) {
         log.Add(event);
       });
   prometheus::Registry registry;

@@ -10,8 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "chain/chain_reader.h"
+#include "chain/placement.h"
 #include "common/partition.h"
-#include "common/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::bench {
@@ -39,25 +40,16 @@ absl::Status StartShard(Children& children, Cluster& cluster, int s, bool restar
       .status();
 }
 
-absl::StatusOr<std::vector<common::ChainConfig>> ReadChains(etcd::EtcdClient& etcd,
-                                                           const std::string& job) {
-  std::vector<common::ChainConfig> chains;
-  for (int g = 0; g < kClusterShards; ++g) {
-    ASSIGN_OR_RETURN(const etcd::KeyValue kv, etcd.Get(common::ChainKey(job, g)));
-    ASSIGN_OR_RETURN(chains.emplace_back(), common::DecodeChainConfig(kv.value));
-  }
-  return chains;
-}
-
 absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
                                absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Status last = absl::DeadlineExceededError("not read yet");
   while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<common::ChainConfig>> chains = ReadChains(etcd, job);
+    absl::StatusOr<std::vector<chain::ChainConfig>> chains =
+        chain::ReadAllChains(etcd, job, kClusterShards);
     if (chains.ok()) {
       last = absl::OkStatus();
-      for (const common::ChainConfig& chain : *chains) {
+      for (const chain::ChainConfig& chain : *chains) {
         if (static_cast<int>(chain.members.size()) != members) {
           last = absl::DeadlineExceededError(
               absl::StrCat("group ", chain.group, " has ", chain.members.size(), " members"));
@@ -78,13 +70,14 @@ absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& jo
   const absl::Time deadline = absl::Now() + timeout;
   std::string last = "not read yet";
   while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<common::ChainConfig>> chains = ReadChains(etcd, job);
+    absl::StatusOr<std::vector<chain::ChainConfig>> chains =
+        chain::ReadAllChains(etcd, job, kClusterShards);
     if (chains.ok()) {
       last.clear();
-      for (const common::ChainConfig& chain : *chains) {
+      for (const chain::ChainConfig& chain : *chains) {
         std::vector<int> order;
-        for (const common::ChainConfig::Member& m : chain.members) order.push_back(m.shard);
-        if (order != common::InitialChain(chain.group, kClusterShards, replicas)) {
+        for (const chain::ChainConfig::Member& m : chain.members) order.push_back(m.shard);
+        if (order != chain::InitialChain(chain.group, kClusterShards, replicas)) {
           last = absl::StrCat("group ", chain.group, " is headed by shard ", order.front());
         }
       }

@@ -33,10 +33,10 @@
 #include "absl/types/span.h"
 #include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "chain/chain_config.h"
 #include "client/client_metrics.h"
 #include "client/ps_client.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
+#include "etcd/etcd_client.h"
 
 namespace shardtrain::bench {
 
@@ -88,16 +88,12 @@ absl::Status StartShard(Children& children, Cluster& cluster, int s, bool restar
 // after 5 s.
 void StopCluster(Children& children, const Cluster& cluster);
 
-// Every group's chain of `job` as etcd holds it now, by group.
-absl::StatusOr<std::vector<common::ChainConfig>> ReadChains(etcd::EtcdClient& etcd,
-                                                           const std::string& job);
-
 // Waits until every chain of `job` has `members` members.
 absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
                                absl::Duration timeout);
 
 // Waits until every chain of `job` has its members in the placement's
-// order (common::InitialChain with `replicas`): the heads went back.
+// order (chain::InitialChain with `replicas`): the heads went back.
 absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& job,
                                    int replicas, absl::Duration timeout);
 

@@ -30,9 +30,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "app/deadlock_detection.h"
+#include "app/malloc_tuning.h"
 #include "client/ps_client.h"
-#include "common/deadlock_detection.h"
-#include "common/malloc_tuning.h"
 #include "server/ps_server.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/tensor_specs.h"
@@ -116,11 +116,11 @@ Cluster StartShards(int shards) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage("Splits a worker step into compute/push/pull/wait.");
   absl::ParseCommandLine(argc, argv);
   // As ps-server and ps-worker do; applies to the baseline too.
-  shardtrain::common::KeepLargeBuffersInHeap();
+  shardtrain::app::KeepLargeBuffersInHeap();
   const auto spec = worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model));
   if (!spec.ok()) {
     std::cerr << spec.status() << "\n";

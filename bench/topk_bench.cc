@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "common/deadlock_detection.h"
+#include "app/deadlock_detection.h"
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/topk_compressor.h"
@@ -65,7 +65,7 @@ std::vector<int64_t> PartitionSizes(const worker::ModelSpec& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
   absl::SetProgramUsageMessage("Cost and savings of top-k gradient compression.");
   absl::ParseCommandLine(argc, argv);
   const auto spec = worker::ModelSpec::Parse(absl::GetFlag(FLAGS_model));

@@ -78,11 +78,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "app/malloc_tuning.h"
 #include "bench/bench_process.h"
 #include "bench/bench_util.h"
 #include "bench/echo_models.h"
 #include "client/ps_client.h"
-#include "common/malloc_tuning.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
 

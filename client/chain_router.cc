@@ -11,22 +11,22 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/notification.h"
-#include "common/replication_keys.h"
+#include "chain/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {
 namespace {
 
 // "[2, 3]": the member shards, head first.
-std::string MembersOf(const common::ChainConfig& config) {
+std::string MembersOf(const chain::ChainConfig& config) {
   std::vector<int> shards;
-  for (const common::ChainConfig::Member& member : config.members) {
+  for (const chain::ChainConfig::Member& member : config.members) {
     shards.push_back(member.shard);
   }
   return absl::StrCat("[", absl::StrJoin(shards, ", "), "]");
 }
 
-bool SameShards(const common::ChainConfig& a, const common::ChainConfig& b) {
+bool SameShards(const chain::ChainConfig& a, const chain::ChainConfig& b) {
   if (a.members.size() != b.members.size()) return false;
   for (size_t i = 0; i < a.members.size(); ++i) {
     if (a.members[i].shard != b.members[i].shard) return false;
@@ -42,7 +42,7 @@ absl::StatusOr<std::unique_ptr<ChainRouter>> ChainRouter::Create(const Options& 
     return absl::InvalidArgumentError(
         "replicated shards need the etcd endpoints that hold their chains");
   }
-  RETURN_IF_ERROR(common::ValidateJobName(options.job));
+  RETURN_IF_ERROR(chain::ValidateJobName(options.job));
   if (options.num_groups < 1) {
     return absl::InvalidArgumentError(
         absl::StrFormat("a job has at least one replica group, not %d", options.num_groups));
@@ -129,14 +129,14 @@ absl::StatusOr<ChainRoute> ChainRouter::Route(int group, ChainRole role) const {
   if (!entry.has_value()) {
     return absl::UnavailableError(absl::StrFormat(
         "no chain configuration for group %d in etcd (%s, key %s)", group,
-        etcd_->endpoint(), common::ChainKey(options_.job, group)));
+        etcd_->endpoint(), chain::ChainKey(options_.job, group)));
   }
-  const common::ChainConfig::Member& member =
+  const chain::ChainConfig::Member& member =
       role == ChainRole::kHead ? entry->config.head() : entry->config.tail();
   return ChainRoute{member.shard, static_cast<uint64_t>(entry->config.epoch)};
 }
 
-std::optional<common::ChainConfig> ChainRouter::Config(int group) const {
+std::optional<chain::ChainConfig> ChainRouter::Config(int group) const {
   absl::ReaderMutexLock lock(&mu_);
   if (group < 0 || group >= options_.num_groups || !entries_[group].has_value()) {
     return std::nullopt;
@@ -149,14 +149,14 @@ std::vector<int> ChainRouter::MemberShards() const {
   absl::ReaderMutexLock lock(&mu_);
   for (const std::optional<Entry>& entry : entries_) {
     if (!entry.has_value()) continue;
-    for (const common::ChainConfig::Member& member : entry->config.members) {
+    for (const chain::ChainConfig::Member& member : entry->config.members) {
       shards.insert(member.shard);
     }
   }
   return std::vector<int>(shards.begin(), shards.end());
 }
 
-void ChainRouter::SetOnChange(std::function<void(const common::ChainConfig&)> on_change) {
+void ChainRouter::SetOnChange(std::function<void(const chain::ChainConfig&)> on_change) {
   absl::MutexLock lock(&mu_);
   on_change_ = std::move(on_change);
 }
@@ -173,7 +173,7 @@ int64_t ChainRouter::refresh_reads() const {
 
 void ChainRouter::Apply(const std::string& key, const std::string& value,
                         int64_t mod_revision, const char* source) {
-  const absl::StatusOr<int> group = common::GroupFromChainKey(options_.job, key);
+  const absl::StatusOr<int> group = chain::GroupFromChainKey(options_.job, key);
   if (!group.ok()) {
     VLOG(1) << "ignoring etcd key " << key << " (" << source << "): " << group.status();
     return;
@@ -183,20 +183,20 @@ void ChainRouter::Apply(const std::string& key, const std::string& value,
                               << "): this job has " << options_.num_groups << " groups";
     return;
   }
-  absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(value);
+  absl::StatusOr<chain::ChainConfig> config = chain::DecodeChainConfig(value);
   absl::Status valid = config.status();
   if (valid.ok() && config->group != *group) {
     valid = absl::InvalidArgumentError(
         absl::StrFormat("it describes group %d", config->group));
   }
-  if (valid.ok()) valid = common::CheckChainFitsShards(*config, options_.num_groups);
+  if (valid.ok()) valid = chain::CheckChainFitsShards(*config, options_.num_groups);
   if (!valid.ok()) {
     LOG_EVERY_N(WARNING, 100) << "ignoring the chain of group " << *group << " in etcd ("
                               << key << ", " << source << "): " << valid
                               << "; keeping the last good one";
     return;
   }
-  std::function<void(const common::ChainConfig&)> on_change;
+  std::function<void(const chain::ChainConfig&)> on_change;
   {
     absl::MutexLock lock(&mu_);
     std::optional<Entry>& entry = entries_[*group];
@@ -228,14 +228,14 @@ void ChainRouter::Apply(const std::string& key, const std::string& value,
 
 absl::StatusOr<int64_t> ChainRouter::ReadAll() {
   ASSIGN_OR_RETURN(const etcd::RangeResult range,
-                   etcd_->GetPrefix(common::ChainsPrefix(options_.job)));
+                   etcd_->GetPrefix(chain::ChainsPrefix(options_.job)));
   for (const etcd::KeyValue& kv : range.kvs) Apply(kv.key, kv.value, kv.mod_revision, "read");
   return range.revision;
 }
 
 void ChainRouter::StartWatch(int64_t from_revision) {
   watcher_ = etcd_->Watch(
-      common::ChainsPrefix(options_.job), from_revision,
+      chain::ChainsPrefix(options_.job), from_revision,
       [this](const etcd::WatchEvent& event) {
         if (event.type == etcd::WatchEvent::Type::kPut) {
           Apply(event.key, event.value, event.mod_revision, "watch");
@@ -317,7 +317,7 @@ void ChainRouter::Loop() {
       if (all.ok()) revision = *all;
     } else if (groups.size() == 1) {
       const absl::StatusOr<etcd::KeyValue> kv =
-          etcd_->Get(common::ChainKey(options_.job, groups[0]));
+          etcd_->Get(chain::ChainKey(options_.job, groups[0]));
       if (kv.ok()) {
         Apply(kv->key, kv->value, kv->mod_revision, "refresh");
       } else if (kv.status().code() != absl::StatusCode::kNotFound) {
@@ -388,7 +388,7 @@ absl::Status ChainRouter::WaitForGroups(int num_groups, absl::Duration timeout) 
   return absl::DeadlineExceededError(absl::StrFormat(
       "no chain configuration in etcd (%s, under %s) for group%s %s after %s: are the "
       "shards started with --replicas > 1 and the same --job?",
-      etcd_->endpoint(), common::ChainsPrefix(options_.job), missing.size() == 1 ? "" : "s",
+      etcd_->endpoint(), chain::ChainsPrefix(options_.job), missing.size() == 1 ? "" : "s",
       absl::StrJoin(missing, ", "), absl::FormatDuration(timeout)));
 }
 
@@ -396,10 +396,10 @@ void RouteChannels(ChainRouter* router, const std::vector<ShardChannel*>& channe
   for (ShardChannel* channel : channels) channel->set_chain(router, channels);
   // A member that hangs or is cut off sends no reset: calls waiting on it
   // move to the new chain as soon as the router sees it dropped.
-  router->SetOnChange([channels](const common::ChainConfig& config) {
+  router->SetOnChange([channels](const chain::ChainConfig& config) {
     if (config.group < 0 || config.group >= static_cast<int>(channels.size())) return;
     std::vector<int> members;
-    for (const common::ChainConfig::Member& member : config.members) {
+    for (const chain::ChainConfig::Member& member : config.members) {
       members.push_back(member.shard);
     }
     channels[config.group]->AbandonDeparted(static_cast<uint64_t>(config.epoch), members);

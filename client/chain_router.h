@@ -2,7 +2,7 @@
 // (--replicas > 1), read from etcd and kept current by a watch.
 //
 // Replica group g's chain is the etcd key ChainKey(job, g)
-// (common/replication_keys.h) holding a ChainConfig (common/chain_config.h):
+// (chain/replication_keys.h) holding a ChainConfig (chain/chain_config.h):
 // its epoch and members, head first. The router reads every chain once
 // (Create), then watches the chains' prefix from the revision after that
 // read, so it sees each compare-and-swap the shards make; Refresh re-reads
@@ -49,10 +49,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "chain/chain_config.h"
 #include "client/client_metrics.h"
 #include "client/shard_call.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
+#include "etcd/etcd_client.h"
 
 namespace shardtrain::client {
 
@@ -61,9 +61,9 @@ class ChainRouter final : public ChainRoutes {
   struct Options {
     // Comma-separated etcd host:port list.
     std::string etcd_endpoints;
-    // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+    // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
     std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
-    // The job's etcd namespace (common::ValidateJobName).
+    // The job's etcd namespace (chain::ValidateJobName).
     std::string job = "shardtrain";
     // Replica groups of the job: one per shard. Chains of other groups, or
     // naming shards beyond, are ignored.
@@ -94,7 +94,7 @@ class ChainRouter final : public ChainRoutes {
   // for role kNone or a group out of range.
   absl::StatusOr<ChainRoute> Route(int group, ChainRole role) const override;
   // The group's configuration as last read; nullopt before the first.
-  std::optional<common::ChainConfig> Config(int group) const;
+  std::optional<chain::ChainConfig> Config(int group) const;
   // Every shard that is a member of some chain, ascending.
   std::vector<int> MemberShards() const;
 
@@ -114,7 +114,7 @@ class ChainRouter final : public ChainRoutes {
   // watch event or a read), on the thread that read it and outside the
   // router's lock; replaces the previous one. ShardChannel::AbandonDeparted
   // listens here, so calls stuck on a member the chain dropped move on.
-  void SetOnChange(std::function<void(const common::ChainConfig&)> on_change);
+  void SetOnChange(std::function<void(const chain::ChainConfig&)> on_change);
 
   // Waits until groups 0..num_groups-1 all have a configuration.
   // DEADLINE_EXCEEDED naming the missing groups when `timeout` passes.
@@ -129,7 +129,7 @@ class ChainRouter final : public ChainRoutes {
  private:
   // One group's chain as last read.
   struct Entry {
-    common::ChainConfig config;
+    chain::ChainConfig config;
     int64_t mod_revision = 0;  // of the etcd key: orders reads and events
   };
 
@@ -167,7 +167,7 @@ class ChainRouter final : public ChainRoutes {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t refresh_reads_ ABSL_GUARDED_BY(mu_) = 0;
-  std::function<void(const common::ChainConfig&)> on_change_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const chain::ChainConfig&)> on_change_ ABSL_GUARDED_BY(mu_);
   // Replaced only by the refresh thread (after a watch ended) and the
   // destructor; the watch's callbacks never touch it.
   std::unique_ptr<etcd::Watcher> watcher_ ABSL_GUARDED_BY(mu_);

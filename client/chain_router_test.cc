@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "chain/replication_keys.h"
 #include "client/client_metrics.h"
 #include "client/testing/etcd_chains.h"
-#include "common/replication_keys.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -66,8 +66,8 @@ TEST_F(ChainRouterTest, ReadsEveryChainAtCreate) {
   ASSERT_OK(chains_->Put(1, {1, 2}, /*epoch=*/7).status());
   ASSERT_OK(chains_->Put(2, {2}).status());
   // Another job's chain is not this one's.
-  ASSERT_OK(chains_->client().Put(common::ChainKey("other", 0),
-                                  common::EncodeChainConfig(*EtcdChains::Config(0, 9, {2}))));
+  ASSERT_OK(chains_->client().Put(chain::ChainKey("other", 0),
+                                  chain::EncodeChainConfig(*EtcdChains::Config(0, 9, {2}))));
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<ChainRouter> router,
                        ChainRouter::Create(RouterOptions(3)));
   ASSERT_OK(router->WaitForGroups(3, absl::ZeroDuration()));
@@ -195,7 +195,7 @@ TEST_F(ChainRouterTest, KeepsTheRoutesWhileEtcdIsDownAndFollowsAgainAfter) {
 
   // etcd is back: the watch resumes and sees the next change.
   ASSERT_OK(chains_->process().Restart());
-  absl::StatusOr<common::ChainConfig> changed;
+  absl::StatusOr<chain::ChainConfig> changed;
   ASSERT_TRUE(WaitUntil([&] {
     changed = chains_->Change(1, {0});
     return changed.ok();
@@ -213,7 +213,7 @@ TEST_F(ChainRouterTest, WaitForGroupsNamesTheMissingOnes) {
   const absl::Status missing = router->WaitForGroups(4, absl::Milliseconds(200));
   EXPECT_EQ(missing.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(missing.message(), HasSubstr("groups 1, 3 after"));
-  EXPECT_THAT(missing.message(), HasSubstr(common::ChainsPrefix(kJob)));
+  EXPECT_THAT(missing.message(), HasSubstr(chain::ChainsPrefix(kJob)));
   EXPECT_EQ(router->Route(1, ChainRole::kHead).status().code(),
             absl::StatusCode::kUnavailable);
   ASSERT_OK(router->WaitForGroups(1, absl::ZeroDuration()));
@@ -236,13 +236,13 @@ TEST_F(ChainRouterTest, IgnoresValuesThatAreNotThisJobsChains) {
   etcd::EtcdClient& etcd = chains_->client();
   // Garbage, a config of another group under this key, a member beyond the
   // job's shards, a group beyond the job's: all ignored.
-  ASSERT_OK(etcd.Put(common::ChainKey(kJob, 1), "not a chain"));
-  ASSERT_OK(etcd.Put(common::ChainKey(kJob, 1),
-                     common::EncodeChainConfig(*EtcdChains::Config(0, 5, {1}))));
-  ASSERT_OK(etcd.Put(common::ChainKey(kJob, 0),
-                     common::EncodeChainConfig(*EtcdChains::Config(0, 5, {7}))));
-  ASSERT_OK(etcd.Put(common::ChainKey(kJob, 2),
-                     common::EncodeChainConfig(*EtcdChains::Config(2, 1, {0}))));
+  ASSERT_OK(etcd.Put(chain::ChainKey(kJob, 1), "not a chain"));
+  ASSERT_OK(etcd.Put(chain::ChainKey(kJob, 1),
+                     chain::EncodeChainConfig(*EtcdChains::Config(0, 5, {1}))));
+  ASSERT_OK(etcd.Put(chain::ChainKey(kJob, 0),
+                     chain::EncodeChainConfig(*EtcdChains::Config(0, 5, {7}))));
+  ASSERT_OK(etcd.Put(chain::ChainKey(kJob, 2),
+                     chain::EncodeChainConfig(*EtcdChains::Config(2, 1, {0}))));
   // A good one after them shows the watch went past them.
   ASSERT_OK(chains_->Put(1, {1, 0}, /*epoch=*/4).status());
   ASSERT_TRUE(WaitUntil([&] { return ShardOf(*router, 1, ChainRole::kHead) == 1; }));
@@ -251,7 +251,7 @@ TEST_F(ChainRouterTest, IgnoresValuesThatAreNotThisJobsChains) {
   EXPECT_EQ(head.shard, 0);
   EXPECT_EQ(head.epoch, 1u);
   // A deleted chain keeps routing by its last configuration.
-  ASSERT_OK(etcd.Delete(common::ChainKey(kJob, 0)).status());
+  ASSERT_OK(etcd.Delete(chain::ChainKey(kJob, 0)).status());
   router->Refresh(0);
   EXPECT_EQ(ShardOf(*router, 0, ChainRole::kTail), 1);
 }

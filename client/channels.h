@@ -4,7 +4,7 @@
 // used by PsClient and psctl alike.
 //
 //   ChannelOptions options;
-//   options.security = common::ClientSecurityFromFlags();
+//   options.security = app::ClientSecurityFromFlags();
 //   ASSIGN_OR_RETURN(ChannelFactory factory, ChannelFactory::Create(options));
 //   std::shared_ptr<grpc::Channel> channel = factory.Make("10.0.0.5:7000");
 //

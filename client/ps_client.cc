@@ -13,11 +13,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "chain/placement.h"
+#include "chain/replication_keys.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/partition.h"
 #include "common/payload.h"
-#include "common/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {
@@ -74,13 +75,13 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
         "0) and the maximum backoff at least the initial one");
   }
   const int num_shards = static_cast<int>(options.servers.size());
-  RETURN_IF_ERROR(common::ValidateReplicas(num_shards, options.replicas));
+  RETURN_IF_ERROR(chain::ValidateReplicas(num_shards, options.replicas));
   if (options.replicas > 1) {
     if (options.etcd_endpoints.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%d replicas need the etcd endpoints that hold the chains", options.replicas));
     }
-    RETURN_IF_ERROR(common::ValidateJobName(options.job));
+    RETURN_IF_ERROR(chain::ValidateJobName(options.job));
     if (options.member_timeout <= absl::ZeroDuration()) {
       return absl::InvalidArgumentError("the member timeout must be positive");
     }

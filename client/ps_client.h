@@ -140,7 +140,7 @@ struct PsClientOptions {
   // With replicas > 1: the etcd endpoints (host:port,...) holding the
   // chains, and the job's namespace there (/shardtrain/<job>/).
   std::string etcd_endpoints;
-  // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+  // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   // With replicas > 1: how long a control RPC (Register, Heartbeat,

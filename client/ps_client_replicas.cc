@@ -35,7 +35,7 @@ absl::Status PsClient::StartRouting() {
   ASSIGN_OR_RETURN(router_, ChainRouter::Create(options, fault_metrics_));
   RETURN_IF_ERROR(router_->WaitForGroups(num_shards(), options_.reconnect_timeout));
   for (int g = 0; g < num_shards(); ++g) {
-    const std::optional<common::ChainConfig> config = router_->Config(g);
+    const std::optional<chain::ChainConfig> config = router_->Config(g);
     if (config.has_value() && config->replicas != options_.replicas) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "the chain of group %d in etcd (job %s) keeps %d replicas, but this worker "

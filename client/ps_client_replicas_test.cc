@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "chain/placement.h"
 #include "client/ps_client.h"
 #include "client/testing/etcd_chains.h"
 #include "common/partition.h"
@@ -232,7 +233,7 @@ class PsClientReplicasTest : public ::testing::Test {
   // The initial chains: group g on [g, g + 1], head first.
   void PutInitialChains() {
     for (int g = 0; g < kShards; ++g) {
-      ASSERT_OK(chains_->Put(g, common::InitialChain(g, kShards, kReplicas)));
+      ASSERT_OK(chains_->Put(g, chain::InitialChain(g, kShards, kReplicas)));
     }
   }
 

@@ -32,8 +32,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "common/wire/message_encoder.h"
 #include "proto/shardtrain.pb.h"
+#include "wire/message_encoder.h"
 
 namespace shardtrain::client {
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "common/wire/payload_pieces.h"
+#include "wire/payload_pieces.h"
 
 namespace shardtrain::client {
 namespace {

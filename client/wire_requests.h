@@ -8,13 +8,13 @@
 // client/group_call.h for the RPCs around it.
 //
 // Tensor bytes are not copied into protobuf `bytes` fields:
-//  - a push references its payloads (common/wire/message_encoder.h): a
+//  - a push references its payloads (wire/message_encoder.h): a
 //    dense f32 gradient is sent from the caller's memory itself; f16/bf16
 //    are converted once into this group's recycled staging buffer, top-k
 //    is compressed into this group's payloads, and those are referenced;
 //  - a pull's answer is parsed in place in the received slices and each
 //    partition copied (and converted) straight into its destination, one
-//    pass over the bytes (common/wire/payload_pieces.h).
+//    pass over the bytes (wire/payload_pieces.h).
 // The bytes on the wire are the protobuf encoding of proto/shardtrain.proto,
 // so any shard speaking the stock messages understands them.
 //
@@ -48,9 +48,9 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/topk_compressor.h"
-#include "common/wire/message_encoder.h"
-#include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
+#include "wire/message_encoder.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::client {
 

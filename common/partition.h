@@ -11,13 +11,9 @@
 // Replicas. With R replicas (--replicas, default 1) the shard above is the
 // partition's primary, and its replica group is that shard's index g: group
 // g's initial chain is the R consecutive shards [g, g+1, ..., g+R-1] mod S,
-// head first. R = 1 is exactly the unreplicated placement. With S = 4, R = 2:
-//
-//   int g = ReplicaGroupFor("fc0.weight", 3, 4);     // 3, as ShardFor
-//   std::vector<int> chain = InitialChain(g, 4, 2);  // {3, 0}: head 3, tail 0
-//
-// The live chain of a group changes when members die or join; it is kept in
-// etcd (common/chain_config.h), not computed here.
+// head first (chain::InitialChain, chain/placement.h). R = 1 is exactly the
+// unreplicated placement. The live chain of a group changes when members
+// die or join; it is kept in etcd (chain/chain_config.h).
 //
 // Everything here is a pure function and thread-safe.
 #ifndef SHARDTRAIN_COMMON_PARTITION_H_
@@ -76,32 +72,10 @@ std::vector<PlacedPartition> PlaceTensor(absl::string_view tensor,
                                          int64_t num_elements,
                                          const PartitionConfig& config);
 
-// The most replicas a partition may have: chains longer than this add
-// latency to every push for no protection a job of this size needs.
-inline constexpr int kMaxReplicas = 3;
-
-// OK when `replicas` copies of every partition fit on `num_shards` distinct
-// shards: 1 <= replicas <= min(num_shards, kMaxReplicas). INVALID_ARGUMENT
-// saying which bound was broken otherwise.
-absl::Status ValidateReplicas(int num_shards, int replicas);
-
 // The replica group of partition `p` of `tensor`: the index of its primary
 // shard, ShardFor(tensor, p, num_shards). There are num_shards groups.
 // REQUIRES: num_shards >= 1.
 int ReplicaGroupFor(absl::string_view tensor, int64_t p, int num_shards);
-
-// The initial chain of replica group `group`, head first: `replicas`
-// distinct shards [group, group + 1, ..., group + replicas - 1] mod
-// num_shards.
-// REQUIRES: 0 <= group < num_shards, ValidateReplicas(num_shards, replicas).
-std::vector<int> InitialChain(int group, int num_shards, int replicas);
-
-// The groups whose initial chain holds `shard`, by its position there: the
-// group it heads first, then the one it is second in, ... :
-// [shard, shard - 1, ..., shard - replicas + 1] mod num_shards. These are
-// the chains a (re)starting shard joins.
-// REQUIRES: 0 <= shard < num_shards, ValidateReplicas(num_shards, replicas).
-std::vector<int> InitialGroupsOf(int shard, int num_shards, int replicas);
 
 }  // namespace shardtrain::common
 

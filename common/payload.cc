@@ -34,6 +34,13 @@ int DTypeSize(int dtype) {
   }
 }
 
+absl::StatusOr<DType> ParseDTypeName(absl::string_view name) {
+  for (DType dtype : {DTYPE_F32, DTYPE_F16, DTYPE_BF16}) {
+    if (name == DTypeName(dtype)) return dtype;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("must be f32, f16 or bf16, got %s", name));
+}
+
 const char* DTypeName(int dtype) {
   switch (dtype) {
     case DTYPE_F32:

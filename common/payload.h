@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "proto/shardtrain.pb.h"
@@ -28,6 +29,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 // Bytes per element, or 0 for an unknown or unspecified dtype.
 int DTypeSize(int dtype);
 const char* DTypeName(int dtype);
+
+// The dtype named "f32", "f16" or "bf16" (as DTypeName names them);
+// INVALID_ARGUMENT "must be f32, f16 or bf16, got <name>" otherwise.
+absl::StatusOr<DType> ParseDTypeName(absl::string_view name);
 
 // Writes `values` converted to `dtype` into `*out`, reusing its capacity.
 // REQUIRES: DTypeSize(dtype) > 0.

@@ -12,28 +12,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
-#include "common/partition.h"
-#include "common/replication_keys.h"
+#include "chain/placement.h"
+#include "chain/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::ctl {
 namespace {
 
-using common::ChainConfig;
-
-// The shard index a drained key names; nullopt for any other key.
-std::optional<int> ShardFromDrainedKey(absl::string_view job, absl::string_view key) {
-  absl::string_view digits = key;
-  if (!absl::ConsumePrefix(&digits, common::DrainedPrefix(job))) return std::nullopt;
-  int shard = 0;
-  if (!absl::SimpleAtoi(digits, &shard) || shard < 0 || absl::StrCat(shard) != digits) {
-    return std::nullopt;
-  }
-  return shard;
-}
+using chain::ChainConfig;
 
 absl::Status CheckArguments(absl::string_view job, int shard) {
-  RETURN_IF_ERROR(common::ValidateJobName(job));
+  RETURN_IF_ERROR(chain::ValidateJobName(job));
   if (shard < 0) {
     return absl::InvalidArgumentError(absl::StrCat("shard index ", shard, " is negative"));
   }
@@ -53,14 +42,14 @@ absl::Status RemoveFromChain(etcd::EtcdClient& etcd, int group, int shard,
                              etcd::KeyValue kv, const DrainOptions& options,
                              DrainResult* result) {
   for (int attempt = 0; attempt < options.max_attempts_per_chain; ++attempt) {
-    ASSIGN_OR_RETURN(ChainConfig chain, common::DecodeChainConfig(kv.value));
+    ASSIGN_OR_RETURN(ChainConfig chain, chain::DecodeChainConfig(kv.value));
     if (!chain.Contains(shard)) return absl::OkStatus();  // someone else did it
     ASSIGN_OR_RETURN(ChainConfig next, chain.Remove(shard));
     if (options.before_cas) options.before_cas(group, attempt);
     // The chain keeps its lease, if it has one.
     ASSIGN_OR_RETURN(etcd::CasResult cas,
                      etcd.CompareAndSwap(kv.key, kv.mod_revision,
-                                         common::EncodeChainConfig(next), kv.lease));
+                                         chain::EncodeChainConfig(next), kv.lease));
     if (cas.succeeded) {
       result->changes.push_back({std::move(chain), std::move(next)});
       return absl::OkStatus();
@@ -89,11 +78,11 @@ bool Degraded(const ChainConfig& chain) {
 
 bool OutOfPlacementOrder(const ChainConfig& chain, int num_shards) {
   if (Degraded(chain) || chain.group < 0 || chain.group >= num_shards ||
-      !common::ValidateReplicas(num_shards, chain.replicas).ok()) {
+      !chain::ValidateReplicas(num_shards, chain.replicas).ok()) {
     return false;
   }
   const std::vector<int> placement =
-      common::InitialChain(chain.group, num_shards, chain.replicas);
+      chain::InitialChain(chain.group, num_shards, chain.replicas);
   if (placement.size() != chain.members.size()) return false;
   for (size_t i = 0; i < placement.size(); ++i) {
     if (chain.members[i].shard != placement[i]) return true;
@@ -106,64 +95,13 @@ std::string FormatMember(const ChainConfig::Member& member) {
                          static_cast<uint32_t>(member.incarnation >> 32));
 }
 
-absl::StatusOr<ChainsView> ReadChains(etcd::EtcdClient& etcd, absl::string_view job) {
-  RETURN_IF_ERROR(common::ValidateJobName(job));
-  // One read of the whole job: chains, liveness and drained keys agree.
-  ASSIGN_OR_RETURN(etcd::RangeResult range, etcd.GetPrefix(common::JobPrefix(job)));
-  ChainsView view;
-  view.job = std::string(job);
-  view.revision = range.revision;
-  for (const etcd::KeyValue& kv : range.kvs) {
-    if (absl::StartsWith(kv.key, common::ChainsPrefix(job))) {
-      absl::StatusOr<int> group = common::GroupFromChainKey(job, kv.key);
-      if (!group.ok()) {
-        view.bad_keys.push_back({kv.key, std::string(group.status().message())});
-        continue;
-      }
-      absl::StatusOr<ChainConfig> chain = common::DecodeChainConfig(kv.value);
-      if (!chain.ok()) {
-        view.bad_keys.push_back({kv.key, std::string(chain.status().message())});
-      } else if (chain->group != *group) {
-        view.bad_keys.push_back({kv.key, absl::StrCat("holds the chain of group ", chain->group)});
-      } else {
-        view.chains.push_back(*std::move(chain));
-      }
-    } else if (absl::StartsWith(kv.key, common::MembersPrefix(job))) {
-      absl::StatusOr<int> shard = common::ShardFromMemberKey(job, kv.key);
-      if (!shard.ok()) {
-        view.bad_keys.push_back({kv.key, std::string(shard.status().message())});
-        continue;
-      }
-      absl::StatusOr<ChainConfig::Member> member = common::DecodeChainMember(kv.value);
-      if (!member.ok()) {
-        view.bad_keys.push_back({kv.key, std::string(member.status().message())});
-      } else if (member->shard != *shard) {
-        view.bad_keys.push_back({kv.key, absl::StrCat("holds the liveness of shard ", member->shard)});
-      } else {
-        view.live[*shard] = *std::move(member);
-      }
-    } else if (absl::StartsWith(kv.key, common::DrainedPrefix(job))) {
-      const std::optional<int> shard = ShardFromDrainedKey(job, kv.key);
-      if (!shard.has_value()) {
-        view.bad_keys.push_back({kv.key, "not a drained key: bad shard index"});
-        continue;
-      }
-      view.drained[*shard] = kv.value;
-    }
-    // Other keys of the job are not psctl's business.
-  }
-  std::sort(view.chains.begin(), view.chains.end(),
-            [](const ChainConfig& a, const ChainConfig& b) { return a.group < b.group; });
-  return view;
-}
-
 std::string FormatChains(const ChainsView& view) {
   std::string out = absl::StrFormat("job %s (etcd revision %d)\n", view.job, view.revision);
   if (view.chains.empty()) {
     absl::StrAppendFormat(&out,
                           "no chains under %s: is --job right, and do its shards run "
                           "with --replicas > 1?\n",
-                          common::ChainsPrefix(view.job));
+                          chain::ChainsPrefix(view.job));
   } else {
     absl::StrAppendFormat(&out, "%-5s %6s %7s %-9s  %s\n", "GROUP", "EPOCH", "MEMBERS",
                           "STATE", "CHAIN head..tail (shard@address/incarnation)");
@@ -258,11 +196,11 @@ absl::StatusOr<DrainResult> DrainShard(etcd::EtcdClient& etcd, absl::string_view
   ASSIGN_OR_RETURN(ChainsView view, ReadChains(etcd, job));
   if (view.chains.empty()) {
     return absl::NotFoundError(absl::StrCat(
-        "job \"", job, "\" has no chains in etcd (under ", common::ChainsPrefix(job),
+        "job \"", job, "\" has no chains in etcd (under ", chain::ChainsPrefix(job),
         "): is --job right, and do its shards run with --replicas > 1?"));
   }
   for (const ChainsView::BadKey& bad : view.bad_keys) {
-    if (absl::StartsWith(bad.key, common::ChainsPrefix(job))) {
+    if (absl::StartsWith(bad.key, chain::ChainsPrefix(job))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "chain key ", absl::CEscape(bad.key), " does not decode (", bad.why,
           "), so it is unknown whether it holds shard ", shard, "; nothing changed"));
@@ -287,7 +225,7 @@ absl::StatusOr<DrainResult> DrainShard(etcd::EtcdClient& etcd, absl::string_view
 
   DrainResult result;
   // The marker first: a shard removed from a chain must not rejoin it.
-  const std::string drained_key = common::DrainedKey(job, shard);
+  const std::string drained_key = chain::DrainedKey(job, shard);
   ASSIGN_OR_RETURN(etcd::CasResult put,
                    etcd.CompareAndSwap(drained_key, /*expected_mod_revision=*/0,
                                        options.note));
@@ -302,7 +240,7 @@ absl::StatusOr<DrainResult> DrainShard(etcd::EtcdClient& etcd, absl::string_view
     for (const ChainConfig& chain : view.chains) {
       if (!chain.Contains(shard)) continue;
       any = true;
-      absl::StatusOr<etcd::KeyValue> kv = etcd.Get(common::ChainKey(job, chain.group));
+      absl::StatusOr<etcd::KeyValue> kv = etcd.Get(chain::ChainKey(job, chain.group));
       if (absl::IsNotFound(kv.status())) continue;  // deleted since: nothing to remove
       status = kv.ok() ? RemoveFromChain(etcd, chain.group, shard, *std::move(kv), options,
                                          &result)
@@ -356,7 +294,7 @@ absl::StatusOr<DrainResult> DrainShard(etcd::EtcdClient& etcd, absl::string_view
 absl::StatusOr<bool> UndrainShard(etcd::EtcdClient& etcd, absl::string_view job,
                                   int shard) {
   RETURN_IF_ERROR(CheckArguments(job, shard));
-  return etcd.Delete(common::DrainedKey(job, shard));
+  return etcd.Delete(chain::DrainedKey(job, shard));
 }
 
 }  // namespace shardtrain::ctl

@@ -1,6 +1,6 @@
 // What psctl reads and changes in etcd for a replicated job (--replicas > 1):
 // the chains of its replica groups, its shards' liveness keys and the
-// drained markers (key layout: common/replication_keys.h).
+// drained markers (key layout: chain/replication_keys.h).
 //
 //   ASSIGN_OR_RETURN(auto etcd, etcd::EtcdClient::Create(options));
 //   ASSIGN_OR_RETURN(ChainsView view, ReadChains(*etcd, "mnist"));
@@ -10,7 +10,7 @@
 //   ASSIGN_OR_RETURN(bool was_drained, UndrainShard(*etcd, "mnist", 2));
 //
 // Chains change only by compare-and-swap on their mod_revision, one epoch at
-// a time (common/chain_config.h), so a drain races safely with the shards,
+// a time (chain/chain_config.h), so a drain races safely with the shards,
 // which change the same chains when members die or rejoin.
 //
 // Free functions; thread-safe as EtcdClient is.
@@ -25,40 +25,25 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
+#include "chain/chain_config.h"
+#include "chain/chain_reader.h"
+#include "etcd/etcd_client.h"
 
 namespace shardtrain::ctl {
 
-// One job's replication state, from one consistent read of its keys.
-struct ChainsView {
-  std::string job;
-  int64_t revision = 0;                             // etcd revision of the read
-  std::vector<common::ChainConfig> chains;          // by group
-  std::map<int, common::ChainConfig::Member> live;  // liveness keys, by shard
-  std::map<int, std::string> drained;               // drained keys' values, by shard
-  // Keys under the job's prefix that do not decode.
-  struct BadKey {
-    std::string key;
-    std::string why;
-  };
-  std::vector<BadKey> bad_keys;
-};
+using chain::ChainsView;
+using chain::ReadChains;
 
 // Whether the chain has fewer members than its target length.
-bool Degraded(const common::ChainConfig& chain);
+bool Degraded(const chain::ChainConfig& chain);
 
 // Whether the chain has all its members but not in the placement's order
-// (common::InitialChain(group, num_shards, replicas)): a shard that
+// (chain::InitialChain(group, num_shards, replicas)): a shard that
 // restarted or was undrained rejoined as tail and its group's head has not
 // handed it its place back yet (the head does so once the chain is calm,
 // unless the shards run with --restore_chain_order=false). Such a chain is
 // safe; its shards just carry an uneven share of the work.
-bool OutOfPlacementOrder(const common::ChainConfig& chain, int num_shards);
-
-// Reads every key of `job`. INVALID_ARGUMENT for a bad job name; etcd's
-// error when it cannot be read. Undecodable keys end up in `bad_keys`.
-absl::StatusOr<ChainsView> ReadChains(etcd::EtcdClient& etcd, absl::string_view job);
+bool OutOfPlacementOrder(const chain::ChainConfig& chain, int num_shards);
 
 // What psctl chains prints: one line per group (epoch, members / replicas,
 // state: ok, DEGRADED or "reordered" (OutOfPlacementOrder; the number of
@@ -79,8 +64,8 @@ struct DrainOptions {
 
 // One chain a drain changed.
 struct ChainChange {
-  common::ChainConfig before;
-  common::ChainConfig after;
+  chain::ChainConfig before;
+  chain::ChainConfig after;
 };
 
 struct DrainResult {
@@ -114,7 +99,7 @@ absl::StatusOr<bool> UndrainShard(etcd::EtcdClient& etcd, absl::string_view job,
 
 // "0@10.0.0.1:7000/1a2b3c4d": shard, address, the incarnation's first 8
 // hex digits.
-std::string FormatMember(const common::ChainConfig::Member& member);
+std::string FormatMember(const chain::ChainConfig::Member& member);
 
 }  // namespace shardtrain::ctl
 

@@ -7,18 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
-#include "common/etcd/testing/etcd_process.h"
-#include "common/replication_keys.h"
+#include "chain/chain_config.h"
+#include "chain/replication_keys.h"
 #include "common/testing/status_matchers.h"
+#include "etcd/etcd_client.h"
+#include "etcd/testing/etcd_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace shardtrain::ctl {
 namespace {
 
-using ::shardtrain::common::ChainConfig;
+using ::shardtrain::chain::ChainConfig;
 using ::shardtrain::etcd::EtcdClient;
 using ::shardtrain::etcd::testing::EtcdProcess;
 using ::testing::ElementsAre;
@@ -52,23 +52,23 @@ class ChainAdminTest : public ::testing::Test {
     std::vector<ChainConfig::Member> members;
     for (int shard : shards) members.push_back(Member(shard));
     ASSERT_OK_AND_ASSIGN(ChainConfig chain,
-                         common::MakeChainConfig(group, replicas, members));
+                         chain::MakeChainConfig(group, replicas, members));
     chain.epoch = epoch;
-    ASSERT_OK(etcd_->Put(common::ChainKey(kJob, group), common::EncodeChainConfig(chain))
+    ASSERT_OK(etcd_->Put(chain::ChainKey(kJob, group), chain::EncodeChainConfig(chain))
                   .status());
   }
 
   void PutLive(int shard) {
-    ASSERT_OK(etcd_->Put(common::MemberKey(kJob, shard),
-                         common::EncodeChainMember(Member(shard)))
+    ASSERT_OK(etcd_->Put(chain::MemberKey(kJob, shard),
+                         chain::EncodeChainMember(Member(shard)))
                   .status());
   }
 
   ChainConfig GetChain(int group) {
-    absl::StatusOr<etcd::KeyValue> kv = etcd_->Get(common::ChainKey(kJob, group));
+    absl::StatusOr<etcd::KeyValue> kv = etcd_->Get(chain::ChainKey(kJob, group));
     EXPECT_OK(kv.status());
     if (!kv.ok()) return {};
-    absl::StatusOr<ChainConfig> chain = common::DecodeChainConfig(kv->value);
+    absl::StatusOr<ChainConfig> chain = chain::DecodeChainConfig(kv->value);
     EXPECT_OK(chain.status());
     return chain.ok() ? *chain : ChainConfig{};
   }
@@ -81,7 +81,7 @@ class ChainAdminTest : public ::testing::Test {
 
   // Every key of the job and the store's revision.
   etcd::RangeResult Snapshot() {
-    absl::StatusOr<etcd::RangeResult> range = etcd_->GetPrefix(common::JobPrefix(kJob));
+    absl::StatusOr<etcd::RangeResult> range = etcd_->GetPrefix(chain::JobPrefix(kJob));
     EXPECT_OK(range.status());
     return range.ok() ? *range : etcd::RangeResult{};
   }
@@ -102,7 +102,7 @@ class ChainAdminTest : public ::testing::Test {
 
 TEST_F(ChainAdminTest, ListsChainsLivenessAndDrainedShards) {
   ThreeGroups();
-  ASSERT_OK(etcd_->Put(common::DrainedKey(kJob, 2), "drained by ops").status());
+  ASSERT_OK(etcd_->Put(chain::DrainedKey(kJob, 2), "drained by ops").status());
   ASSERT_OK_AND_ASSIGN(ChainsView view, ReadChains(*etcd_, kJob));
   ASSERT_EQ(view.chains.size(), 3u);
   EXPECT_THAT(Shards(view.chains[0]), ElementsAre(0, 1));
@@ -138,17 +138,17 @@ TEST_F(ChainAdminTest, ListsChainsLivenessAndDrainedShards) {
 
 TEST_F(ChainAdminTest, ListingReportsKeysThatDoNotDecode) {
   PutChain(0, 2, {0, 1});
-  ASSERT_OK(etcd_->Put(common::ChainKey(kJob, 1), "garbage {").status());
-  ASSERT_OK(etcd_->Put(common::MemberKey(kJob, 0), "shard: 0").status());
-  ASSERT_OK(etcd_->Put(absl::StrCat(common::DrainedPrefix(kJob), "07"), "x").status());
+  ASSERT_OK(etcd_->Put(chain::ChainKey(kJob, 1), "garbage {").status());
+  ASSERT_OK(etcd_->Put(chain::MemberKey(kJob, 0), "shard: 0").status());
+  ASSERT_OK(etcd_->Put(absl::StrCat(chain::DrainedPrefix(kJob), "07"), "x").status());
   ASSERT_OK_AND_ASSIGN(ChainsView view, ReadChains(*etcd_, kJob));
   EXPECT_EQ(view.chains.size(), 1u);
   EXPECT_TRUE(view.live.empty());
   EXPECT_TRUE(view.drained.empty());
   ASSERT_EQ(view.bad_keys.size(), 3u);
   const std::string out = FormatChains(view);
-  EXPECT_THAT(out, HasSubstr(absl::StrCat("BAD KEY ", common::ChainKey(kJob, 1))));
-  EXPECT_THAT(out, HasSubstr(absl::StrCat("BAD KEY ", common::MemberKey(kJob, 0))));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("BAD KEY ", chain::ChainKey(kJob, 1))));
+  EXPECT_THAT(out, HasSubstr(absl::StrCat("BAD KEY ", chain::MemberKey(kJob, 0))));
 }
 
 // Formatting needs no etcd: a view as ReadChains would return it.
@@ -158,7 +158,7 @@ TEST(FormatChainsTest, MarksFullChainsOutOfThePlacementOrder) {
   auto chain = [](int group, const std::vector<int>& shards) {
     std::vector<ChainConfig::Member> members;
     for (int shard : shards) members.push_back(Member(shard));
-    absl::StatusOr<ChainConfig> made = common::MakeChainConfig(group, 2, members);
+    absl::StatusOr<ChainConfig> made = chain::MakeChainConfig(group, 2, members);
     EXPECT_OK(made.status());
     return *made;
   };
@@ -204,7 +204,7 @@ TEST_F(ChainAdminTest, DrainRemovesTheShardFromEveryChainOneEpochLater) {
   EXPECT_EQ(g1.epoch, 6);
   EXPECT_THAT(Shards(g2), ElementsAre(2));
   EXPECT_EQ(g2.epoch, 7);  // untouched
-  ASSERT_OK_AND_ASSIGN(etcd::KeyValue drained, etcd_->Get(common::DrainedKey(kJob, 1)));
+  ASSERT_OK_AND_ASSIGN(etcd::KeyValue drained, etcd_->Get(chain::DrainedKey(kJob, 1)));
   EXPECT_EQ(drained.value, "drained by test");
 
   // Again: nothing left to remove; the first note stays.
@@ -212,7 +212,7 @@ TEST_F(ChainAdminTest, DrainRemovesTheShardFromEveryChainOneEpochLater) {
   ASSERT_OK_AND_ASSIGN(result, DrainShard(*etcd_, kJob, 1, options));
   EXPECT_TRUE(result.already_drained);
   EXPECT_TRUE(result.changes.empty());
-  ASSERT_OK_AND_ASSIGN(drained, etcd_->Get(common::DrainedKey(kJob, 1)));
+  ASSERT_OK_AND_ASSIGN(drained, etcd_->Get(chain::DrainedKey(kJob, 1)));
   EXPECT_EQ(drained.value, "drained by test");
 }
 
@@ -226,7 +226,7 @@ TEST_F(ChainAdminTest, DrainOfALastMemberIsRefusedAndChangesNothing) {
   const etcd::RangeResult after = Snapshot();
   EXPECT_EQ(after.revision, before.revision);  // not one write
   EXPECT_EQ(after.kvs.size(), before.kvs.size());
-  EXPECT_EQ(etcd_->Get(common::DrainedKey(kJob, 2)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(etcd_->Get(chain::DrainedKey(kJob, 2)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ChainAdminTest, ShardBecomingALastMemberMidwayStopsTheDrainAndDeletesTheKey) {
@@ -246,7 +246,7 @@ TEST_F(ChainAdminTest, ShardBecomingALastMemberMidwayStopsTheDrainAndDeletesTheK
   EXPECT_THAT(Shards(GetChain(0)), ElementsAre(0));
   EXPECT_THAT(Shards(GetChain(1)), ElementsAre(1));
   EXPECT_EQ(GetChain(1).epoch, 6);
-  EXPECT_EQ(etcd_->Get(common::DrainedKey(kJob, 1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(etcd_->Get(chain::DrainedKey(kJob, 1)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ChainAdminTest, ACompareAndSwapLostToAnotherWriterIsRetried) {
@@ -257,12 +257,12 @@ TEST_F(ChainAdminTest, ACompareAndSwapLostToAnotherWriterIsRetried) {
   // Shard 2 joins group 0 as tail between the drain's read and its write.
   options.before_cas = [&](int group, int attempt) {
     if (group != 0 || attempt != 0) return;
-    ASSERT_OK_AND_ASSIGN(etcd::KeyValue kv, other->Get(common::ChainKey(kJob, 0)));
-    ASSERT_OK_AND_ASSIGN(ChainConfig chain, common::DecodeChainConfig(kv.value));
+    ASSERT_OK_AND_ASSIGN(etcd::KeyValue kv, other->Get(chain::ChainKey(kJob, 0)));
+    ASSERT_OK_AND_ASSIGN(ChainConfig chain, chain::DecodeChainConfig(kv.value));
     ASSERT_OK_AND_ASSIGN(ChainConfig next, chain.AppendTail(Member(2)));
     ASSERT_OK_AND_ASSIGN(etcd::CasResult cas,
                          other->CompareAndSwap(kv.key, kv.mod_revision,
-                                               common::EncodeChainConfig(next)));
+                                               chain::EncodeChainConfig(next)));
     ASSERT_TRUE(cas.succeeded);
   };
   ASSERT_OK_AND_ASSIGN(DrainResult result, DrainShard(*etcd_, kJob, 1, options));
@@ -285,7 +285,7 @@ TEST_F(ChainAdminTest, AChainThatChangesUnderEveryAttemptAbortsTheDrain) {
   options.before_cas = [&](int group, int) {
     if (group != 0) return;
     ++calls;
-    ASSERT_OK_AND_ASSIGN(etcd::KeyValue kv, other->Get(common::ChainKey(kJob, 0)));
+    ASSERT_OK_AND_ASSIGN(etcd::KeyValue kv, other->Get(chain::ChainKey(kJob, 0)));
     ASSERT_OK(other->Put(kv.key, kv.value).status());
   };
   absl::StatusOr<DrainResult> result = DrainShard(*etcd_, kJob, 1, options);
@@ -295,7 +295,7 @@ TEST_F(ChainAdminTest, AChainThatChangesUnderEveryAttemptAbortsTheDrain) {
   // Nothing changed, so the marker went again.
   EXPECT_THAT(Shards(GetChain(0)), ElementsAre(0, 1));
   EXPECT_THAT(Shards(GetChain(1)), ElementsAre(1, 0));
-  EXPECT_EQ(etcd_->Get(common::DrainedKey(kJob, 1)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(etcd_->Get(chain::DrainedKey(kJob, 1)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(ChainAdminTest, ConcurrentDrainsOfTwoShardsBothTakeEffect) {
@@ -322,10 +322,10 @@ TEST_F(ChainAdminTest, ConcurrentDrainsOfTwoShardsBothTakeEffect) {
 TEST_F(ChainAdminTest, UndrainDeletesTheKey) {
   ThreeGroups();
   ASSERT_OK(DrainShard(*etcd_, kJob, 0, {}).status());
-  ASSERT_OK(etcd_->Get(common::DrainedKey(kJob, 0)).status());
+  ASSERT_OK(etcd_->Get(chain::DrainedKey(kJob, 0)).status());
   ASSERT_OK_AND_ASSIGN(bool existed, UndrainShard(*etcd_, kJob, 0));
   EXPECT_TRUE(existed);
-  EXPECT_EQ(etcd_->Get(common::DrainedKey(kJob, 0)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(etcd_->Get(chain::DrainedKey(kJob, 0)).status().code(), absl::StatusCode::kNotFound);
   ASSERT_OK_AND_ASSIGN(existed, UndrainShard(*etcd_, kJob, 0));
   EXPECT_FALSE(existed);
   // Undrain leaves the chains to the shard, which rejoins by itself.
@@ -335,7 +335,7 @@ TEST_F(ChainAdminTest, UndrainDeletesTheKey) {
 
 TEST_F(ChainAdminTest, BadRequestsChangeNothing) {
   ThreeGroups();
-  ASSERT_OK(etcd_->Put(common::ChainKey(kJob, 3), "members {").status());
+  ASSERT_OK(etcd_->Put(chain::ChainKey(kJob, 3), "members {").status());
   const etcd::RangeResult before = Snapshot();
   EXPECT_EQ(DrainShard(*etcd_, kJob, -1, {}).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(DrainShard(*etcd_, "no/such", 0, {}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -347,12 +347,12 @@ TEST_F(ChainAdminTest, BadRequestsChangeNothing) {
   status = DrainShard(*etcd_, kJob, 0, {}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("does not decode"));
-  ASSERT_OK(etcd_->Delete(common::ChainKey(kJob, 3)).status());
+  ASSERT_OK(etcd_->Delete(chain::ChainKey(kJob, 3)).status());
   status = DrainShard(*etcd_, kJob, 9, {}).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(status.message(), HasSubstr("no shard 9"));
   EXPECT_EQ(Snapshot().kvs.size(), before.kvs.size() - 1);
-  EXPECT_EQ(etcd_->Get(common::DrainedKey(kJob, 9)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(etcd_->Get(chain::DrainedKey(kJob, 9)).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ChainAdminFormatTest, MemberShowsTheIncarnationsFirstEightHexDigits) {

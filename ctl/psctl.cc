@@ -35,15 +35,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "app/client_security_flags.h"
+#include "app/etcd_security_flags.h"
+#include "app/flags_usage.h"
 #include "client/channels.h"
 #include "client/cluster_status.h"
-#include "common/client_security_flags.h"
-#include "common/etcd/etcd_client.h"
-#include "common/etcd_security_flags.h"
-#include "common/flags_usage.h"
 #include "common/metrics.h"
 #include "ctl/chain_admin.h"
 #include "ctl/status_table.h"
+#include "etcd/etcd_client.h"
 #include "proto/health.grpc.pb.h"
 #include "proto/shardtrain.pb.h"
 
@@ -84,7 +84,7 @@ std::vector<std::string> Servers() {
 client::ChannelFactory Channels() {
   client::ChannelOptions options;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
-  options.security = common::ClientSecurityFromFlags();
+  options.security = app::ClientSecurityFromFlags();
   absl::StatusOr<client::ChannelFactory> channels = client::ChannelFactory::Create(options);
   if (!channels.ok()) {
     std::cerr << channels.status() << "\n";
@@ -186,7 +186,7 @@ std::unique_ptr<etcd::EtcdClient> Etcd(absl::string_view command) {
   options.rpc_timeout = Timeout();
   options.connect_timeout = std::min(Timeout(), absl::Seconds(5));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      common::MakeEtcdCredentials(common::EtcdSecurityFromFlags());
+      common::MakeEtcdCredentials(app::EtcdSecurityFromFlags());
   if (!credentials.ok()) {
     std::cerr << credentials.status().message() << "\n";
     std::exit(2);
@@ -294,7 +294,7 @@ int Undrain(const std::vector<char*>& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<char*> args = common::ParseFlags(
+  const std::vector<char*> args = app::ParseFlags(
       argc, argv,
       "psctl status|checkpoint --servers=a:7000,b:7000 | psctl health --server=a:7000 |\n"
       "  psctl chains | drain SHARD | undrain SHARD --etcd_endpoints=a:2379 --job=NAME");

@@ -22,13 +22,16 @@ import sys
 LAYERS = {
     "proto": [],
     "common": ["proto"],
-    "common/wire": ["common", "proto"],
-    "common/etcd": ["common", "proto"],
-    "server": ["common", "common/wire", "common/etcd", "proto"],
-    "client": ["common", "common/wire", "common/etcd", "proto"],
-    "worker": ["client", "common", "common/wire", "proto"],
-    "ctl": ["client", "common", "common/wire", "common/etcd", "proto"],
-    "python": ["worker", "client", "common", "common/wire", "proto"],
+    "wire": ["common", "proto"],
+    "etcd": ["common", "proto"],
+    "chain": ["etcd", "common", "proto"],
+    # What binaries' main files link: flags, process set-up.
+    "app": ["common"],
+    "server": ["chain", "etcd", "wire", "common", "proto", "app"],
+    "client": ["chain", "etcd", "wire", "common", "proto"],
+    "worker": ["client", "chain", "wire", "common", "proto", "app"],
+    "ctl": ["client", "chain", "etcd", "wire", "common", "proto", "app"],
+    "python": ["worker", "client", "wire", "common", "proto", "app"],
     "examples": [],
     # The process kit of tests and benchmarks.
     "testing": ["common", "proto"],

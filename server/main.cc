@@ -13,11 +13,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/deadlock_detection.h"
-#include "common/etcd_security_flags.h"
-#include "common/malloc_tuning.h"
+#include "app/deadlock_detection.h"
+#include "app/etcd_security_flags.h"
+#include "app/flags_usage.h"
+#include "app/malloc_tuning.h"
 #include "common/atomic_file.h"
-#include "common/flags_usage.h"
 #include "server/ps_server.h"
 #include "server/update_rule.h"
 
@@ -190,7 +190,7 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError("--replicas > 1 needs --etcd_endpoints");
     }
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
-        shardtrain::common::MakeEtcdCredentials(shardtrain::common::EtcdSecurityFromFlags());
+        shardtrain::common::MakeEtcdCredentials(shardtrain::app::EtcdSecurityFromFlags());
     if (!etcd_credentials.ok()) return etcd_credentials.status();
     options.replication.etcd_credentials = *std::move(etcd_credentials);
     options.replication.job = absl::GetFlag(FLAGS_job);
@@ -282,9 +282,9 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
-  shardtrain::common::ParseFlags(argc, argv, "One shard of a shardtrain parameter server.");
-  shardtrain::common::KeepLargeBuffersInHeap();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
+  shardtrain::app::ParseFlags(argc, argv, "One shard of a shardtrain parameter server.");
+  shardtrain::app::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 

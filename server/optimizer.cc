@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "common/wire/element_load.h"
-#include "common/wire/payload_pieces.h"
+#include "wire/element_load.h"
+#include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {

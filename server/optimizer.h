@@ -33,8 +33,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/wire/message_views.h"
 #include "server/lr_schedule.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 

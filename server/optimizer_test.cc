@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "common/payload.h"
-#include "common/wire/payload_pieces.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "common/wire/message_encoder.h"
-#include "common/wire/message_views.h"
+#include "wire/message_encoder.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 

@@ -2,7 +2,7 @@
 //
 // Every handler validates, calls the Shard and finishes on the calling
 // thread. Push, Pull and PushPull are raw methods: their request arrives as
-// gRPC's received slices and is parsed in place (common/wire/
+// gRPC's received slices and is parsed in place (wire/
 // message_views.h), so a gradient is applied straight from the bytes
 // received; their response is encoded with wire::PullResponseBuilder, which
 // writes each partition's parameters once, into the memory that is sent.
@@ -25,12 +25,12 @@
 #include "common/metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
-#include "server/push_order.h"
 #include "server/internal/arena_messages.h"
-#include "common/wire/message_views.h"
+#include "server/push_order.h"
 #include "server/replication/replicator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 

@@ -11,10 +11,11 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
+#include "chain/placement.h"
 #include "common/initializer.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "common/wire/payload_pieces.h"
+#include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {
@@ -39,7 +40,7 @@ void DescribePartition(const Partition& part, PartitionInfo* info) {
 // group whose initial chain holds it (common/partition.h).
 std::vector<int> GroupsHeld(const ShardOptions& options) {
   if (options.replicas <= 1) return {options.shard_index};
-  return common::InitialGroupsOf(options.shard_index, options.partitioning.num_shards,
+  return chain::InitialGroupsOf(options.shard_index, options.partitioning.num_shards,
                                  options.replicas);
 }
 
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options
         options.num_workers, options.replicas_to_aggregate));
   }
   RETURN_IF_ERROR(
-      common::ValidateReplicas(options.partitioning.num_shards, options.replicas));
+      chain::ValidateReplicas(options.partitioning.num_shards, options.replicas));
   if (options.join_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("join_timeout must be >= 0");
   }

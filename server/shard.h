@@ -48,8 +48,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/wire/message_encoder.h"
-#include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
@@ -57,6 +55,8 @@
 #include "server/shard_options.h"
 #include "server/step_snapshot.h"
 #include "server/tensor_store.h"
+#include "wire/message_encoder.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 

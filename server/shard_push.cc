@@ -12,9 +12,9 @@
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
-#include "common/wire/payload_pieces.h"
 #include "server/internal/partition_locks.h"
 #include "server/shard.h"
+#include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
 namespace {

@@ -12,10 +12,10 @@
 #include <prometheus/registry.h>
 
 #include "common/payload.h"
-#include "common/wire/message_views.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/shard.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 namespace {

@@ -2,7 +2,7 @@
 //
 // Only the partitions of the replica groups this shard serves are created:
 // with --replicas 1 the group of the shard itself (common/partition.h), with
-// R > 1 the R groups whose initial chain holds it (common::InitialGroupsOf).
+// R > 1 the R groups whose initial chain holds it (chain::InitialGroupsOf).
 // A partition owns its parameters, optimizer slots and the sync-step
 // accumulator, each guarded by the partition's own mutex, so updates to
 // different partitions never contend. Partitions are never removed, so a

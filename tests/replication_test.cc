@@ -26,11 +26,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
-#include "common/etcd/testing/etcd_process.h"
-#include "common/partition.h"
-#include "common/replication_keys.h"
+#include "chain/chain_config.h"
+#include "chain/chain_reader.h"
+#include "chain/placement.h"
+#include "chain/replication_keys.h"
+#include "etcd/etcd_client.h"
+#include "etcd/testing/etcd_process.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "tests/cluster_util.h"
@@ -83,22 +84,15 @@ std::unique_ptr<etcd::EtcdClient> Connect(const std::string& etcd_endpoints) {
   return client.ok() ? *std::move(client) : nullptr;
 }
 
-absl::StatusOr<common::ChainConfig> Chain(etcd::EtcdClient& client, const std::string& job,
-                                          int group) {
-  absl::StatusOr<etcd::KeyValue> kv = client.Get(common::ChainKey(job, group));
-  if (!kv.ok()) return kv.status();
-  return common::DecodeChainConfig(kv->value);
-}
-
 // Waits until every group's chain satisfies `ok`.
 bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
-                   const std::function<bool(const common::ChainConfig&)>& ok,
+                   const std::function<bool(const chain::ChainConfig&)>& ok,
                    absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     bool all = true;
     for (int g = 0; g < kShards; ++g) {
-      absl::StatusOr<common::ChainConfig> chain = Chain(client, job, g);
+      absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(client, job, g);
       all = all && chain.ok() && ok(*chain);
     }
     if (all) return true;
@@ -112,16 +106,16 @@ bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
 bool WaitForRejoin(etcd::EtcdClient& client, const std::string& job, int shard) {
   return WaitForChains(
       client, job,
-      [shard](const common::ChainConfig& c) {
+      [shard](const chain::ChainConfig& c) {
         return c.members.size() == 2 && (!c.Contains(shard) || c.epoch >= 3);
       },
       absl::Seconds(30));
 }
 
 // True when `chain` has its `replicas` members in the placement's order
-// (common::InitialChain): heads are back where they started.
-bool InPlacementOrder(const common::ChainConfig& chain, int replicas) {
-  const std::vector<int> initial = common::InitialChain(chain.group, kShards, replicas);
+// (chain::InitialChain): heads are back where they started.
+bool InPlacementOrder(const chain::ChainConfig& chain, int replicas) {
+  const std::vector<int> initial = chain::InitialChain(chain.group, kShards, replicas);
   if (chain.members.size() != initial.size()) return false;
   for (size_t i = 0; i < initial.size(); ++i) {
     if (chain.members[i].shard != initial[i]) return false;
@@ -177,7 +171,7 @@ std::map<std::string, std::string> Model(etcd::EtcdClient& client, const std::st
                                          std::map<std::string, int64_t>* versions) {
   std::map<std::string, std::string> model;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(client, job, g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(client, job, g);
     EXPECT_TRUE(chain.ok()) << chain.status();
     if (!chain.ok()) continue;
     model.merge(GroupState(cluster, chain->tail().shard, g, versions));
@@ -249,7 +243,7 @@ constexpr absl::Duration kMaxStall = absl::Seconds(4);
 void StopShard0AndMeasureStall(ProcessGroup& group, const LocalCluster& cluster,
                                etcd::EtcdClient& client, const std::string& job, int64_t steps,
                                int64_t* epoch = nullptr) {
-  absl::StatusOr<common::ChainConfig> before = Chain(client, job, 0);
+  absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(client, job, 0);
   ASSERT_TRUE(before.ok()) << before.status();
   ASSERT_EQ(before->head().shard, 0);
   if (epoch != nullptr) *epoch = before->epoch;
@@ -259,7 +253,7 @@ void StopShard0AndMeasureStall(ProcessGroup& group, const LocalCluster& cluster,
               job.c_str(), absl::FormatDuration(stall).c_str());
   EXPECT_LE(stall, kMaxStall) << "calls waited on the stopped shard";
   ASSERT_TRUE(WaitForChains(
-      client, job, [](const common::ChainConfig& c) { return !c.Contains(0); },
+      client, job, [](const chain::ChainConfig& c) { return !c.Contains(0); },
       absl::Seconds(10)));
 }
 
@@ -326,7 +320,7 @@ TEST_F(ReplicationTest, ReplicatedBitIdentical) {
   ASSERT_TRUE(testutil::RestartShard(group, *cluster, 1).ok());
   const absl::Time restarted = absl::Now();
   ASSERT_TRUE(WaitForChains(
-      *client_, "faulty", [](const common::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      *client_, "faulty", [](const chain::ChainConfig& c) { return InPlacementOrder(c, 2); },
       absl::Seconds(30)))
       << "the heads did not go back to the placement's order";
   std::printf("HEADS RESTORED sync R=2: %s after the restart; worker 0 at step %lld of %d\n",
@@ -363,20 +357,20 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
   (void)group.Wait(cluster->shards[0], absl::Seconds(10));
   ASSERT_TRUE(WaitForChains(
       *client_, "rejoin",
-      [](const common::ChainConfig& c) { return !c.Contains(0); }, absl::Seconds(10)))
+      [](const chain::ChainConfig& c) { return !c.Contains(0); }, absl::Seconds(10)))
       << "shard 0 was not dropped from its chains";
   ASSERT_TRUE(testutil::RestartShard(group, *cluster, 0).ok());
   const absl::Time restarted = absl::Now();
   ASSERT_TRUE(WaitForChains(
       *client_, "rejoin",
-      [](const common::ChainConfig& c) { return c.members.size() == 2; }, absl::Seconds(30)))
+      [](const chain::ChainConfig& c) { return c.members.size() == 2; }, absl::Seconds(30)))
       << "the chains did not get back to 2 members";
   std::printf("REJOIN: chains back to 2 members %s after the restart; worker 0 at step %lld of %d\n",
               absl::FormatDuration(absl::Now() - restarted).c_str(),
               static_cast<long long>(WorkerSteps(*cluster, 0)), 2 * kStepsPerEpoch);
   EXPECT_LT(WorkerSteps(*cluster, 0), 2 * kStepsPerEpoch) << "the job ended before the rejoin";
   ASSERT_TRUE(WaitForChains(
-      *client_, "rejoin", [](const common::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      *client_, "rejoin", [](const chain::ChainConfig& c) { return InPlacementOrder(c, 2); },
       absl::Seconds(30)))
       << "the heads did not go back to the placement's order";
   std::printf("HEADS RESTORED: %s after the restart; worker 0 at step %lld of %d\n",
@@ -400,7 +394,7 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoKills) {
       group, Job("async", "three", etcd_->endpoint(), 2, /*replicas=*/3));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_TRUE(WaitForChains(
-      *client_, "three", [](const common::ChainConfig& c) { return c.members.size() == 3; },
+      *client_, "three", [](const chain::ChainConfig& c) { return c.members.size() == 3; },
       absl::Seconds(10)))
       << "the chains did not form with 3 members";
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
@@ -409,7 +403,7 @@ TEST_F(ReplicationTest, ThreeReplicasSurviveTwoKills) {
     (void)group.Wait(cluster->shards[victim], absl::Seconds(10));
     ASSERT_TRUE(WaitForChains(
         *client_, "three",
-        [victim](const common::ChainConfig& c) { return !c.Contains(victim); },
+        [victim](const chain::ChainConfig& c) { return !c.Contains(victim); },
         absl::Seconds(10)))
         << "shard " << victim << " was not dropped from its chains";
     const int64_t at = WorkerSteps(*cluster, 0);
@@ -451,7 +445,7 @@ TEST_F(ReplicationTest, SyncDepartedWorkerReplicasAgree) {
   Finish(group, *cluster);
   int compared = 0;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "departed", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "departed", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     ASSERT_EQ(chain->members.size(), 2u);
     const auto head = GroupState(*cluster, chain->head().shard, g, nullptr);
@@ -509,7 +503,7 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   // The replicas' state, read the way the workers do: over mutual TLS.
   std::map<std::string, int64_t> versions;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(**client, "mtls", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(**client, "mtls", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_FALSE(chain->Contains(1));
     GroupState(*cluster, chain->tail().shard, g, &versions,
@@ -575,7 +569,7 @@ void RunWholeJobRestart(const EtcdProcess& etcd, etcd::EtcdClient& client,
       << "the chief did not resume; its log:\n" << chief;
   int compared = 0;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(client, job, g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(client, job, g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     ASSERT_EQ(chain->members.size(), 2u) << "group " << g << " did not get its replica back";
     std::map<std::string, int64_t> versions;
@@ -719,7 +713,7 @@ TEST_F(ReplicationTest, SyncHeadHangs) {
   std::map<std::string, int64_t> versions;
   int compared = 0;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "synchang", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "synchang", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     ASSERT_EQ(chain->members.size(), 2u);
     const auto head = GroupState(*cluster, chain->head().shard, g, nullptr);
@@ -760,19 +754,19 @@ void RunLastCopyHangs(const EtcdProcess& etcd, etcd::EtcdClient& client, const s
   }
   ASSERT_TRUE(WaitForChains(
       client, job,
-      [](const common::ChainConfig& c) { return c.group != 0 || c.members.size() == 1; },
+      [](const chain::ChainConfig& c) { return c.group != 0 || c.members.size() == 1; },
       absl::Seconds(10)));
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGSTOP).ok());
   const absl::Time stopped = absl::Now();
   for (int s = 1; s < replicas; ++s) ASSERT_TRUE(testutil::RestartShard(group, *cluster, s).ok());
   absl::SleepFor(stopped + absl::Seconds(6) - absl::Now());
-  absl::StatusOr<common::ChainConfig> waiting = Chain(client, job, 0);
+  absl::StatusOr<chain::ChainConfig> waiting = chain::ReadChain(client, job, 0);
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   EXPECT_TRUE(waiting->Contains(0)) << "a tail still copying dropped group 0's only copy";
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGCONT).ok());
   ASSERT_TRUE(WaitForChains(
       client, job,
-      [replicas](const common::ChainConfig& c) {
+      [replicas](const chain::ChainConfig& c) {
         return static_cast<int>(c.members.size()) == replicas;
       },
       absl::Seconds(30)))
@@ -824,7 +818,7 @@ TEST_F(ReplicationTest, RestartedLastCopyTakesOverFromItsCheckpoint) {
   for (int w = 0; w < kWorkers; ++w) at_kill += WorkerSteps(*cluster, w);
   ASSERT_TRUE(WaitForChains(
       *client_, "lastckpt",
-      [](const common::ChainConfig& c) { return c.group != 0 || c.members.size() == 1; },
+      [](const chain::ChainConfig& c) { return c.group != 0 || c.members.size() == 1; },
       absl::Seconds(10)));
   absl::SleepFor(absl::Seconds(4));
   int64_t at_stop = 0;
@@ -839,7 +833,7 @@ TEST_F(ReplicationTest, RestartedLastCopyTakesOverFromItsCheckpoint) {
   ASSERT_TRUE(testutil::RestartShard(group, *cluster, 0).ok());
   ASSERT_TRUE(WaitForChains(
       *client_, "lastckpt",
-      [](const common::ChainConfig& c) {
+      [](const chain::ChainConfig& c) {
         return c.members.size() == 2 && (c.group != 0 || c.epoch >= 4);
       },
       absl::Seconds(20)))
@@ -848,7 +842,7 @@ TEST_F(ReplicationTest, RestartedLastCopyTakesOverFromItsCheckpoint) {
   EXPECT_NE(testutil::ReadFile(cluster->ShardLog(0)).find("the members left were still copying"),
             std::string::npos)
       << "the restarted shard 0 did not take group 0 over";
-  absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "lastckpt", 0);
+  absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "lastckpt", 0);
   ASSERT_TRUE(chain.ok()) << chain.status();
   EXPECT_EQ(chain->head().shard, 0);
   std::map<std::string, int64_t> versions;
@@ -889,7 +883,7 @@ TEST_F(ReplicationTest, HeadCutOff) {
   absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  absl::StatusOr<common::ChainConfig> before = Chain(*client, "cutoff", 0);
+  absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(*client, "cutoff", 0);
   ASSERT_TRUE(before.ok()) << before.status();
   ASSERT_EQ(before->head().shard, 0);
 
@@ -900,7 +894,7 @@ TEST_F(ReplicationTest, HeadCutOff) {
               absl::FormatDuration(stall).c_str());
   EXPECT_LE(stall, kMaxStall) << "calls waited on the cut-off shard";
   ASSERT_TRUE(WaitForChains(
-      *client, "cutoff", [](const common::ChainConfig& c) { return !c.Contains(0); },
+      *client, "cutoff", [](const chain::ChainConfig& c) { return !c.Contains(0); },
       absl::Seconds(10)))
       << "shard 0 was not dropped from its chains";
   absl::SleepFor(cut + absl::Seconds(5) - absl::Now());
@@ -945,7 +939,7 @@ TEST_F(ReplicationTest, EtcdDown) {
   absl::SleepFor(absl::Seconds(7));  // etcd down 10 s in all
   ASSERT_TRUE(etcd_->Resume().ok());
   ASSERT_TRUE(WaitForChains(
-      *client_, "etcddown", [](const common::ChainConfig& c) { return !c.Contains(2); },
+      *client_, "etcddown", [](const chain::ChainConfig& c) { return !c.Contains(2); },
       absl::Seconds(20)))
       << "shard 2 was not dropped once etcd was back";
   Finish(group, *cluster);
@@ -953,7 +947,7 @@ TEST_F(ReplicationTest, EtcdDown) {
   // changing any chain, so the chains change a few times, not in a storm of
   // members dropping and re-adding each other (it once lost updates).
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "etcddown", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "etcddown", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_LE(chain->epoch, 6) << "group " << g << "'s chain changed " << chain->epoch - 1
                                << " times";
@@ -976,7 +970,7 @@ TEST_F(ReplicationTest, EtcdLosesItsData) {
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 4);
   std::vector<int64_t> epochs;
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "wiped", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "wiped", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     epochs.push_back(chain->epoch);
   }
@@ -987,7 +981,7 @@ TEST_F(ReplicationTest, EtcdLosesItsData) {
   const absl::Time wiped = absl::Now();
   ASSERT_TRUE(WaitForChains(
       *client_, "wiped",
-      [&epochs](const common::ChainConfig& c) {
+      [&epochs](const chain::ChainConfig& c) {
         return c.members.size() == 2 && c.epoch > epochs[c.group];
       },
       absl::Seconds(20)))
@@ -1002,7 +996,7 @@ TEST_F(ReplicationTest, EtcdLosesItsData) {
   ASSERT_TRUE(group.Signal(cluster->shards[2], SIGKILL).ok());
   (void)group.Wait(cluster->shards[2], absl::Seconds(10));
   ASSERT_TRUE(WaitForChains(
-      *client_, "wiped", [](const common::ChainConfig& c) { return !c.Contains(2); },
+      *client_, "wiped", [](const chain::ChainConfig& c) { return !c.Contains(2); },
       absl::Seconds(10)))
       << "shard 2 was not dropped after the wipe";
   Finish(group, *cluster);
@@ -1047,7 +1041,7 @@ TEST_F(ReplicationTest, DuplicateShardIsRefused) {
   EXPECT_LT(WorkerSteps(*cluster, 0), kDuplicateEpochs * kStepsPerEpoch)
       << "the job ended before the second shard 0 gave up";
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "dup", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "dup", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_EQ(chain->epoch, 1) << "group " << g << "'s chain changed";
   }
@@ -1126,7 +1120,7 @@ TEST_F(ReplicationTest, ChangedLayoutIsRefused) {
     EXPECT_NE(text.find(relayout.expected), std::string::npos) << text;
   }
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client_, "relayout", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client_, "relayout", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_EQ(chain->epoch, 1) << "group " << g << "'s chain changed";
   }
@@ -1157,11 +1151,11 @@ TEST(ReplicationEtcdClusterTest, EtcdMemberDies) {
   std::unique_ptr<etcd::EtcdClient> client = Connect((*etcd)[1]->endpoint());
   ASSERT_NE(client, nullptr);
   for (int s = 0; s < kShards; ++s) {
-    EXPECT_TRUE(client->Get(common::MemberKey("member", s)).ok())
+    EXPECT_TRUE(client->Get(chain::MemberKey("member", s)).ok())
         << "shard " << s << " lost its lease when one etcd member died";
   }
   for (int g = 0; g < kShards; ++g) {
-    absl::StatusOr<common::ChainConfig> chain = Chain(*client, "member", g);
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*client, "member", g);
     ASSERT_TRUE(chain.ok()) << chain.status();
     EXPECT_EQ(chain->epoch, 1) << "group " << g << "'s chain changed";
   }
@@ -1175,7 +1169,7 @@ TEST(ReplicationEtcdClusterTest, EtcdMemberDies) {
   (void)group.Wait(cluster->shards[2], absl::Seconds(10));
   const absl::Time killed = absl::Now();
   ASSERT_TRUE(WaitForChains(
-      *client, "member", [](const common::ChainConfig& c) { return !c.Contains(2); },
+      *client, "member", [](const chain::ChainConfig& c) { return !c.Contains(2); },
       absl::Seconds(10)))
       << "shard 2 was not dropped from its chains";
   std::printf("ETCD MEMBER DIES: shard 2 dropped from its chains %s after its SIGKILL\n",

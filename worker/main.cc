@@ -20,17 +20,19 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "app/client_security_flags.h"
+#include "app/deadlock_detection.h"
+#include "app/etcd_security_flags.h"
+#include "app/flags_usage.h"
+#include "app/malloc_tuning.h"
+#include "chain/placement.h"
+#include "chain/replication_keys.h"
 #include "client/client_metrics.h"
 #include "client/ps_client.h"
 #include "common/atomic_file.h"
-#include "common/client_security_flags.h"
-#include "common/deadlock_detection.h"
-#include "common/etcd_security_flags.h"
-#include "common/flags_usage.h"
-#include "common/malloc_tuning.h"
 #include "common/metrics.h"
 #include "common/partition.h"
-#include "common/replication_keys.h"
+#include "common/payload.h"
 #include "common/status_macros.h"
 #include "worker/data/dataset.h"
 #include "worker/device/device_options.h"
@@ -116,14 +118,6 @@ namespace {
 
 using namespace shardtrain;  // NOLINT: a binary's main file
 
-absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  if (name == "f32") return DTYPE_F32;
-  if (name == "f16") return DTYPE_F16;
-  if (name == "bf16") return DTYPE_BF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("must be f32, f16 or bf16, got ", name));
-}
-
 // Parses the value of flag --`flag` with `parse` (one of the Parse*
 // functions above or in the libraries); an error names the flag:
 // "--device must be cpu or cuda, got tpu".
@@ -182,7 +176,7 @@ absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
   const int replicas = absl::GetFlag(FLAGS_replicas);
   const int num_shards = static_cast<int>(options->servers.size());
   if (num_shards > 0) {
-    const absl::Status valid = common::ValidateReplicas(num_shards, replicas);
+    const absl::Status valid = chain::ValidateReplicas(num_shards, replicas);
     if (!valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--replicas: ", valid.message()));
     }
@@ -192,7 +186,7 @@ absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
   options->job = absl::GetFlag(FLAGS_job);
   if (replicas > 1) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        common::MakeEtcdCredentials(common::EtcdSecurityFromFlags());
+        common::MakeEtcdCredentials(app::EtcdSecurityFromFlags());
     if (!credentials.ok()) return credentials.status();
     options->etcd_credentials = *std::move(credentials);
   }
@@ -201,7 +195,7 @@ absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
         "--etcd_endpoints is required with --replicas=", replicas,
         ": the worker routes by the chains kept there"));
   }
-  const absl::Status job = common::ValidateJobName(options->job);
+  const absl::Status job = chain::ValidateJobName(options->job);
   if (!job.ok()) return absl::InvalidArgumentError(absl::StrCat("--job: ", job.message()));
   return absl::OkStatus();
 }
@@ -221,11 +215,11 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client_options.keepalive_timeout = client_options.keepalive_time;
   client_options.max_partition_elements = absl::GetFlag(FLAGS_max_partition_elements);
   ASSIGN_OR_RETURN(client_options.wire_dtype,
-                   ParseFlag("wire_dtype", absl::GetFlag(FLAGS_wire_dtype), ParseDType));
+                   ParseFlag("wire_dtype", absl::GetFlag(FLAGS_wire_dtype), common::ParseDTypeName));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
   client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
-  client_options.security = common::ClientSecurityFromFlags();
+  client_options.security = app::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
   RETURN_IF_ERROR(ReplicationFromFlags(&client_options));
@@ -390,9 +384,9 @@ absl::Status RunWorker() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
-  shardtrain::common::ParseFlags(argc, argv, "One trainer of a shardtrain job.");
-  shardtrain::common::KeepLargeBuffersInHeap();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
+  shardtrain::app::ParseFlags(argc, argv, "One trainer of a shardtrain job.");
+  shardtrain::app::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   const absl::Status status = RunWorker();

@@ -1,4 +1,4 @@
-// EtcdChains: a real etcd (common/etcd/testing/etcd_process.h) holding the
+// EtcdChains: a real etcd (etcd/testing/etcd_process.h) holding the
 // chain configurations of one test job, written the way the shards write
 // them (a put for the first config, compare-and-swap for each change), for
 // the tests of the client's chain routing.
@@ -6,7 +6,7 @@
 //   if (!etcd::testing::EtcdProcess::Available()) GTEST_SKIP() << ...;
 //   ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdChains> chains, EtcdChains::Start("job"));
 //   ASSERT_OK(chains->Put(/*group=*/0, /*shards=*/{0, 1}).status());   // epoch 1
-//   ASSERT_OK_AND_ASSIGN(common::ChainConfig next, chains->Change(0, {1}));  // epoch 2
+//   ASSERT_OK_AND_ASSIGN(chain::ChainConfig next, chains->Change(0, {1}));  // epoch 2
 //
 // Not thread-safe: one test thread drives it (Change may be called from a
 // test server's handler while the test thread waits).
@@ -21,11 +21,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
-#include "common/etcd/testing/etcd_process.h"
-#include "common/replication_keys.h"
+#include "chain/chain_config.h"
+#include "chain/replication_keys.h"
 #include "common/status_macros.h"
+#include "etcd/etcd_client.h"
+#include "etcd/testing/etcd_process.h"
 
 namespace shardtrain::client::testing {
 
@@ -44,41 +44,41 @@ class EtcdChains {
   }
 
   // A config of `group` with `shards` as members, head first.
-  static absl::StatusOr<common::ChainConfig> Config(int group, int64_t epoch,
+  static absl::StatusOr<chain::ChainConfig> Config(int group, int64_t epoch,
                                                     const std::vector<int>& shards,
                                                     int replicas = 2) {
-    std::vector<common::ChainConfig::Member> members;
+    std::vector<chain::ChainConfig::Member> members;
     for (int shard : shards) {
       members.push_back({shard, absl::StrCat("shard-", shard, ":7000"),
                          static_cast<uint64_t>(1000 + shard)});
     }
-    ASSIGN_OR_RETURN(common::ChainConfig config,
-                     common::MakeChainConfig(group, replicas, std::move(members)));
+    ASSIGN_OR_RETURN(chain::ChainConfig config,
+                     chain::MakeChainConfig(group, replicas, std::move(members)));
     config.epoch = epoch;
     return config;
   }
 
   // Puts `group`'s chain at `epoch`, whatever was there.
-  absl::StatusOr<common::ChainConfig> Put(int group, const std::vector<int>& shards,
+  absl::StatusOr<chain::ChainConfig> Put(int group, const std::vector<int>& shards,
                                           int64_t epoch = 1, int replicas = 2) {
-    ASSIGN_OR_RETURN(common::ChainConfig config, Config(group, epoch, shards, replicas));
+    ASSIGN_OR_RETURN(chain::ChainConfig config, Config(group, epoch, shards, replicas));
     RETURN_IF_ERROR(
-        client_->Put(common::ChainKey(job_, group), common::EncodeChainConfig(config))
+        client_->Put(chain::ChainKey(job_, group), chain::EncodeChainConfig(config))
             .status());
     return config;
   }
 
   // Changes `group`'s chain to `shards`, one epoch later, by
   // compare-and-swap on what is there.
-  absl::StatusOr<common::ChainConfig> Change(int group, const std::vector<int>& shards) {
-    const std::string key = common::ChainKey(job_, group);
+  absl::StatusOr<chain::ChainConfig> Change(int group, const std::vector<int>& shards) {
+    const std::string key = chain::ChainKey(job_, group);
     ASSIGN_OR_RETURN(const etcd::KeyValue kv, client_->Get(key));
-    ASSIGN_OR_RETURN(const common::ChainConfig now, common::DecodeChainConfig(kv.value));
-    ASSIGN_OR_RETURN(common::ChainConfig next,
+    ASSIGN_OR_RETURN(const chain::ChainConfig now, chain::DecodeChainConfig(kv.value));
+    ASSIGN_OR_RETURN(chain::ChainConfig next,
                      Config(group, now.epoch + 1, shards, now.replicas));
     ASSIGN_OR_RETURN(const etcd::CasResult cas,
                      client_->CompareAndSwap(key, kv.mod_revision,
-                                             common::EncodeChainConfig(next)));
+                                             chain::EncodeChainConfig(next)));
     if (!cas.succeeded) return absl::AbortedError(absl::StrCat(key, " changed meanwhile"));
     return next;
   }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/credentials.h"
+#include "common/payload.h"
 
 namespace shardtrain::python {
 namespace py = pybind11;
@@ -30,10 +31,9 @@ int64_t InRange(const char* name, int64_t value, int64_t lo, int64_t hi) {
 }
 
 DType ParseDType(const std::string& name) {
-  if (name == "f32") return DTYPE_F32;
-  if (name == "f16") return DTYPE_F16;
-  if (name == "bf16") return DTYPE_BF16;
-  throw py::value_error(absl::StrCat("wire_dtype must be f32, f16 or bf16, got '", name, "'"));
+  absl::StatusOr<DType> dtype = common::ParseDTypeName(name);
+  if (!dtype.ok()) throw py::value_error(absl::StrCat("wire_dtype ", dtype.status().message()));
+  return *dtype;
 }
 
 }  // namespace

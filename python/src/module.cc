@@ -6,7 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/deadlock_detection.h"
+#include "app/deadlock_detection.h"
 #include "python/src/client.h"
 #include "python/src/errors.h"
 #include "python/src/tensors.h"
@@ -55,7 +55,7 @@ Errors from the shards or the network raise ShardtrainError (.code,
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  shardtrain::common::SkipDeadlockDetectionInRelease();
+  shardtrain::app::SkipDeadlockDetectionInRelease();
   InitLogging();
   m.doc() = "The shardtrain parameter-server client (C++ extension).";
   m.attr("__version__") = SHARDTRAIN_VERSION;

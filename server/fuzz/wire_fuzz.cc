@@ -1,4 +1,4 @@
-// wire_fuzz: libFuzzer target over the zero-copy parsers of common/wire
+// wire_fuzz: libFuzzer target over the zero-copy parsers of wire
 // (message_views.h), differential against stock protobuf.
 //
 // Each input names one of the four data-path messages and cuts its bytes
@@ -23,11 +23,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
-#include "common/wire/message_encoder.h"
-#include "common/wire/message_views.h"
-#include "common/wire/testing/view_diff.h"
 #include "proto/shardtrain.pb.h"
 #include "server/fuzz/wire_fuzz_input.h"
+#include "wire/message_encoder.h"
+#include "wire/message_views.h"
+#include "wire/testing/view_diff.h"
 
 namespace shardtrain::server::fuzz {
 namespace {
@@ -109,7 +109,7 @@ void CheckPullReencodes(const wire::PullResponseView& view) {
   if (!diff.empty()) Fail("re-encoded pull response differs", diff);
 }
 
-// `parse(message, &view)` is one of the parsers of common/wire/message_views.h.
+// `parse(message, &view)` is one of the parsers of wire/message_views.h.
 template <typename Stock, typename View, typename Parse>
 void Check(const WireInput& input, Parse parse, const char* error_prefix) {
   // The views borrow the messages.

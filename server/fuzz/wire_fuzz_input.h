@@ -1,4 +1,4 @@
-// The input format of wire_fuzz (the zero-copy parsers of common/wire),
+// The input format of wire_fuzz (the zero-copy parsers of wire),
 // shared by the target and its seed generator.
 //
 //   byte 0        bits 0-1: the message (WireMessage), bits 2-5: cuts n

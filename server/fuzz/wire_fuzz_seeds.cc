@@ -1,14 +1,14 @@
 // wire_fuzz_seeds DIR: writes the seed corpus of wire_fuzz into DIR: the
-// sample messages of common/wire/testing/wire_samples.h in every dtype and
+// sample messages of wire/testing/wire_samples.h in every dtype and
 // encoding, each whole and cut into a few slices (format in
 // server/fuzz/wire_fuzz_input.h).
 #include <cstdio>
 #include <fstream>
 #include <string>
 
-#include "common/wire/testing/wire_samples.h"
 #include "proto/shardtrain.pb.h"
 #include "server/fuzz/wire_fuzz_input.h"
+#include "wire/testing/wire_samples.h"
 
 namespace shardtrain::server::fuzz {
 namespace {

@@ -5,7 +5,7 @@
 // For rare requests that may hold very many small messages (Register: up to
 // a million tensor specs in one message). Parsed on the heap, such a request
 // would leave its memory in the allocator's free lists (the heap is not
-// trimmed, see common/malloc_tuning.h); in an arena it is returned whole as
+// trimmed, see app/malloc_tuning.h); in an arena it is returned whole as
 // soon as the call is done. Thread-safe.
 #ifndef SHARDTRAIN_SERVER_INTERNAL_ARENA_MESSAGES_H_
 #define SHARDTRAIN_SERVER_INTERNAL_ARENA_MESSAGES_H_

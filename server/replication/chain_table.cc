@@ -27,12 +27,12 @@ bool ChainTable::Serves(int group) const {
   return std::find(groups_.begin(), groups_.end(), group) != groups_.end();
 }
 
-bool ChainTable::IsMember(const common::ChainConfig& config) const {
+bool ChainTable::IsMember(const chain::ChainConfig& config) const {
   const std::optional<size_t> index = config.IndexOf(shard_);
   return index && config.members[*index].incarnation == incarnation_;
 }
 
-bool ChainTable::Update(const common::ChainConfig& config) {
+bool ChainTable::Update(const chain::ChainConfig& config) {
   if (!Serves(config.group)) return false;
   absl::MutexLock lock(&mu_);
   auto it = configs_.find(config.group);
@@ -43,7 +43,7 @@ bool ChainTable::Update(const common::ChainConfig& config) {
   LOG(INFO) << "shard " << shard_ << ": group " << config.group << " chain epoch "
             << config.epoch << ": ["
             << absl::StrJoin(config.members, ", ",
-                             [](std::string* out, const common::ChainConfig::Member& m) {
+                             [](std::string* out, const chain::ChainConfig::Member& m) {
                                absl::StrAppend(out, m.shard);
                              })
             << "]" << (was_member && !member ? " (this shard left it)" : "");
@@ -60,14 +60,14 @@ void ChainTable::PublishLocked(int group) {
     metrics_->chain_position(group).Set(-1);
     return;
   }
-  const common::ChainConfig& config = it->second;
+  const chain::ChainConfig& config = it->second;
   metrics_->chain_members(group).Set(static_cast<double>(config.members.size()));
   metrics_->chain_epoch(group).Set(static_cast<double>(config.epoch));
   metrics_->chain_position(group).Set(
       IsMember(config) ? static_cast<double>(*config.IndexOf(shard_)) : -1);
 }
 
-std::optional<common::ChainConfig> ChainTable::Get(int group) const {
+std::optional<chain::ChainConfig> ChainTable::Get(int group) const {
   absl::MutexLock lock(&mu_);
   auto it = configs_.find(group);
   if (it == configs_.end()) return std::nullopt;
@@ -104,7 +104,7 @@ absl::Status ChainTable::CheckLocked(int group, uint64_t epoch, Role role) const
     return Refuse(absl::StrFormat("not serving group %d: shard %d has no chain for it",
                                   group, shard_));
   }
-  const common::ChainConfig& config = it->second;
+  const chain::ChainConfig& config = it->second;
   if (static_cast<int64_t>(epoch) > config.epoch) {
     // The sender read a newer configuration than this shard's watch has
     // delivered yet: a moment's wait, not a stale sender.
@@ -201,7 +201,7 @@ void ChainTable::Unfreeze(int group) {
   frozen_[group] = false;
 }
 
-std::optional<common::ChainConfig::Member> ChainTable::Successor(int group,
+std::optional<chain::ChainConfig::Member> ChainTable::Successor(int group,
                                                                   int64_t* epoch,
                                                                   bool* is_member) const {
   absl::MutexLock lock(&mu_);
@@ -257,7 +257,7 @@ void ChainTable::Unfence() {
 void ChainTable::Describe(const std::function<int64_t(int)>& ops,
                           const std::function<int64_t(int)>& acked,
                           google::protobuf::RepeatedPtrField<ChainState>* out) const {
-  std::map<int, common::ChainConfig> configs;
+  std::map<int, chain::ChainConfig> configs;
   std::map<int, bool> catching;
   {
     absl::MutexLock lock(&mu_);
@@ -271,7 +271,7 @@ void ChainTable::Describe(const std::function<int64_t(int)>& ops,
     auto it = configs.find(group);
     if (it != configs.end()) {
       state.set_epoch(it->second.epoch);
-      for (const common::ChainConfig::Member& m : it->second.members) {
+      for (const chain::ChainConfig::Member& m : it->second.members) {
         state.add_members(m.shard);
       }
       if (IsMember(it->second)) {

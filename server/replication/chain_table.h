@@ -42,7 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/chain_config.h"
+#include "chain/chain_config.h"
 #include "proto/shardtrain.pb.h"
 #include "server/replication/replication_metrics.h"
 
@@ -63,9 +63,9 @@ class ChainTable {
 
   // Adopts `config` if it is for a served group and newer (by epoch) than
   // the one held. Returns whether it was adopted.
-  bool Update(const common::ChainConfig& config);
+  bool Update(const chain::ChainConfig& config);
   // The newest configuration of `group`; nullopt before the first.
-  std::optional<common::ChainConfig> Get(int group) const;
+  std::optional<chain::ChainConfig> Get(int group) const;
 
   // OK when a request for `group` naming `epoch` may be served here in
   // `role` now (see the file comment); UNAVAILABLE saying why otherwise,
@@ -90,7 +90,7 @@ class ChainTable {
   bool IsHead(int group) const;
   // This member's successor in `group`'s newest chain and that chain's
   // epoch: nullopt (with *is_member) when this shard is the tail.
-  std::optional<common::ChainConfig::Member> Successor(int group, int64_t* epoch,
+  std::optional<chain::ChainConfig::Member> Successor(int group, int64_t* epoch,
                                                         bool* is_member) const;
 
   // A joining tail copies the group's state before it serves it.
@@ -111,7 +111,7 @@ class ChainTable {
                 google::protobuf::RepeatedPtrField<ChainState>* out) const;
 
  private:
-  bool IsMember(const common::ChainConfig& config) const;
+  bool IsMember(const chain::ChainConfig& config) const;
   absl::Status CheckLocked(int group, uint64_t epoch, Role role) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsHeadLocked(int group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,7 +125,7 @@ class ChainTable {
   ReplicationMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
-  std::map<int, common::ChainConfig> configs_ ABSL_GUARDED_BY(mu_);
+  std::map<int, chain::ChainConfig> configs_ ABSL_GUARDED_BY(mu_);
   std::map<int, bool> catching_up_ ABSL_GUARDED_BY(mu_);
   std::map<int, int64_t> admitted_ ABSL_GUARDED_BY(mu_);  // by group
   std::map<int, bool> frozen_ ABSL_GUARDED_BY(mu_);

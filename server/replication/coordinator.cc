@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/partition.h"
-#include "common/replication_keys.h"
+#include "chain/placement.h"
+#include "chain/replication_keys.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::server {
@@ -45,7 +45,7 @@ Coordinator::Coordinator(const CoordinatorOptions& options, Shard* shard, ChainT
 absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(
     const CoordinatorOptions& options, Shard* shard, ChainTable* table,
     Forwarder* forwarder, ReplicationMetrics* metrics) {
-  RETURN_IF_ERROR(common::ValidateJobName(options.job));
+  RETURN_IF_ERROR(chain::ValidateJobName(options.job));
   std::unique_ptr<Coordinator> coordinator(
       new Coordinator(options, shard, table, forwarder, metrics));
   etcd::EtcdClient::Options etcd_options;
@@ -79,10 +79,10 @@ void Coordinator::StartWatches() {
     wake_ = true;
   };
   chain_watch_ = etcd_->Watch(
-      common::ChainsPrefix(options_.job), 0,
+      chain::ChainsPrefix(options_.job), 0,
       [this](const etcd::WatchEvent& event) {
         if (event.type != etcd::WatchEvent::Type::kPut) return;
-        absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(event.value);
+        absl::StatusOr<chain::ChainConfig> config = chain::DecodeChainConfig(event.value);
         if (!config.ok()) {
           LOG(ERROR) << "ignoring chain " << event.key << ": " << config.status();
           return;
@@ -90,7 +90,7 @@ void Coordinator::StartWatches() {
         if (Adopt(*config)) Wake();
       },
       ended);
-  member_watch_ = etcd_->Watch(common::MembersPrefix(options_.job), 0,
+  member_watch_ = etcd_->Watch(chain::MembersPrefix(options_.job), 0,
                                [this](const etcd::WatchEvent&) { Wake(); }, ended);
 }
 
@@ -117,21 +117,21 @@ Coordinator::~Coordinator() {
 }
 
 absl::Status Coordinator::CheckLayout() {
-  const std::string prefix = common::ChainsPrefix(options_.job);
+  const std::string prefix = chain::ChainsPrefix(options_.job);
   absl::StatusOr<etcd::RangeResult> chains = etcd_->GetPrefix(prefix);
   if (!chains.ok()) {
     return absl::UnavailableError(
         absl::StrCat("reading ", prefix, " from etcd: ", chains.status().message()));
   }
-  std::vector<std::pair<std::string, common::ChainConfig>> configs;
+  std::vector<std::pair<std::string, chain::ChainConfig>> configs;
   for (const etcd::KeyValue& kv : chains->kvs) {
-    absl::StatusOr<common::ChainConfig> config = common::DecodeChainConfig(kv.value);
+    absl::StatusOr<chain::ChainConfig> config = chain::DecodeChainConfig(kv.value);
     if (config.ok()) configs.emplace_back(kv.key, *std::move(config));
   }
   const std::string remedy = absl::StrFormat(
       "run the new layout as another --job (or remove the old job's keys first: etcdctl del "
       "--prefix %s)",
-      common::JobPrefix(options_.job));
+      chain::JobPrefix(options_.job));
   for (const auto& [key, config] : configs) {
     if (config.replicas != options_.replicas) {
       return absl::FailedPreconditionError(absl::StrFormat(
@@ -153,8 +153,8 @@ absl::Status Coordinator::CheckLayout() {
   // outside them is from a job with another shard count.
   for (const auto& [key, config] : configs) {
     const std::vector<int> placed =
-        common::InitialChain(config.group, options_.num_shards, options_.replicas);
-    for (const common::ChainConfig::Member& member : config.members) {
+        chain::InitialChain(config.group, options_.num_shards, options_.replicas);
+    for (const chain::ChainConfig::Member& member : config.members) {
       if (std::find(placed.begin(), placed.end(), member.shard) != placed.end()) continue;
       return absl::FailedPreconditionError(absl::StrFormat(
           "etcd's chain of group %d of job '%s' (%s) has shard %d as a member, which a job "
@@ -169,7 +169,7 @@ absl::Status Coordinator::CheckLayout() {
 
 absl::Status Coordinator::TakeLease() {
   ASSIGN_OR_RETURN(etcd::Lease lease, ClaimMemberKey());
-  common::ChainConfig::Member me{table_->shard(), options_.advertise_address,
+  chain::ChainConfig::Member me{table_->shard(), options_.advertise_address,
                                  table_->incarnation()};
   absl::MutexLock lock(&mu_);
   lease_ = lease;
@@ -182,10 +182,10 @@ absl::Status Coordinator::TakeLease() {
 }
 
 absl::StatusOr<etcd::Lease> Coordinator::ClaimMemberKey() {
-  const common::ChainConfig::Member me{table_->shard(), options_.advertise_address,
+  const chain::ChainConfig::Member me{table_->shard(), options_.advertise_address,
                                        table_->incarnation()};
-  const std::string key = common::MemberKey(options_.job, me.shard);
-  const std::string value = common::EncodeChainMember(me);
+  const std::string key = chain::MemberKey(options_.job, me.shard);
+  const std::string value = chain::EncodeChainMember(me);
   // A dead predecessor's key goes with its lease, within about a ttl (etcd
   // checks expiry every 500 ms); a key kept alive longer than this belongs
   // to a live process.
@@ -206,8 +206,8 @@ absl::StatusOr<etcd::Lease> Coordinator::ClaimMemberKey() {
     if (!cas.ok()) return cas.status();
     expected = 0;
     if (!cas->current.has_value()) continue;  // it went between the two reads
-    absl::StatusOr<common::ChainConfig::Member> holder =
-        common::DecodeChainMember(cas->current->value);
+    absl::StatusOr<chain::ChainConfig::Member> holder =
+        chain::DecodeChainMember(cas->current->value);
     if (holder.ok() && holder->incarnation == me.incarnation) {
       expected = cas->current->mod_revision;  // this process's own, from a lost lease
       continue;
@@ -241,7 +241,7 @@ void Coordinator::OnLeaseLost(absl::Status why) {
   wake_ = true;
 }
 
-bool Coordinator::Adopt(const common::ChainConfig& config) {
+bool Coordinator::Adopt(const chain::ChainConfig& config) {
   if (!table_->Update(config)) return false;
   // Forwards stuck on a successor this chain dropped (it hangs, or is cut
   // off) go to the new one now rather than at their deadline.
@@ -334,11 +334,11 @@ void Coordinator::Loop() {
 
 void Coordinator::Reconcile() {
   absl::StatusOr<etcd::RangeResult> members =
-      etcd_->GetPrefix(common::MembersPrefix(options_.job));
+      etcd_->GetPrefix(chain::MembersPrefix(options_.job));
   absl::StatusOr<etcd::RangeResult> chains =
-      etcd_->GetPrefix(common::ChainsPrefix(options_.job));
+      etcd_->GetPrefix(chain::ChainsPrefix(options_.job));
   absl::StatusOr<etcd::KeyValue> drained =
-      etcd_->Get(common::DrainedKey(options_.job, table_->shard()));
+      etcd_->Get(chain::DrainedKey(options_.job, table_->shard()));
   if (!members.ok() || !chains.ok() ||
       (!drained.ok() && drained.status().code() != absl::StatusCode::kNotFound)) {
     LOG_EVERY_N(WARNING, 50) << "shard " << table_->shard() << ": etcd unreachable ("
@@ -346,15 +346,15 @@ void Coordinator::Reconcile() {
                              << "); chains unchanged";
     return;
   }
-  std::map<int, common::ChainConfig::Member> live;
+  std::map<int, chain::ChainConfig::Member> live;
   for (const etcd::KeyValue& kv : members->kvs) {
-    absl::StatusOr<common::ChainConfig::Member> member =
-        common::DecodeChainMember(kv.value);
+    absl::StatusOr<chain::ChainConfig::Member> member =
+        chain::DecodeChainMember(kv.value);
     if (member.ok()) live[member->shard] = *std::move(member);
   }
   std::map<int, etcd::KeyValue> by_group;
   for (const etcd::KeyValue& kv : chains->kvs) {
-    absl::StatusOr<int> group = common::GroupFromChainKey(options_.job, kv.key);
+    absl::StatusOr<int> group = chain::GroupFromChainKey(options_.job, kv.key);
     if (group.ok()) by_group[*group] = kv;
   }
   // A shard whose own liveness key is gone (its lease expired: after an
@@ -378,21 +378,21 @@ void Coordinator::Reconcile() {
 }
 
 void Coordinator::ReconcileGroup(int group,
-                                 const std::map<int, common::ChainConfig::Member>& live,
+                                 const std::map<int, chain::ChainConfig::Member>& live,
                                  bool drained, bool may_change,
                                  std::optional<etcd::KeyValue> chain) {
   const int me = table_->shard();
   const uint64_t incarnation = table_->incarnation();
-  const common::ChainConfig::Member self{me, options_.advertise_address, incarnation};
-  auto alive = [&](const common::ChainConfig::Member& m) {
+  const chain::ChainConfig::Member self{me, options_.advertise_address, incarnation};
+  auto alive = [&](const chain::ChainConfig::Member& m) {
     auto it = live.find(m.shard);
     return it != live.end() && it->second.incarnation == m.incarnation;
   };
   // etcd's chain of the group; NOT_FOUND when there is none.
-  const absl::StatusOr<common::ChainConfig> config =
-      chain ? common::DecodeChainConfig(chain->value)
-            : absl::StatusOr<common::ChainConfig>(absl::NotFoundError("no chain in etcd"));
-  const std::optional<common::ChainConfig> known = table_->Get(group);
+  const absl::StatusOr<chain::ChainConfig> config =
+      chain ? chain::DecodeChainConfig(chain->value)
+            : absl::StatusOr<chain::ChainConfig>(absl::NotFoundError("no chain in etcd"));
+  const std::optional<chain::ChainConfig> known = table_->Get(group);
   if (known.has_value() && may_change &&
       (!config.ok() || config->epoch < known->epoch ||
        (config->epoch == known->epoch && config->members != known->members))) {
@@ -404,9 +404,9 @@ void Coordinator::ReconcileGroup(int group,
   if (!chain) {
     if (group != me || drained || !may_change || known.has_value()) return;
     // The initial head forms it.
-    std::vector<common::ChainConfig::Member> members;
+    std::vector<chain::ChainConfig::Member> members;
     bool all_up = true;
-    for (int shard : common::InitialChain(group, options_.num_shards, options_.replicas)) {
+    for (int shard : chain::InitialChain(group, options_.num_shards, options_.replicas)) {
       if (shard == me) {
         members.push_back(self);
         continue;
@@ -419,8 +419,8 @@ void Coordinator::ReconcileGroup(int group,
       }
     }
     if (!all_up && absl::Now() - start_ < options_.form_timeout) return;
-    absl::StatusOr<common::ChainConfig> formed =
-        common::MakeChainConfig(group, options_.replicas, std::move(members));
+    absl::StatusOr<chain::ChainConfig> formed =
+        chain::MakeChainConfig(group, options_.replicas, std::move(members));
     if (!formed.ok()) {
       LOG(ERROR) << "forming group " << group << ": " << formed.status();
       return;
@@ -445,9 +445,9 @@ void Coordinator::ReconcileGroup(int group,
   if (member) {
     // Drop members whose liveness key is gone (or belongs to a newer
     // incarnation: they restarted and will rejoin as tails).
-    for (const common::ChainConfig::Member& m : config->members) {
+    for (const chain::ChainConfig::Member& m : config->members) {
       if (m.shard == me || alive(m)) continue;
-      absl::StatusOr<common::ChainConfig> next = config->Remove(m.shard, m.incarnation);
+      absl::StatusOr<chain::ChainConfig> next = config->Remove(m.shard, m.incarnation);
       if (!next.ok()) {
         LOG_EVERY_N(ERROR, 50) << "group " << group << ": cannot drop shard " << m.shard
                                << ": " << next.status();
@@ -471,7 +471,7 @@ void Coordinator::ReconcileGroup(int group,
   if (drained || !may_change) return;
   // A dead incarnation of this shard still listed: drop it first.
   if (index) {
-    absl::StatusOr<common::ChainConfig> next =
+    absl::StatusOr<chain::ChainConfig> next =
         config->Remove(me, config->members[*index].incarnation);
     // This shard was the group's last copy, or the only members left are
     // tails still copying the state from it: nothing can be caught up from
@@ -487,7 +487,7 @@ void Coordinator::ReconcileGroup(int group,
                  << "; shard " << me
                  << " takes it over with the parameters it holds now (updates since "
                  << "its last checkpoint are lost)";
-      common::ChainConfig next_config = *config;
+      chain::ChainConfig next_config = *config;
       next_config.members = {self};
       ++next_config.epoch;
       Swap(group, chain, next_config, "member_joined");
@@ -495,7 +495,7 @@ void Coordinator::ReconcileGroup(int group,
     return;
   }
   if (static_cast<int>(config->members.size()) >= config->replicas) return;
-  absl::StatusOr<common::ChainConfig> next = config->AppendTail(self);
+  absl::StatusOr<chain::ChainConfig> next = config->AppendTail(self);
   if (!next.ok()) return;
   table_->SetCatchingUp(group, true);
   metrics_->catchup_in_progress().Set(1);
@@ -507,20 +507,20 @@ void Coordinator::ReconcileGroup(int group,
   }
 }
 
-bool Coordinator::StillCopying(int group, const common::ChainConfig& chain) {
-  for (const common::ChainConfig::Member& m : chain.members) {
+bool Coordinator::StillCopying(int group, const chain::ChainConfig& chain) {
+  for (const chain::ChainConfig::Member& m : chain.members) {
     absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
     if (!state.ok() || !state->catching_up()) return false;
   }
   return true;
 }
 
-bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig& next,
-                                   const common::ChainConfig::Member& gone) {
+bool Coordinator::LastCopyWaitOver(int group, const chain::ChainConfig& next,
+                                   const chain::ChainConfig::Member& gone) {
   // A member left before this one that is not copying holds the state.
   // Tails join one at a time behind the others, so one that answers it is
   // still copying (R=3, two rejoining) has only copying members behind it.
-  for (const common::ChainConfig::Member& m : next.members) {
+  for (const chain::ChainConfig::Member& m : next.members) {
     if (m.shard == table_->shard()) break;
     absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
     if (state.ok() && !state->catching_up()) return true;
@@ -548,13 +548,13 @@ bool Coordinator::LastCopyWaitOver(int group, const common::ChainConfig& next,
   return true;
 }
 
-void Coordinator::RestoreChain(int group, const common::ChainConfig& known,
-                               const std::map<int, common::ChainConfig::Member>& live) {
+void Coordinator::RestoreChain(int group, const chain::ChainConfig& known,
+                               const std::map<int, chain::ChainConfig::Member>& live) {
   // Its members whose lease is alive (they took new ones after the loss),
   // in order; the first of them puts it back, the others wait for it.
-  common::ChainConfig next = known;
+  chain::ChainConfig next = known;
   next.members.clear();
-  for (const common::ChainConfig::Member& m : known.members) {
+  for (const chain::ChainConfig::Member& m : known.members) {
     auto it = live.find(m.shard);
     if (it != live.end() && it->second.incarnation == m.incarnation) next.members.push_back(m);
   }
@@ -567,9 +567,9 @@ void Coordinator::RestoreChain(int group, const common::ChainConfig& known,
   // only grow, so a chain still absent or older now was lost.
   std::optional<etcd::KeyValue> kv;
   int64_t etcd_epoch = 0;
-  absl::StatusOr<etcd::KeyValue> fresh = etcd_->Get(common::ChainKey(options_.job, group));
+  absl::StatusOr<etcd::KeyValue> fresh = etcd_->Get(chain::ChainKey(options_.job, group));
   if (fresh.ok()) {
-    absl::StatusOr<common::ChainConfig> held = common::DecodeChainConfig(fresh->value);
+    absl::StatusOr<chain::ChainConfig> held = chain::DecodeChainConfig(fresh->value);
     if (held.ok() && (held->epoch > known.epoch ||
                       (held->epoch == known.epoch && held->members == known.members))) {
       lost_since_.erase(group);
@@ -606,10 +606,10 @@ void Coordinator::RestoreChain(int group, const common::ChainConfig& known,
 }
 
 bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
-                       const common::ChainConfig& next, const char* reason) {
+                       const chain::ChainConfig& next, const char* reason) {
   absl::StatusOr<etcd::CasResult> cas =
-      etcd_->CompareAndSwap(common::ChainKey(options_.job, group),
-                            kv ? kv->mod_revision : 0, common::EncodeChainConfig(next));
+      etcd_->CompareAndSwap(chain::ChainKey(options_.job, group),
+                            kv ? kv->mod_revision : 0, chain::EncodeChainConfig(next));
   if (!cas.ok()) {
     LOG(WARNING) << "group " << group << ": chain change (" << reason
                  << ") not made: " << cas.status();
@@ -626,11 +626,11 @@ bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
 }
 
 void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
-                               const common::ChainConfig& config,
-                               const std::map<int, common::ChainConfig::Member>& live) {
+                               const chain::ChainConfig& config,
+                               const std::map<int, chain::ChainConfig::Member>& live) {
   if (static_cast<int>(config.members.size()) < config.replicas) return;  // a tail may join
-  absl::StatusOr<common::ChainConfig> next = config.Reorder(
-      common::InitialChain(group, options_.num_shards, options_.replicas));
+  absl::StatusOr<chain::ChainConfig> next = config.Reorder(
+      chain::InitialChain(group, options_.num_shards, options_.replicas));
   if (!next.ok() || next->members == config.members) return;
   HandOverBackoff& backoff = hand_over_backoff_[group];
   if (backoff.epoch == config.epoch && absl::Now() < backoff.not_before) return;
@@ -641,7 +641,7 @@ void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
   ChainSeen& seen = chain_seen_[group];
   if (seen.epoch != config.epoch) seen = ChainSeen{config.epoch, absl::Now()};
   bool calm = absl::Now() - seen.since >= kHandOverCalm && !table_->Fenced();
-  for (const common::ChainConfig::Member& m : config.members) {
+  for (const chain::ChainConfig::Member& m : config.members) {
     auto it = live.find(m.shard);
     calm = calm && it != live.end() && it->second.incarnation == m.incarnation;
   }
@@ -685,9 +685,9 @@ void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
   table_->Unfreeze(group);
 }
 
-std::string Coordinator::MembersBehind(int group, const common::ChainConfig& config,
+std::string Coordinator::MembersBehind(int group, const chain::ChainConfig& config,
                                        std::optional<int64_t> ops) {
-  for (const common::ChainConfig::Member& m : config.members) {
+  for (const chain::ChainConfig::Member& m : config.members) {
     if (m.shard == table_->shard()) continue;
     absl::StatusOr<ChainState> state = forwarder_->MemberState(m.address, group, kHandOverAsk);
     if (!state.ok()) return state.status().ToString();
@@ -705,8 +705,8 @@ std::string Coordinator::MembersBehind(int group, const common::ChainConfig& con
   return "";
 }
 
-void Coordinator::CatchUp(int group, const common::ChainConfig& config) {
-  const std::optional<common::ChainConfig::Member> from = config.Predecessor(table_->shard());
+void Coordinator::CatchUp(int group, const chain::ChainConfig& config) {
+  const std::optional<chain::ChainConfig::Member> from = config.Predecessor(table_->shard());
   if (!from) {  // the only member: nothing to copy
     LOG(WARNING) << "group " << group << ": shard " << table_->shard()
                  << " is the chain's only member before it finished copying the group's "

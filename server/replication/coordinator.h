@@ -1,12 +1,12 @@
 // Coordinator: a replicated shard's side of etcd (--replicas > 1).
 //
 // At start the shard takes a lease (ttl --lease_ttl_s) and puts its
-// liveness key (common/replication_keys.h) under it, only if no other
+// liveness key (chain/replication_keys.h) under it, only if no other
 // process holds that key: it waits out a dead predecessor's lease (about a
 // ttl) and refuses to start (ALREADY_EXISTS) when the key stays alive, so a
 // second job on the same etcd with the same --job, or a shard started
 // twice, cannot take a live shard's place. It then joins the chains
-// of the groups it serves (common::InitialGroupsOf):
+// of the groups it serves (chain::InitialGroupsOf):
 //  - a group with no chain yet is formed by its initial head with the
 //    initial members that are alive (it waits up to form_timeout for all),
 //    at epoch 1: they all start from the same fresh state;
@@ -23,7 +23,7 @@
 // rejoin until the key is deleted.
 //
 // Heads go back (restore_order): after a failure and a rejoin a chain is
-// out of the placement's order (common::InitialChain), and a shard may head
+// out of the placement's order (chain::InitialChain), and a shard may head
 // two groups. The head of a full chain out of order hands its place back,
 // once the chain has been calm for 250 ms (no change, every member's
 // lease alive, its own lease sound): it freezes the group (ChainTable::Freeze: new pushes are refused with
@@ -67,8 +67,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "common/chain_config.h"
-#include "common/etcd/etcd_client.h"
+#include "chain/chain_config.h"
+#include "etcd/etcd_client.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/forwarder.h"
 #include "server/replication/replication_metrics.h"
@@ -78,7 +78,7 @@ namespace shardtrain::server {
 
 struct CoordinatorOptions {
   std::string etcd_endpoints;
-  // Null: plaintext to etcd; else TLS (common/etcd_security_flags.h).
+  // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   absl::Duration lease_ttl = absl::Seconds(2);
@@ -133,44 +133,44 @@ class Coordinator {
   void Reconcile();
   // `live`: the liveness keys read this pass, by shard.
   // `may_change`: this shard's own liveness key was among them.
-  void ReconcileGroup(int group, const std::map<int, common::ChainConfig::Member>& live,
+  void ReconcileGroup(int group, const std::map<int, chain::ChainConfig::Member>& live,
                       bool drained, bool may_change,
                       std::optional<etcd::KeyValue> chain);
   // Whether every member of `chain` says it is still copying `group`'s
   // state (false when one does not answer).
-  bool StillCopying(int group, const common::ChainConfig& chain);
+  bool StillCopying(int group, const chain::ChainConfig& chain);
   // Whether this shard, still copying `group`'s state, may drop `gone` (the
   // chain becoming `next`): at once when a member before this one in `next`
   // has the whole state (it says it is not copying); otherwise `gone` may
   // hold the only complete copy (or, restarted, drop itself and take the
   // group over with its checkpoint), and only once it stayed away
   // last_copy_wait.
-  bool LastCopyWaitOver(int group, const common::ChainConfig& next,
-                        const common::ChainConfig::Member& gone);
+  bool LastCopyWaitOver(int group, const chain::ChainConfig& next,
+                        const chain::ChainConfig::Member& gone);
   // etcd may have lost `group`'s chain (absent, or older than `known`, the
   // newest this shard holds): the first member of `known` whose lease is
   // alive reads it again and, if so, puts it back without the others, an
   // epoch after both.
-  void RestoreChain(int group, const common::ChainConfig& known,
-                    const std::map<int, common::ChainConfig::Member>& live);
+  void RestoreChain(int group, const chain::ChainConfig& known,
+                    const std::map<int, chain::ChainConfig::Member>& live);
   // Compare-and-swap of `group`'s chain from `kv` (nullopt: absent) to
   // `next`; adopts it on success.
   bool Swap(int group, const std::optional<etcd::KeyValue>& kv,
-            const common::ChainConfig& next, const char* reason);
-  void CatchUp(int group, const common::ChainConfig& config);
+            const chain::ChainConfig& next, const char* reason);
+  void CatchUp(int group, const chain::ChainConfig& config);
   // At the head of `config` (etcd's value `kv`): the hand-over above, if
   // the chain is full and out of order.
   // `live`: the liveness keys read this pass, by shard.
-  void RestoreOrder(int group, const etcd::KeyValue& kv, const common::ChainConfig& config,
-                    const std::map<int, common::ChainConfig::Member>& live);
+  void RestoreOrder(int group, const etcd::KeyValue& kv, const chain::ChainConfig& config,
+                    const std::map<int, chain::ChainConfig::Member>& live);
   // Empty when every other member of `config` is at its epoch and
   // position, not copying state, with exactly `ops` operations of `group`
   // if given; what is not so else.
-  std::string MembersBehind(int group, const common::ChainConfig& config,
+  std::string MembersBehind(int group, const chain::ChainConfig& config,
                             std::optional<int64_t> ops);
   // table_->Update, and on a newer chain the forwards in flight to a
   // successor it dropped are sent again (Forwarder::AbandonDeparted).
-  bool Adopt(const common::ChainConfig& config);
+  bool Adopt(const chain::ChainConfig& config);
   void Wake();
   // The chain and liveness watches (again, after they ended).
   void StartWatches();

@@ -121,7 +121,7 @@ void Forwarder::End(Call* call, absl::Status status) {
 void Forwarder::Attempt(Call* call) {
   int64_t epoch = 0;
   bool member = false;
-  const std::optional<common::ChainConfig::Member> next =
+  const std::optional<chain::ChainConfig::Member> next =
       table_->Successor(call->group, &epoch, &member);
   if (!member && table_->Fenced()) {
     // The lease is being confirmed or renewed (etcd restarted, a pause):
@@ -199,7 +199,7 @@ void Forwarder::Attempt(Call* call) {
 int Forwarder::AbandonDeparted(int group) {
   int64_t epoch = 0;
   bool member = false;
-  const std::optional<common::ChainConfig::Member> next =
+  const std::optional<chain::ChainConfig::Member> next =
       table_->Successor(group, &epoch, &member);
   std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
   {

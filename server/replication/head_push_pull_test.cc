@@ -176,10 +176,10 @@ class HeadPushPullTest : public ::testing::Test {
   // else at its tail.
   void SetChain(bool head_first) {
     successor_ = std::make_unique<HeldSuccessor>();
-    const common::ChainConfig::Member self{0, "127.0.0.1:1", shard_->incarnation()};
-    const common::ChainConfig::Member other{1, successor_->address(), 7};
-    ASSERT_OK_AND_ASSIGN(common::ChainConfig config,
-                         common::MakeChainConfig(kGroup, 2,
+    const chain::ChainConfig::Member self{0, "127.0.0.1:1", shard_->incarnation()};
+    const chain::ChainConfig::Member other{1, successor_->address(), 7};
+    ASSERT_OK_AND_ASSIGN(chain::ChainConfig config,
+                         chain::MakeChainConfig(kGroup, 2,
                                                  head_first ? std::vector{self, other}
                                                             : std::vector{other, self}));
     ASSERT_EQ(config.epoch, static_cast<int64_t>(kEpoch));
@@ -328,15 +328,15 @@ TEST_F(HeadPushPullTest, AForwardStuckOnADroppedSuccessorEndsWhenTheChainDropsIt
   SetChain(/*head_first=*/true);
   std::unique_ptr<Call> call = Start(0);
   ASSERT_TRUE(successor_->WaitForHeld(1));
-  std::optional<common::ChainConfig> config = table_->Get(kGroup);
+  std::optional<chain::ChainConfig> config = table_->Get(kGroup);
   ASSERT_TRUE(config.has_value());
-  common::ChainConfig same = *config;
+  chain::ChainConfig same = *config;
   ++same.epoch;
   ASSERT_TRUE(table_->Update(same));
   EXPECT_EQ(forwarder_->AbandonDeparted(kGroup), 0);
   EXPECT_FALSE(call->done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
 
-  ASSERT_OK_AND_ASSIGN(common::ChainConfig alone, same.Remove(1, same.members[1].incarnation));
+  ASSERT_OK_AND_ASSIGN(chain::ChainConfig alone, same.Remove(1, same.members[1].incarnation));
   ASSERT_TRUE(table_->Update(alone));
   shard_->CommitGroup(kGroup);  // as the coordinator does for a new tail
   const absl::Time dropped = absl::Now();

@@ -201,7 +201,7 @@ absl::StatusOr<GroupStateResponse> Replicator::GroupState(
   }
   // The caller joined at request.chain_epoch; answering from an older
   // configuration could miss updates this shard acknowledged as the tail.
-  const std::optional<common::ChainConfig> config = table_->Get(request.group());
+  const std::optional<chain::ChainConfig> config = table_->Get(request.group());
   if (!config || config->epoch < static_cast<int64_t>(request.chain_epoch())) {
     return absl::UnavailableError(absl::StrFormat(
         "group %d: this shard has not seen epoch %d yet", request.group(),

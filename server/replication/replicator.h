@@ -42,12 +42,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "common/wire/message_views.h"
 #include "proto/shardtrain.pb.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/forwarder.h"
 #include "server/replication/replication_metrics.h"
 #include "server/shard.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 

@@ -8,8 +8,8 @@
 #include "absl/synchronization/notification.h"
 #include "common/partition.h"
 #include "common/testing/status_matchers.h"
-#include "common/wire/message_views.h"
 #include "gtest/gtest.h"
+#include "wire/message_views.h"
 
 namespace shardtrain::server {
 namespace {
@@ -33,8 +33,8 @@ class ReplicatorTest : public ::testing::Test {
     table_ = std::make_unique<ChainTable>(1, shard_->incarnation(), shard_->groups(),
                                           absl::Seconds(60), metrics_.get());
     ASSERT_OK_AND_ASSIGN(
-        common::ChainConfig config,
-        common::MakeChainConfig(kGroup, 2,
+        chain::ChainConfig config,
+        chain::MakeChainConfig(kGroup, 2,
                                 {{0, "127.0.0.1:1", 7}, {1, "127.0.0.1:2", shard_->incarnation()}}));
     ASSERT_TRUE(table_->Update(config));
     forwarder_ = std::make_unique<Forwarder>(table_.get(), grpc::InsecureChannelCredentials(),
@@ -111,7 +111,7 @@ TEST_F(ReplicatorTest, ForwardAtAnotherEpochIsRetryable) {
   absl::Status status = Replicate();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_NE(status.message().find("behind the request's 2"), absl::string_view::npos) << status;
-  common::ChainConfig newer = *table_->Get(kGroup);
+  chain::ChainConfig newer = *table_->Get(kGroup);
   newer.epoch = 3;
   ASSERT_TRUE(table_->Update(newer));
   status = Replicate();  // older than this shard's configuration
@@ -139,8 +139,8 @@ TEST_F(ReplicatorTest, AFencedForwardFailsOnceTheChainDropsTheShard) {
   table_->Fence("etcd lease expired");
   ForwardEnd end;
   StartForward(&end);
-  ASSERT_OK_AND_ASSIGN(common::ChainConfig without,
-                       common::MakeChainConfig(kGroup, 2, {{0, "127.0.0.1:1", 7}}));
+  ASSERT_OK_AND_ASSIGN(chain::ChainConfig without,
+                       chain::MakeChainConfig(kGroup, 2, {{0, "127.0.0.1:1", 7}}));
   without.epoch = 2;
   ASSERT_TRUE(table_->Update(without));
   EXPECT_FALSE(end.ended.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
