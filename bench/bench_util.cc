@@ -1,25 +1,20 @@
 #include "bench/bench_util.h"
 
-#include <glog/logging.h>
-
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
-#include "app/deadlock_detection.h"
-#include "app/malloc_tuning.h"
-
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 
+#include <glog/logging.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +22,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "app/deadlock_detection.h"
+#include "app/malloc_tuning.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::bench {
@@ -52,18 +49,37 @@ grpc::ServerUnaryReactor* EchoServiceImpl::Echo(grpc::CallbackServerContext* con
   return reactor;
 }
 
+void ConfigureEchoBuilder(const std::string& address, grpc::ServerBuilder& builder, int* port) {
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> BuildEchoServer(const std::string& address,
+                                                              grpc::ServerBuilder& builder,
+                                                              const int& port) {
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("echo server cannot listen on ", address));
+  }
+  return server;
+}
+
+std::unique_ptr<Echo::Stub> NewEchoStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  return Echo::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
 absl::StatusOr<std::unique_ptr<EchoServer>> EchoServer::Start(int64_t max_reply_bytes,
                                                               const std::string& address) {
   std::unique_ptr<EchoServer> server(new EchoServer(max_reply_bytes));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ConfigureEchoBuilder(address, builder, &server->port_);
   builder.RegisterService(&server->service_);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("echo server cannot listen on ", address));
-  }
+  ASSIGN_OR_RETURN(server->server_, BuildEchoServer(address, builder, server->port_));
   return server;
 }
 
@@ -71,13 +87,7 @@ EchoServer::~EchoServer() {
   if (server_ != nullptr) server_->Shutdown();
 }
 
-EchoClient::EchoClient(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  stub_ = Echo::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
-}
+EchoClient::EchoClient(const std::string& address) : stub_(NewEchoStub(address)) {}
 
 absl::Status EchoClient::Call(const std::string& source, int64_t request_bytes,
                               int64_t reply_bytes) {

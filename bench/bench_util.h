@@ -32,6 +32,19 @@ using OpFn = std::function<absl::Status()>;
 // ---------------------------------------------------------------------------
 // The Echo baseline.
 
+// Sets `builder` to listen on `address` (the bound port into *port when
+// built) with the benchmarks' message limits.
+void ConfigureEchoBuilder(const std::string& address, grpc::ServerBuilder& builder, int* port);
+
+// builder.BuildAndStart(); UNAVAILABLE naming `address` when the server
+// cannot listen (`port` as ConfigureEchoBuilder left it: 0).
+absl::StatusOr<std::unique_ptr<grpc::Server>> BuildEchoServer(const std::string& address,
+                                                              grpc::ServerBuilder& builder,
+                                                              const int& port);
+
+// A stub on a new channel to an echo server, with the benchmarks' limits.
+std::unique_ptr<Echo::Stub> NewEchoStub(const std::string& address);
+
 // Answers every Echo with `reply_bytes` bytes copied from a buffer filled at
 // start-up. Request and reply messages are recycled, so their byte buffers
 // keep their capacity from call to call. Thread-safe.

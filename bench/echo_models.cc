@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench_util.h"
+#include "common/status_macros.h"
 
 namespace shardtrain::bench {
 namespace {
@@ -27,14 +28,6 @@ constexpr std::chrono::seconds kCallDeadline(60);
 grpc::Status TooLarge() {
   return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                       "reply_bytes is larger than the server's buffer");
-}
-
-std::unique_ptr<Echo::Stub> NewStub(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return Echo::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
 }
 
 void FillRequest(const std::string& source, int64_t request_bytes, int64_t reply_bytes,
@@ -73,14 +66,9 @@ absl::StatusOr<std::unique_ptr<SyncEchoServer>> SyncEchoServer::Start(
     int64_t max_reply_bytes, const std::string& address) {
   std::unique_ptr<SyncEchoServer> server(new SyncEchoServer(max_reply_bytes));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ConfigureEchoBuilder(address, builder, &server->port_);
   builder.RegisterService(&server->service_);
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("echo server cannot listen on ", address));
-  }
+  ASSIGN_OR_RETURN(server->server_, BuildEchoServer(address, builder, server->port_));
   return server;
 }
 
@@ -147,15 +135,10 @@ absl::StatusOr<std::unique_ptr<CqEchoServer>> CqEchoServer::Start(int64_t max_re
   if (threads < 1) return absl::InvalidArgumentError("a CqEchoServer needs a thread");
   std::unique_ptr<CqEchoServer> server(new CqEchoServer(max_reply_bytes));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &server->port_);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ConfigureEchoBuilder(address, builder, &server->port_);
   builder.RegisterService(&server->service_);
   for (int i = 0; i < threads; ++i) server->cqs_.push_back(builder.AddCompletionQueue());
-  server->server_ = builder.BuildAndStart();
-  if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("echo server cannot listen on ", address));
-  }
+  ASSIGN_OR_RETURN(server->server_, BuildEchoServer(address, builder, server->port_));
   for (const std::unique_ptr<grpc::ServerCompletionQueue>& cq : server->cqs_) {
     for (int i = 0; i < kCallsPerQueue; ++i) {
       server->calls_.push_back(std::make_unique<Call>(server.get(), cq.get()));
@@ -192,7 +175,7 @@ void CqEchoServer::Request(Call* call) {
 // ---------------------------------------------------------------------------
 // Clients.
 
-SyncEchoClient::SyncEchoClient(const std::string& address) : stub_(NewStub(address)) {}
+SyncEchoClient::SyncEchoClient(const std::string& address) : stub_(NewEchoStub(address)) {}
 
 absl::Status SyncEchoClient::Call(const std::string& source, int64_t request_bytes,
                                   int64_t reply_bytes) {
@@ -203,7 +186,7 @@ absl::Status SyncEchoClient::Call(const std::string& source, int64_t request_byt
   return CheckReply(status, reply_, reply_bytes);
 }
 
-CqEchoClient::CqEchoClient(const std::string& address) : stub_(NewStub(address)) {}
+CqEchoClient::CqEchoClient(const std::string& address) : stub_(NewEchoStub(address)) {}
 
 CqEchoClient::~CqEchoClient() {
   cq_.Shutdown();
