@@ -5,6 +5,7 @@
 
 #include <grpcpp/create_channel.h>
 
+#include "common/reconnect.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {
@@ -35,9 +36,7 @@ absl::StatusOr<ChannelFactory> ChannelFactory::Create(const ChannelOptions& opti
   args.SetMaxSendMessageSize(options.max_message_bytes);
   // Reconnect quickly to a shard that comes back (gRPC's own backoff
   // between connection attempts).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  common::SetQuickReconnect(args);
   if (options.keepalive_time > absl::ZeroDuration()) {
     args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, Millis(options.keepalive_time));
     args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Millis(options.keepalive_timeout));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/ps_client.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {
@@ -20,8 +21,7 @@ namespace {
 // Whether a call that ShardChannel gave up on failed for want of an
 // answer (the shard is down or cut off), not by the shard's refusal.
 bool Unreachable(const absl::Status& status) {
-  return IsRetryable(grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                                  std::string(status.message())));
+  return IsRetryable(common::ToGrpcStatus(status));
 }
 
 }  // namespace

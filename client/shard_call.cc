@@ -270,7 +270,7 @@ void ShardChannel::OnAttemptDone(PendingCall* call, grpc::Status status) {
   call->last_error = status;
   if (now - call->first_failure >= call->reconnect_timeout) {
     Finish(call, absl::Status(
-                     static_cast<absl::StatusCode>(status.error_code()),
+                     common::FromGrpcStatus(status).code(),
                      absl::StrFormat("%s failed for %s (%d "
                                      "retries, giving up after %s): %s",
                                      Describe(*call),

@@ -1,6 +1,16 @@
 #include "common/reconnect.h"
 
+#include <algorithm>
+
 namespace shardtrain::common {
+
+void SetQuickReconnect(grpc::ChannelArguments& args, absl::Duration max_backoff) {
+  const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(max_backoff));
+  const int first_ms = std::min(100, max_ms);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, first_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, first_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+}
 
 bool ReconnectIfBackingOff(grpc::Channel& channel) {
   if (channel.GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_TRANSIENT_FAILURE) {

@@ -1,4 +1,10 @@
-// Reconnecting at once to a peer that came back.
+// Reconnecting soon, or at once, to a peer that came back.
+//
+// Every channel to a peer that may restart (a shard, a chain successor,
+// etcd) reconnects with a short backoff:
+//
+//   grpc::ChannelArguments args;
+//   common::SetQuickReconnect(args);  // 100 ms, doubling up to 1 s
 //
 // A gRPC channel whose peer was down keeps retrying the connection with its
 // reconnect backoff (up to GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1 s here), and
@@ -13,8 +19,18 @@
 #define SHARDTRAIN_COMMON_RECONNECT_H_
 
 #include <grpcpp/channel.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/time/time.h"
 
 namespace shardtrain::common {
+
+// Sets gRPC's reconnect backoff on `args` to start at 100 ms (or
+// `max_backoff` when that is shorter) and never exceed `max_backoff`:
+// gRPC's default (1 s doubling to 120 s) would keep a peer that restarts
+// on the same address unreachable for longer than it was away.
+void SetQuickReconnect(grpc::ChannelArguments& args,
+                       absl::Duration max_backoff = absl::Seconds(1));
 
 // When `channel` is in TRANSIENT_FAILURE: resets its reconnect backoff and
 // starts a connection attempt now, and returns true. Otherwise false.

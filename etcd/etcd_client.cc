@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/reconnect.h"
 #include "common/status_macros.h"
 #include "etcd/internal/connection.h"
 
@@ -41,11 +42,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& endpoint,
   grpc::ChannelArguments args;
   // Reconnect quickly after an etcd restart instead of gRPC's default
   // backoff of up to two minutes.
-  const int max_backoff_ms =
-      static_cast<int>(absl::ToInt64Milliseconds(options.max_reconnect_backoff));
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
+  common::SetQuickReconnect(args, options.max_reconnect_backoff);
   // Notice a peer that stopped answering while a watch is open. etcd
   // refuses pings more often than every 5 s (--grpc-keepalive-min-time)
   // and pings without a call in flight.

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/float_env.h"
+#include "common/reconnect.h"
 #include "common/status_macros.h"
 #include "server/bad_body_interceptor.h"
 #include "server/replication/peer_tls_check.h"
@@ -161,11 +162,8 @@ absl::Status PsServer::StartReplication(const PsServerOptions& options,
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
   // A successor that restarts on the same address is back within a second
-  // or two; gRPC's default reconnect backoff (1 s doubling to 120 s) would
-  // keep forwards to it failing for longer than it was away.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // or two.
+  common::SetQuickReconnect(args);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    common::MakeChannelCredentials(options.peer_security, &args));
   forwarder_ = std::make_unique<Forwarder>(chain_table_.get(), std::move(credentials),
