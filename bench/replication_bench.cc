@@ -78,7 +78,7 @@
 #include "chain/chain_reader.h"
 #include "chain/replication_keys.h"
 #include "client/client_metrics.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 #include "common/status_macros.h"
 #include "etcd/etcd_client.h"
 #include "etcd/testing/etcd_process.h"

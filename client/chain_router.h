@@ -51,7 +51,7 @@
 #include "absl/time/time.h"
 #include "chain/chain_config.h"
 #include "client/client_metrics.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 #include "etcd/etcd_client.h"
 
 namespace shardtrain::client {

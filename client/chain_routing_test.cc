@@ -17,7 +17,7 @@
 #include "client/chain_router.h"
 #include "client/channels.h"
 #include "client/group_call.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 #include "client/testing/etcd_chains.h"
 #include "common/payload.h"
 #include "common/testing/status_matchers.h"

@@ -4,7 +4,7 @@
 // over one of that shard's connections. The blocking PsClient calls and the overlapped exchange both
 // start their RPCs here: the requests come from the group's WireRequests
 // (client/wire_requests.h), each goes through the shard's ShardChannel
-// (client/shard_call.h) as raw bytes on grpc::GenericStub, and the answer is
+// (client/shard_channel.h) as raw bytes on grpc::GenericStub, and the answer is
 // decoded straight into the destinations given to SetPull.
 //
 //   GroupCall call(&context, channel, /*connection=*/0, std::move(requests));
@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 #include "client/sync_replay.h"
 #include "client/wire_requests.h"
 

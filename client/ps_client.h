@@ -33,7 +33,7 @@
 // 512 KiB of f32), so that one large push keeps every connection busy.
 //
 // Faults. Every RPC goes through its shard's ShardChannel
-// (client/shard_call.h): it is retried while the shard is unreachable, up
+// (client/shard_channel.h): it is retried while the shard is unreachable, up
 // to `reconnect_timeout` after the call's first failure. Each client draws a
 // random non-zero worker incarnation, sent on Register/Push/Pull/Heartbeat,
 // and numbers its pushes per shard (1, 2, ...; a retry resends the same
@@ -82,7 +82,7 @@
 #include "client/channels.h"
 #include "client/client_metrics.h"
 #include "client/group_call.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 #include "client/sync_replay.h"
 #include "client/tensor_exchange.h"
 #include "client/wire_requests.h"

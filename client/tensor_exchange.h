@@ -43,7 +43,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/group_call.h"
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 
 namespace shardtrain::client {
 

@@ -1,4 +1,4 @@
-#include "client/shard_call.h"
+#include "client/shard_channel.h"
 
 #include <grpcpp/support/status.h>
 
