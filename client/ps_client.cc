@@ -606,34 +606,29 @@ absl::Status PsClient::AdvanceClock(int64_t clock) {
     return HeartbeatMembers(request, absl::InfiniteDuration()).status();
   }
   std::vector<HeartbeatResponse> responses(channels_.size());
-  std::vector<absl::Status> statuses(shards.size());
-  absl::BlockingCounter pending(static_cast<int>(shards.size()));
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const int s = shards[i];
-    ShardRpc rpc;
-    rpc.method = "Heartbeat";
-    rpc.attempt_timeout = options_.rpc_timeout;
-    rpc.start = [this, s, &request, &responses](const ShardAttempt& attempt,
-                                                std::function<void(grpc::Status)> done) {
-      const absl::Time start = absl::Now();
-      responses[s].Clear();
-      channels_[s]->stub()->async()->Heartbeat(
-          attempt.context, &request, &responses[s],
-          [this, s, &request, &responses, start, done = std::move(done)](grpc::Status status) {
-            RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
-                      start);
-            done(std::move(status));
-          });
-    };
-    channels_[s]->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
-      statuses[i] = std::move(status);
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
   absl::Status first;
-  for (const absl::Status& status : statuses) KeepFirstError(&first, status);
+  for (const absl::Status& status :
+       CallShards(shards, "Heartbeat", options_.rpc_timeout, absl::InfiniteDuration(),
+                  HeartbeatStart(request, responses))) {
+    KeepFirstError(&first, status);
+  }
   return first;
+}
+
+PsClient::StartFn PsClient::HeartbeatStart(const HeartbeatRequest& request,
+                                           std::vector<HeartbeatResponse>& responses) {
+  return [this, &request, &responses](int s, grpc::ClientContext* context, uint64_t,
+                                      std::function<void(grpc::Status)> done) {
+    const absl::Time start = absl::Now();
+    responses[s].Clear();
+    channels_[s]->stub()->async()->Heartbeat(
+        context, &request, &responses[s],
+        [this, &request, &responses, s, start, done = std::move(done)](grpc::Status status) {
+          RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
+                    start);
+          done(std::move(status));
+        });
+  };
 }
 
 void PsClient::SetPulls(int64_t clock, int64_t min_version,
@@ -756,20 +751,8 @@ absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done,
   request.set_worker_incarnation(worker_incarnation_);
   if (router_ != nullptr) return HeartbeatMembers(request, retry_for);
   std::vector<HeartbeatResponse> responses(channels_.size());
-  RETURN_IF_ERROR(CallAllShards(
-      "Heartbeat", options_.rpc_timeout, retry_for,
-      [&](int s, grpc::ClientContext* context, uint64_t, auto done_fn) {
-        const absl::Time start = absl::Now();
-        responses[s].Clear();
-        channels_[s]->stub()->async()->Heartbeat(
-            context, &request, &responses[s],
-            [this, &request, &responses, s, start,
-             done_fn = std::move(done_fn)](grpc::Status status) {
-              RecordRpc("Heartbeat", status, request.ByteSizeLong(),
-                        responses[s].ByteSizeLong(), start);
-              done_fn(std::move(status));
-            });
-      }));
+  RETURN_IF_ERROR(CallAllShards("Heartbeat", options_.rpc_timeout, retry_for,
+                                HeartbeatStart(request, responses)));
   return responses[0];
 }
 

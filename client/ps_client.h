@@ -314,6 +314,10 @@ class PsClient {
   std::vector<absl::Status> CallShards(const std::vector<int>& shards, const char* method,
                                        absl::Duration attempt_timeout,
                                        absl::Duration retry_for, const StartFn& start);
+  // StartFn of a Heartbeat of `request` whose answer from shard s goes to
+  // responses[s]; both must outlive the calls.
+  StartFn HeartbeatStart(const HeartbeatRequest& request,
+                         std::vector<HeartbeatResponse>& responses);
   // Replicated: CallShards on `shards`, each retried for at most
   // member_timeout (and retry_for); one still unreachable then is skipped
   // with a warning. (*answered)[i]: shards[i] answered OK. The first error
