@@ -15,6 +15,7 @@
 #include "common/initializer.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "server/partition_record.h"
 #include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
@@ -680,16 +681,8 @@ void Shard::FillStatus(const StatusRequest& request,
 std::vector<CheckpointRecord> Shard::Snapshot() const {
   std::vector<CheckpointRecord> records;
   for (const Partition* part : store_.All()) {
-    CheckpointRecord record;
-    *record.mutable_spec() = *part->spec;
-    record.set_partition(static_cast<uint32_t>(part->index));
     absl::ReaderMutexLock lock(&part->mu);
-    record.set_version(part->version.load());
-    common::EncodeDense(part->params, DTYPE_F32, record.mutable_params());
-    for (const std::vector<float>& slot : part->slots) {
-      common::EncodeDense(slot, DTYPE_F32, record.add_slots());
-    }
-    records.push_back(std::move(record));
+    WritePartitionRecord(*part, PartitionRecordContents::kModel, &records.emplace_back());
   }
   return records;
 }
@@ -708,18 +701,8 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
     }
     Partition& part = **found;
     absl::MutexLock lock(&part.mu);
-    if (record.slots_size() != static_cast<int>(part.slots.size())) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "checkpoint of %s/%d has %d optimizer slots; optimizer %s needs %d",
-          part.tensor, part.index, record.slots_size(),
-          optimizer_->options().name, part.slots.size()));
-    }
-    RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.params(),
-                                        absl::MakeSpan(part.params)));
-    for (int s = 0; s < record.slots_size(); ++s) {
-      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.slots(s),
-                                          absl::MakeSpan(part.slots[s])));
-    }
+    RETURN_IF_ERROR(ReadPartitionRecord(record, PartitionRecordContents::kModel, "checkpoint",
+                                        optimizer_->options().name, part));
     part.version.store(record.version());
     part.committed.store(record.version(), std::memory_order_release);
     NoteVersion(record.version());

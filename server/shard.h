@@ -21,7 +21,9 @@
 // Each Shard has an incarnation, a random non-zero id; requests naming
 // another one are refused with ABORTED (the shard restarted). Pushes are
 // applied at most once per (worker, worker_incarnation, sequence): a retry
-// of one already applied answers OK with duplicate = true.
+// of one already applied answers OK with duplicate = true (PushLog,
+// server/push_log.h). Checkpoints, step snapshots and group state carry
+// each partition as server/partition_record.h writes and reads it.
 //
 // Pulls that cannot be answered yet are not blocked on here: PullReady says
 // whether one can, and the progress callback fires whenever the answer may
@@ -51,6 +53,7 @@
 #include "proto/shardtrain.pb.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
+#include "server/push_log.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
 #include "server/step_snapshot.h"
@@ -206,7 +209,7 @@ class Shard {
 
   // Pushes that went at most this far below a worker's highest applied
   // sequence can still be recognised as duplicates.
-  static constexpr int64_t kPushWindow = 4096;
+  static constexpr int64_t kPushWindow = PushLog::kWindow;
 
   // Sync mode: the copies of each partition at every
   // options().checkpoint_every_steps-th step (server/step_snapshot.h).
@@ -225,17 +228,6 @@ class Shard {
     bool ahead = false;
     // The part's index in the request.
     size_t request_index = 0;
-  };
-
-  // The sequences one worker's pushes applied here, in a window below the
-  // highest one.
-  struct PushLog {
-    absl::Mutex mu;
-    uint64_t incarnation ABSL_GUARDED_BY(mu) = 0;
-    uint64_t highest ABSL_GUARDED_BY(mu) = 0;
-    // Indexed by sequence % kPushWindow: the push's max_staleness, or -1
-    // if that sequence was not applied. Allocated on first use.
-    std::vector<int64_t> applied ABSL_GUARDED_BY(mu);
   };
 
   Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
@@ -260,10 +252,6 @@ class Shard {
     return *push_logs_[static_cast<size_t>(group_slot_[group]) * options_.num_workers +
                        worker];
   }
-  // Notes `sequence` as applied (with its staleness) in `log`.
-  static void RecordSequence(PushLog& log, uint64_t worker_incarnation,
-                             uint64_t sequence, int64_t staleness)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(log.mu);
   // Applies a push with a sequence at most once (see PushLog).
   absl::Status DedupedPush(const wire::PushView& request, int group,
                            PushResponse* response, Applied* applied);

@@ -2,6 +2,7 @@
 // (server/shard.h).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include <glog/logging.h>
@@ -117,25 +118,6 @@ absl::Status Shard::Push(const wire::PushView& request, int group, PushResponse*
   return absl::OkStatus();
 }
 
-void Shard::RecordSequence(PushLog& log, uint64_t worker_incarnation,
-                           uint64_t sequence, int64_t staleness) {
-  if (log.incarnation != worker_incarnation || log.applied.empty()) {
-    log.incarnation = worker_incarnation;
-    log.highest = 0;
-    log.applied.assign(kPushWindow, -1);
-  }
-  if (sequence > log.highest) {
-    const uint64_t cleared =
-        std::min<uint64_t>(sequence - log.highest, static_cast<uint64_t>(kPushWindow));
-    // Counting down from `sequence` cannot wrap around at 2^64 - 1.
-    for (uint64_t i = 0; i < cleared; ++i) {
-      log.applied[(sequence - i) % kPushWindow] = -1;
-    }
-    log.highest = sequence;
-  }
-  log.applied[sequence % kPushWindow] = staleness;
-}
-
 absl::Status Shard::DedupedPush(const wire::PushView& request, int group,
                                 PushResponse* response, Applied* applied) {
   const uint64_t sequence = request.sequence;
@@ -143,31 +125,22 @@ absl::Status Shard::DedupedPush(const wire::PushView& request, int group,
   // is recorded, so a retry arriving meanwhile waits and is then answered
   // as a duplicate. Taken before any partition lock.
   PushLog& log = LogOf(group, request.worker);
-  absl::MutexLock lock(&log.mu);
+  absl::MutexLock lock(&log.mu());
   // A new worker incarnation starts a new log, but only once its push is
   // applied: a refused push changes nothing.
-  const bool fresh_log =
-      log.incarnation != request.worker_incarnation || log.applied.empty();
-  if (!fresh_log && sequence <= log.highest) {
-    if (log.highest - sequence >= static_cast<uint64_t>(kPushWindow)) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "push sequence %d is older than the last %d applied; cannot tell if "
-          "it was applied",
-          sequence, kPushWindow));
-    }
-    const int64_t staleness = log.applied[sequence % kPushWindow];
-    if (staleness >= 0) {
-      response->set_duplicate(true);
-      response->set_max_staleness(staleness);
-      metrics_->duplicate_pushes().Increment();
-      duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
-      VLOG(1) << "push " << sequence << " of worker " << request.worker
-              << " is a duplicate; not applied again";
-      return absl::OkStatus();
-    }
+  ASSIGN_OR_RETURN(const std::optional<int64_t> staleness,
+                   log.Find(request.worker_incarnation, sequence));
+  if (staleness.has_value()) {
+    response->set_duplicate(true);
+    response->set_max_staleness(*staleness);
+    metrics_->duplicate_pushes().Increment();
+    duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
+    VLOG(1) << "push " << sequence << " of worker " << request.worker
+            << " is a duplicate; not applied again";
+    return absl::OkStatus();
   }
   RETURN_IF_ERROR(ApplyPush(request, response, applied));
-  RecordSequence(log, request.worker_incarnation, sequence, response->max_staleness());
+  log.Record(request.worker_incarnation, sequence, response->max_staleness());
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@
 #include "common/float_env.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "server/partition_record.h"
 #include "server/shard.h"
 
 namespace shardtrain::server {
@@ -153,8 +154,8 @@ absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duratio
     // The replica's push log and membership follow the head's.
     if (request.sequence != 0) {
       PushLog& log = LogOf(parts.front().partition->group, request.worker);
-      absl::MutexLock lock(&log.mu);
-      RecordSequence(log, request.worker_incarnation, request.sequence, max_staleness);
+      absl::MutexLock lock(&log.mu());
+      log.Record(request.worker_incarnation, request.sequence, max_staleness);
     }
     metrics_->gradients_received().Increment(static_cast<double>(num_parts));
     const Membership::UpdateResult update =
@@ -171,23 +172,8 @@ GroupStateResponse Shard::ExportGroup(int group) const {
   GroupStateResponse state;
   for (const Partition* part : store_.All()) {
     if (part->group != group) continue;
-    CheckpointRecord& record = *state.add_records();
-    *record.mutable_spec() = *part->spec;
-    record.set_partition(static_cast<uint32_t>(part->index));
     absl::ReaderMutexLock lock(&part->mu);
-    record.set_version(part->version.load());
-    common::EncodeDense(part->params, DTYPE_F32, record.mutable_params());
-    for (const std::vector<float>& slot : part->slots) {
-      common::EncodeDense(slot, DTYPE_F32, record.add_slots());
-    }
-    record.set_ops(part->ops);
-    record.set_resuming(part->resuming);
-    if (part->contributions > 0) {
-      common::EncodeDense(part->accum, DTYPE_F32, record.mutable_accum());
-      for (size_t w = 0; w < part->contributed.size(); ++w) {
-        if (part->contributed[w]) record.add_contributors(static_cast<uint32_t>(w));
-      }
-    }
+    WritePartitionRecord(*part, PartitionRecordContents::kReplica, state.add_records());
   }
   if (group < 0 || group >= static_cast<int>(group_slot_.size()) ||
       group_slot_[group] < 0) {
@@ -195,20 +181,11 @@ GroupStateResponse Shard::ExportGroup(int group) const {
   }
   for (int w = 0; w < options_.num_workers; ++w) {
     PushLog& log = LogOf(group, static_cast<uint32_t>(w));
-    absl::MutexLock lock(&log.mu);
-    if (log.applied.empty()) continue;
-    PushLogState& out = *state.add_push_logs();
+    absl::MutexLock lock(&log.mu());
+    PushLogState out;
+    if (!log.Export(&out)) continue;
     out.set_worker(static_cast<uint32_t>(w));
-    out.set_incarnation(log.incarnation);
-    out.set_highest(log.highest);
-    const uint64_t window = static_cast<uint64_t>(kPushWindow);
-    const uint64_t lowest = log.highest >= window ? log.highest - window + 1 : 1;
-    for (uint64_t s = lowest; s <= log.highest; ++s) {
-      const int64_t staleness = log.applied[s % window];
-      if (staleness < 0) continue;
-      out.add_sequences(s);
-      out.add_staleness(staleness);
-    }
+    *state.add_push_logs() = std::move(out);
   }
   return state;
 }
@@ -229,34 +206,8 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
           "%s/%d is in group %d, not %d", part.tensor, part.index, part.group, group));
     }
     absl::MutexLock lock(&part.mu);
-    if (record.slots_size() != static_cast<int>(part.slots.size())) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "state of %s/%d has %d optimizer slots; optimizer %s needs %d", part.tensor,
-          part.index, record.slots_size(), optimizer_->options().name, part.slots.size()));
-    }
-    RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.params(),
-                                        absl::MakeSpan(part.params)));
-    for (int s = 0; s < record.slots_size(); ++s) {
-      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.slots(s),
-                                          absl::MakeSpan(part.slots[s])));
-    }
-    std::fill(part.contributed.begin(), part.contributed.end(), false);
-    part.contributions = 0;
-    part.accum.clear();
-    if (!record.accum().empty()) {
-      part.accum.assign(part.params.size(), 0.0f);
-      RETURN_IF_ERROR(common::DecodeDense(DTYPE_F32, record.accum(),
-                                          absl::MakeSpan(part.accum)));
-      for (uint32_t w : record.contributors()) {
-        if (w >= part.contributed.size()) {
-          return absl::InvalidArgumentError(absl::StrFormat("contributor %d out of range", w));
-        }
-        if (!part.contributed[w]) ++part.contributions;
-        part.contributed[w] = true;
-      }
-    }
-    part.ops = record.ops();
-    part.resuming = record.resuming();
+    RETURN_IF_ERROR(ReadPartitionRecord(record, PartitionRecordContents::kReplica, "state",
+                                        optimizer_->options().name, part));
     part.version.store(record.version(), std::memory_order_release);
     // This shard joins as the group's tail: what it holds, the tail holds.
     part.committed.store(record.version(), std::memory_order_release);
@@ -266,18 +217,14 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
     }
   }
   for (const PushLogState& in : state.push_logs()) {
-    if (in.worker() >= static_cast<uint32_t>(options_.num_workers) ||
-        in.sequences_size() != in.staleness_size()) {
-      return absl::InvalidArgumentError("malformed push log in group state");
+    if (in.worker() >= static_cast<uint32_t>(options_.num_workers)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("push log of worker %d in group state; the job has %d workers",
+                          in.worker(), options_.num_workers));
     }
     PushLog& log = LogOf(group, in.worker());
-    absl::MutexLock lock(&log.mu);
-    log.incarnation = in.incarnation();
-    log.highest = in.highest();
-    log.applied.assign(kPushWindow, -1);
-    for (int i = 0; i < in.sequences_size(); ++i) {
-      log.applied[in.sequences(i) % kPushWindow] = in.staleness(i);
-    }
+    absl::MutexLock lock(&log.mu());
+    RETURN_IF_ERROR(log.Import(in));
   }
   NotifyProgress();
   return absl::OkStatus();

@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "common/payload.h"
+#include "server/partition_record.h"
 
 namespace shardtrain::server {
 
@@ -14,13 +14,7 @@ void StepSnapshot::Capture(const Partition& part) {
   const int partitions_in_shard = partitions_.load(std::memory_order_relaxed);
   const int64_t step = part.version.load(std::memory_order_relaxed);
   CheckpointRecord record;
-  *record.mutable_spec() = *part.spec;
-  record.set_partition(static_cast<uint32_t>(part.index));
-  record.set_version(step);
-  common::EncodeDense(part.params, DTYPE_F32, record.mutable_params());
-  for (const std::vector<float>& slot : part.slots) {
-    common::EncodeDense(slot, DTYPE_F32, record.add_slots());
-  }
+  WritePartitionRecord(part, PartitionRecordContents::kModel, &record);
 
   absl::MutexLock lock(&mu_);
   if (step <= newest_completed_ || step < pending_step_) {
