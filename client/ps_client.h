@@ -249,6 +249,9 @@ class PsClient {
   uint64_t worker_incarnation() const { return worker_incarnation_; }
 
   int num_shards() const { return static_cast<int>(channels_.size()); }
+  // Shard s's channel (for TableClient's calls); valid while this lives.
+  ShardChannel* channel(int s) const { return channels_[s].get(); }
+  common::RpcMetrics* rpc_metrics() const { return rpc_metrics_; }
   // Replicated shards: the chains this client routes by; null otherwise.
   ChainRouter* router() const { return router_.get(); }
   const PsClientOptions& options() const { return options_; }

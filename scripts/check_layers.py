@@ -25,10 +25,12 @@ LAYERS = {
     "wire": ["common", "proto"],
     "etcd": ["common", "proto"],
     "chain": ["etcd", "common", "proto"],
+    # Sparse embedding tables' rows: no RPC, no proto.
+    "sparse": [],
     # What binaries' main files link: flags, process set-up.
     "app": ["common"],
-    "server": ["chain", "etcd", "wire", "common", "proto", "app"],
-    "client": ["chain", "etcd", "wire", "common", "proto"],
+    "server": ["chain", "etcd", "wire", "sparse", "common", "proto", "app"],
+    "client": ["chain", "etcd", "wire", "sparse", "common", "proto"],
     "worker": ["client", "chain", "wire", "common", "proto", "app"],
     "ctl": ["client", "chain", "etcd", "wire", "common", "proto", "app"],
     "python": ["worker", "client", "wire", "common", "proto", "app"],

@@ -352,8 +352,9 @@ absl::StatusOr<std::string> Checkpointer::RestoreLatest() {
     RETURN_IF_ERROR(shard_->Restore(file->records));
     shard_->RestoreWorkerClocks(std::vector<int64_t>(header.worker_clocks().begin(),
                                                      header.worker_clocks().end()));
-    int64_t low = file->records.front().version(), high = low;
+    int64_t low = INT64_MAX, high = 0;
     for (const CheckpointRecord& record : file->records) {
+      if (record.has_table()) continue;
       low = std::min(low, record.version());
       high = std::max(high, record.version());
     }
@@ -366,7 +367,7 @@ absl::StatusOr<std::string> Checkpointer::RestoreLatest() {
     }
     LOG(WARNING) << "restored " << file->records.size() << " partitions from "
                  << it->path << " (" << (sync() ? absl::StrCat("sync step ", header.step(), ", ") : "")
-                 << "versions " << low << ".." << high << "), written "
+                 << "versions " << (low == INT64_MAX ? 0 : low) << ".." << high << "), written "
                  << absl::FormatTime(written) << ", "
                  << absl::FormatDuration(absl::Trunc(absl::Now() - written, absl::Seconds(1)))
                  << " ago: updates applied after it was written are lost";

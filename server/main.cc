@@ -157,6 +157,15 @@ ABSL_FLAG(uint64_t, push_order_seed, 1, "--push_order=random: the permutations' 
 ABSL_FLAG(double, push_order_skip_s, 2.0,
           "--push_order: pass a turn on when its worker has not pushed for this "
           "long while others wait (a finished or evaluating worker)");
+ABSL_FLAG(int, max_tables, 64, "Most sparse tables registered on this shard");
+ABSL_FLAG(int, max_table_dim, 1024, "Largest embedding dim of a sparse table");
+ABSL_FLAG(int64_t, max_table_rows, int64_t{1} << 28,
+          "Most rows of one sparse table on this shard: a table's capacity is at most "
+          "this, and one without a capacity stops creating rows here");
+ABSL_FLAG(int64_t, max_table_ids_per_request, int64_t{1} << 20,
+          "Most ids in one Lookup or PushSparse request");
+ABSL_FLAG(int64_t, max_table_filter_counters, int64_t{1} << 30,
+          "Most counters of a sparse table's admission filter (half a byte each)");
 ABSL_FLAG(int, max_partition_metrics, 256,
           "Partitions that get their own version gauge in /metrics");
 
@@ -247,6 +256,11 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   shard.limits.max_tensors_per_request = absl::GetFlag(FLAGS_max_tensors_per_request);
   shard.limits.max_parts_per_request = absl::GetFlag(FLAGS_max_parts_per_request);
   shard.limits.max_partition_metrics = absl::GetFlag(FLAGS_max_partition_metrics);
+  shard.limits.max_tables = absl::GetFlag(FLAGS_max_tables);
+  shard.limits.max_table_dim = absl::GetFlag(FLAGS_max_table_dim);
+  shard.limits.max_table_rows = absl::GetFlag(FLAGS_max_table_rows);
+  shard.limits.max_table_ids_per_request = absl::GetFlag(FLAGS_max_table_ids_per_request);
+  shard.limits.max_table_filter_counters = absl::GetFlag(FLAGS_max_table_filter_counters);
   shard.limits.max_response_bytes = options.max_message_bytes;
   shardtrain::server::OptimizerOptions& opt = shard.optimizer;
   opt.name = absl::GetFlag(FLAGS_optimizer);

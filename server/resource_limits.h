@@ -26,6 +26,18 @@ struct ResourceLimits {
   // Bytes of parameters one Pull may ask for: a larger answer would not fit
   // in a gRPC message. ps-server sets it from --max_message_mb.
   int64_t max_response_bytes = int64_t{256} << 20;
+
+  // Sparse tables registered on this shard. --max_tables.
+  int max_tables = 64;
+  // A table's embedding dim. --max_table_dim.
+  int max_table_dim = 1024;
+  // Rows of one table on this shard (a table's capacity is at most this;
+  // one without a capacity stops creating rows here). --max_table_rows.
+  int64_t max_table_rows = int64_t{1} << 28;
+  // Ids in one Lookup or PushSparse request. --max_table_ids_per_request.
+  int64_t max_table_ids_per_request = int64_t{1} << 20;
+  // Counters of a table's admission filter. --max_table_filter_counters.
+  int64_t max_table_filter_counters = int64_t{1} << 30;
 };
 
 }  // namespace shardtrain::server

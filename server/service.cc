@@ -340,6 +340,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   shard_->FillStatus(*request, response);
+  shard_->tables().FillStatus(response);
   response->set_replicas(shard_->options().replicas);
   if (replicator_ != nullptr) {
     replicator_->table().Describe([this](int group) { return shard_->GroupOps(group); },
@@ -355,6 +356,37 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
     }
   }
   Finish(reactor, "Status", absl::OkStatus(), start, *request, *response);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::RegisterTables(
+    grpc::CallbackServerContext* context, const RegisterTablesRequest* request,
+    RegisterTablesResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = shard_->tables().Register(*request);
+  response->set_incarnation(shard_->incarnation());
+  Finish(reactor, "RegisterTables", status, start, *request, *response);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerContext* context,
+                                                         const LookupRequest* request,
+                                                         LookupResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish(reactor, "Lookup", shard_->tables().Lookup(*request, response), start, *request,
+         *response);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
+    grpc::CallbackServerContext* context, const PushSparseRequest* request,
+    PushSparseResponse* response) {
+  const absl::Time start = absl::Now();
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish(reactor, "PushSparse", shard_->tables().PushSparse(*request, response), start,
+         *request, *response);
   return reactor;
 }
 

@@ -44,7 +44,10 @@ using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
                         ParameterServer::WithCallbackMethod_Checkpoint<
                             ParameterServer::WithRawCallbackMethod_Replicate<
                                 ParameterServer::WithCallbackMethod_FetchGroupState<
-                                    ParameterServer::Service>>>>>>>>>;
+                                    ParameterServer::WithCallbackMethod_RegisterTables<
+                                        ParameterServer::WithCallbackMethod_Lookup<
+                                            ParameterServer::WithCallbackMethod_PushSparse<
+                                                ParameterServer::Service>>>>>>>>>>>>;
 
 class ParameterServerService final : public ParameterServerBase {
  public:
@@ -84,6 +87,15 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* Replicate(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RegisterTables(grpc::CallbackServerContext* context,
+                                           const RegisterTablesRequest* request,
+                                           RegisterTablesResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const LookupRequest* request,
+                                   LookupResponse* response) override;
+  grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* context,
+                                       const PushSparseRequest* request,
+                                       PushSparseResponse* response) override;
   grpc::ServerUnaryReactor* FetchGroupState(grpc::CallbackServerContext* context,
                                             const GroupStateRequest* request,
                                             GroupStateResponse* response) override;

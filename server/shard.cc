@@ -21,6 +21,9 @@
 namespace shardtrain::server {
 namespace {
 
+// Bytes of table rows per checkpoint record.
+constexpr int64_t kMaxTableRecordBytes = int64_t{32} << 20;
+
 void HashBytes(uint64_t* hash, const void* data, size_t bytes) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < bytes; ++i) {
@@ -684,11 +687,16 @@ std::vector<CheckpointRecord> Shard::Snapshot() const {
     absl::ReaderMutexLock lock(&part->mu);
     WritePartitionRecord(*part, PartitionRecordContents::kModel, &records.emplace_back());
   }
+  tables_.Snapshot(kMaxTableRecordBytes, &records);
   return records;
 }
 
 absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
   for (const CheckpointRecord& record : records) {
+    if (record.has_table()) {
+      RETURN_IF_ERROR(tables_.Restore(record));
+      continue;
+    }
     RETURN_IF_ERROR(store_.Register(record.spec()).status());
     PartitionKey key;
     key.set_tensor(record.spec().name());

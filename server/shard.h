@@ -56,6 +56,7 @@
 #include "server/push_log.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
+#include "server/sparse_tables.h"
 #include "server/step_snapshot.h"
 #include "server/tensor_store.h"
 #include "wire/message_encoder.h"
@@ -200,6 +201,10 @@ class Shard {
 
   // The random non-zero id of this shard process.
   uint64_t incarnation() const { return incarnation_; }
+  // The sparse tables this shard holds (in its checkpoints with its
+  // partitions).
+  SparseTables& tables() { return tables_; }
+  const SparseTables& tables() const { return tables_; }
 
   // The clock membership has recorded for each worker index, for a
   // checkpoint; RestoreWorkerClocks seeds them back (a worker not seen yet
@@ -346,6 +351,7 @@ class Shard {
 
   // Filled by MaybeFinishStep; emptied by the checkpoint writer.
   StepSnapshot step_snapshot_{options_.checkpoint_every_steps};
+  SparseTables tables_{options_, incarnation_, metrics_};
 };
 
 }  // namespace shardtrain::server

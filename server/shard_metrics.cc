@@ -106,7 +106,8 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                       .Name("shardtrain_shard_start_time_seconds")
                       .Help("Unix time this shard incarnation started")
                       .Register(registry)
-                      .Add({})) {
+                      .Add({})),
+      tables_(registry) {
   // Create the common series up front so dashboards see zeros, not gaps.
   dropped("late");
   checkpoints("ok");

@@ -11,6 +11,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "server/table_metrics.h"
+
 namespace shardtrain::server {
 
 class ShardMetrics {
@@ -45,6 +47,8 @@ class ShardMetrics {
   prometheus::Gauge& partition_version_min() { return version_min_; }
   prometheus::Gauge& partition_version_max() { return version_max_; }
   prometheus::Gauge& start_time() { return start_time_; }
+  // The sparse tables' series.
+  TableMetrics& tables() { return tables_; }
 
  private:
   prometheus::Counter& updates_applied_;
@@ -67,6 +71,7 @@ class ShardMetrics {
   prometheus::Gauge& version_min_;
   prometheus::Gauge& version_max_;
   prometheus::Gauge& start_time_;
+  TableMetrics tables_;
 };
 
 }  // namespace shardtrain::server

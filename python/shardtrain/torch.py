@@ -105,6 +105,7 @@ import torch
 import shardtrain
 from shardtrain import env
 from shardtrain.env import is_chief, rank, sampler_args, world_size  # noqa: F401 (re-exported)
+from shardtrain.sparse_embedding import SparseEmbedding  # noqa: F401 (re-exported)
 
 __all__ = ["DistributedOptimizer", "sampler_args", "rank", "world_size", "is_chief"]
 
@@ -281,6 +282,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._forward_seen = False
         if isinstance(model, torch.nn.Module):
             self._hooks.append(model.register_forward_pre_hook(self._on_forward))
+            # Sparse tables train through this worker's client.
+            for module in model.modules():
+                if isinstance(module, SparseEmbedding) and not module.attached:
+                    module.attach(self.client)
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeats, args=(heartbeat_interval,), daemon=True,
             name=f"shardtrain heartbeats (worker {self.settings.worker})")

@@ -319,9 +319,146 @@ void PyClient::Close() {
   released.swap(exchange_buffers_);
   exchanging_.clear();
   exchanges_ = 0;
+  tables_.reset();
   client_.reset();
   metrics_.reset();
   metrics_port_ = -1;
+}
+
+namespace {
+
+// The ids of a buffer of 8-byte integers, copied.
+std::vector<uint64_t> IdsOf(py::handle object) {
+  py::object source = py::reinterpret_borrow<py::object>(object);
+  if (!PyObject_CheckBuffer(source.ptr()) && py::hasattr(source, "numpy")) {
+    source = source.attr("detach")().attr("cpu")().attr("numpy")();
+  }
+  py::buffer_info info = py::buffer(source).request();
+  const std::string format = info.format;
+  const bool integer = !format.empty() && std::string("qQlL").find(format.back()) != std::string::npos;
+  if (info.itemsize != 8 || !integer) {
+    throw py::type_error(absl::StrCat("ids must be 8-byte integers (int64 or uint64), got format '",
+                                      format, "'"));
+  }
+  if (info.ndim > 1 && info.strides.back() != 8) {
+    throw py::value_error("ids must be C-contiguous");
+  }
+  if (info.ndim == 1 && info.shape[0] > 1 && info.strides[0] != 8) {
+    throw py::value_error("ids must be C-contiguous");
+  }
+  std::vector<uint64_t> ids(static_cast<size_t>(info.size));
+  if (info.size > 0) std::memcpy(ids.data(), info.ptr, ids.size() * sizeof(uint64_t));
+  return ids;
+}
+
+TableSpec TableSpecOf(py::handle object) {
+  if (!py::isinstance<py::dict>(object)) throw py::type_error("a table spec must be a dict");
+  TableSpec spec;
+  const google::protobuf::Descriptor* d = spec.GetDescriptor();
+  const google::protobuf::Reflection* r = spec.GetReflection();
+  for (auto [key, value] : py::reinterpret_borrow<py::dict>(object)) {
+    const std::string name = py::str(key);
+    const google::protobuf::FieldDescriptor* f = d->FindFieldByName(name);
+    if (f == nullptr || f->is_repeated()) {
+      throw py::value_error(absl::StrCat("unknown table spec field '", name, "'"));
+    }
+    using FD = google::protobuf::FieldDescriptor;
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_INT32: r->SetInt32(&spec, f, value.cast<int32_t>()); break;
+      case FD::CPPTYPE_INT64: r->SetInt64(&spec, f, value.cast<int64_t>()); break;
+      case FD::CPPTYPE_UINT64: r->SetUInt64(&spec, f, value.cast<uint64_t>()); break;
+      case FD::CPPTYPE_FLOAT: r->SetFloat(&spec, f, value.cast<float>()); break;
+      case FD::CPPTYPE_BOOL: r->SetBool(&spec, f, value.cast<bool>()); break;
+      case FD::CPPTYPE_STRING: r->SetString(&spec, f, value.cast<std::string>()); break;
+      case FD::CPPTYPE_ENUM: {
+        const std::string label = value.cast<std::string>();
+        const google::protobuf::EnumValueDescriptor* e = f->enum_type()->FindValueByName(label);
+        if (e == nullptr) {
+          throw py::value_error(absl::StrCat("unknown value '", label, "' of table spec field '",
+                                             name, "'"));
+        }
+        r->SetEnum(&spec, f, e);
+        break;
+      }
+      default:
+        throw py::value_error(absl::StrCat("table spec field '", name, "' cannot be set"));
+    }
+  }
+  return spec;
+}
+
+py::dict TableStatsDict(const client::TableCallStats& stats) {
+  py::dict out;
+  out["ids"] = stats.ids;
+  out["unique_ids"] = stats.unique_ids;
+  out["dropped"] = stats.dropped;
+  out["duplicates"] = stats.duplicates;
+  return out;
+}
+
+}  // namespace
+
+void PyClient::RegisterTables(py::handle specs) {
+  std::vector<TableSpec> tables;
+  for (py::handle spec : specs) tables.push_back(TableSpecOf(spec));
+  if (tables.empty()) throw py::value_error("register_tables() needs at least one table");
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("register_tables() on a closed client");
+  if (tables_ == nullptr) tables_ = std::make_unique<client::TableClient>(client_.get());
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = tables_->Register(tables);
+  }
+  ThrowIfError(status);
+}
+
+int64_t PyClient::TableDim(const std::string& table) {
+  DataCall call(this);
+  return tables_ == nullptr ? 0 : tables_->dim(table);
+}
+
+py::dict PyClient::Lookup(const std::string& table, py::handle ids, py::handle out, bool train,
+                          int64_t clock) {
+  const std::vector<uint64_t> id_list = IdsOf(ids);
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("lookup() on a closed client");
+  const int64_t dim = tables_ == nullptr ? 0 : tables_->dim(table);
+  if (dim == 0) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+  FloatBuffer rows = FloatBuffer::Get(out, absl::StrCat("rows of table ", table),
+                                      static_cast<int64_t>(id_list.size()) * dim, true);
+  client::TableCallStats stats;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = tables_->Lookup(table, id_list, train, clock, rows.data(), &stats);
+  }
+  ThrowIfError(status);
+  return TableStatsDict(stats);
+}
+
+py::dict PyClient::PushSparse(const std::string& table, py::handle ids, py::handle grads,
+                              int64_t clock) {
+  const std::vector<uint64_t> id_list = IdsOf(ids);
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("push_sparse() on a closed client");
+  const int64_t dim = tables_ == nullptr ? 0 : tables_->dim(table);
+  if (dim == 0) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+  FloatBuffer g = FloatBuffer::Get(grads, absl::StrCat("gradients of table ", table),
+                                   static_cast<int64_t>(id_list.size()) * dim, false);
+  for (float x : g.const_span()) {
+    if (!std::isfinite(x)) {
+      throw py::value_error(absl::StrCat("gradients of table ", table, " hold a NaN or Inf"));
+    }
+  }
+  client::TableCallStats stats;
+  absl::Status status;
+  {
+    py::gil_scoped_release release;
+    status = tables_->Push(table, id_list, g.data(), clock, &stats);
+  }
+  ThrowIfError(status);
+  return TableStatsDict(stats);
 }
 
 int64_t PyClient::registered_worker_clock() {

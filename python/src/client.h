@@ -30,6 +30,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "client/ps_client.h"
+#include "client/table_client.h"
 #include "python/src/buffers.h"
 #include "python/src/client_options.h"
 #include "python/src/step_metrics.h"
@@ -57,6 +58,17 @@ class PyClient {
   pybind11::dict FinishExchanges();
   pybind11::dict Heartbeat(int64_t clock, bool done);
   pybind11::list Status();
+  // Sparse tables (client/table_client.h). specs: dicts of TableSpec's
+  // fields. ids: a C-contiguous buffer of 8-byte integers (numpy int64 or
+  // uint64, a torch CPU int64 tensor); out and grads: float32 buffers of
+  // len(ids) * dim.
+  void RegisterTables(pybind11::handle specs);
+  pybind11::dict Lookup(const std::string& table, pybind11::handle ids, pybind11::handle out,
+                        bool train, int64_t clock);
+  pybind11::dict PushSparse(const std::string& table, pybind11::handle ids,
+                            pybind11::handle grads, int64_t clock);
+  // A registered table's dim (0: not registered through this client).
+  int64_t TableDim(const std::string& table);
   void RecordStep(const StepRecord& step);
   void RecordEpoch(int64_t epoch, double test_accuracy, double samples_per_second);
   // Finishes any exchange under way (its error is dropped), disconnects and
@@ -100,6 +112,8 @@ class PyClient {
   std::vector<FloatBuffer> exchange_buffers_ ABSL_GUARDED_BY(data_mu_);
   std::vector<bool> exchanging_ ABSL_GUARDED_BY(data_mu_);
   int exchanges_ ABSL_GUARDED_BY(data_mu_) = 0;
+  // Made by the first register_tables.
+  std::unique_ptr<client::TableClient> tables_ ABSL_GUARDED_BY(data_mu_);
 };
 
 }  // namespace shardtrain::python

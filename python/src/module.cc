@@ -173,6 +173,25 @@ PYBIND11_MODULE(_core, m) {
            "and returns the membership shard 0 sees.")
       .def("status", &PyClient::Status,
            "status() -> [dict]: every shard's StatusResponse, in shard order.")
+      .def("register_tables", &PyClient::RegisterTables, py::arg("tables"),
+           "register_tables([dict(name=, dim=, optimizer=, learning_rate=, ...), ...]): "
+           "registers sparse embedding tables on every shard (idempotent for identical "
+           "specs). Keys are TableSpec's fields (proto/shardtrain.proto); init is "
+           "'INIT_UNIFORM', 'INIT_NORMAL' or 'INIT_ZEROS'.")
+      .def("lookup", &PyClient::Lookup, py::arg("table"), py::arg("ids"), py::arg("out"),
+           py::arg("train") = true, py::arg("clock") = 0,
+           "lookup(table, ids, out, train=True, clock=0) -> dict(ids, unique_ids): the rows "
+           "of ids (int64/uint64 buffer) into out (float32, len(ids) * dim). train: create "
+           "unseen rows (admission permitting) and mark them used at clock; otherwise read "
+           "only, unknown ids as their initial value.")
+      .def("push_sparse", &PyClient::PushSparse, py::arg("table"), py::arg("ids"),
+           py::arg("grads"), py::arg("clock") = 0,
+           "push_sparse(table, ids, grads, clock=0) -> dict(ids, unique_ids, dropped, "
+           "duplicates): applies row gradients (float32, len(ids) * dim; a repeated id's "
+           "are summed), at most once however often the call is retried.")
+      .def("table_dim", &PyClient::TableDim, py::arg("table"),
+           "table_dim(table) -> int: the dim of a table registered through this client, "
+           "or 0.")
       .def(
           "record_step",
           [](PyClient& client, double compute_seconds, double push_seconds,

@@ -1,0 +1,88 @@
+// TableClient: a worker's calls on sparse embedding tables, over the
+// channels of its PsClient. Each batch is deduplicated first (unique ids
+// and an inverse index), so every shard is asked for a row once however
+// often the batch names its id, and a push sums the gradients of repeated
+// ids into one row gradient before sending. Ids go to the shard of their
+// slot (sparse/id_hash.h: ShardOfId), all shards at once; every call has a
+// deadline and is retried through the shard's channel (reconnects, backoff)
+// with the same request, so a retried push carries the same (worker,
+// worker_incarnation, sequence) and is applied at most once. A shard that
+// lost a table (restarted without a checkpoint) has it registered again.
+//
+//   TableClient tables(client.get());
+//   RETURN_IF_ERROR(tables.Register({spec}));
+//   std::vector<float> rows(ids.size() * dim);
+//   RETURN_IF_ERROR(tables.Lookup("user", ids, /*train=*/true, clock, rows.data()));
+//   ...
+//   RETURN_IF_ERROR(tables.Push("user", ids, grads.data(), clock));
+//
+// Thread-compatible: one batch at a time per TableClient.
+#ifndef SHARDTRAIN_CLIENT_TABLE_CLIENT_H_
+#define SHARDTRAIN_CLIENT_TABLE_CLIENT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "client/ps_client.h"
+#include "proto/shardtrain.pb.h"
+
+namespace shardtrain::client {
+
+// What one Lookup or Push did.
+struct TableCallStats {
+  int64_t ids = 0;          // ids in the batch
+  int64_t unique_ids = 0;   // after deduplication
+  int64_t dropped = 0;      // Push: gradients of ids without a row
+  int64_t duplicates = 0;   // Push: shards that had applied it already
+};
+
+class TableClient {
+ public:
+  // `client` is not owned and must outlive this.
+  explicit TableClient(PsClient* client);
+
+  // Registers tables on every shard (idempotent for identical specs).
+  absl::Status Register(const std::vector<TableSpec>& tables);
+
+  // The rows of ids (ids.size() * dim floats to out). train: find or create
+  // rows (admission permitting) and mark them used at `clock`; otherwise
+  // read only. NOT_FOUND for a table not registered through this client.
+  absl::Status Lookup(const std::string& table, absl::Span<const uint64_t> ids, bool train,
+                      int64_t clock, float* out, TableCallStats* stats = nullptr);
+
+  // Pushes grads (ids.size() * dim floats, finite) for ids; gradients of a
+  // repeated id are summed.
+  absl::Status Push(const std::string& table, absl::Span<const uint64_t> ids,
+                    const float* grads, int64_t clock, TableCallStats* stats = nullptr);
+
+  // A table's dim, or 0 when not registered through this client.
+  int32_t dim(const std::string& table) const;
+
+ private:
+  // The batch's unique ids grouped by shard.
+  struct Batch {
+    std::vector<uint32_t> inverse;                 // ids[i] is unique[inverse[i]]
+    std::vector<uint64_t> unique;
+    std::vector<std::vector<uint32_t>> by_shard;   // indices into unique
+  };
+  void Dedup(absl::Span<const uint64_t> ids, Batch* batch) const;
+  // Runs request_of(s) -> call on each shard with ids, all at once.
+  absl::Status CallShards(const char* method, const std::vector<int>& shards,
+                          const std::function<void(int shard, grpc::ClientContext*,
+                                                   std::function<void(grpc::Status)>)>& start);
+  absl::Status Reregister();
+
+  PsClient* const client_;
+  std::vector<TableSpec> specs_;
+  absl::flat_hash_map<std::string, int32_t> dims_;
+  // Per shard: the next PushSparse sequence.
+  std::vector<uint64_t> next_sequence_;
+};
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_TABLE_CLIENT_H_

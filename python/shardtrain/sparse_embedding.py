@@ -1,0 +1,123 @@
+"""SparseEmbedding: an nn.EmbeddingBag whose rows live in a sparse table on
+the parameter-server shards (see README, "Recommendation models").
+
+The table holds any 64-bit ids; no worker holds it whole. forward() looks up
+the rows of the batch's unique ids (creating unseen ones on the shards when
+training, admission permitting), pools them like nn.EmbeddingBag (sum or
+mean over bags given by offsets, or over the rows of a 2-D input, with
+optional per-sample weights), and backward() pushes each unique id's row
+gradient; the shards apply the table's optimizer to those rows (lazily:
+rows not in the batch keep their state). The dense part of the model
+trains as before through DistributedOptimizer, which attaches its client
+to every SparseEmbedding of the model it is given:
+
+    emb = shardtrain.torch.SparseEmbedding("user_id", 16, optimizer="rowwise_adagrad",
+                                           learning_rate=0.05)
+    model = nn.Sequential(...)        # uses emb
+    opt = shardtrain.torch.DistributedOptimizer(model)    # attaches emb
+    loss = model(batch).sum(); loss.backward(); opt.step()
+
+Outside DistributedOptimizer, attach a shardtrain.Client yourself:
+emb.attach(client). Rows come back to the input's device (from pinned host
+memory for CUDA inputs); in eval() mode lookups store nothing.
+"""
+
+from typing import Optional
+
+import numpy
+import torch
+import torch.nn.functional as F
+
+
+class SparseEmbedding(torch.nn.Module):
+    def __init__(self, name: str, dim: int, *, mode: str = "mean",
+                 optimizer: str = "rowwise_adagrad", learning_rate: float = 0.01,
+                 init: str = "uniform", init_scale: float = 0.01, seed: int = 0,
+                 client=None, **table_options):
+        """`name`: the table's name on the shards (the same on every worker).
+        `mode`: "sum" or "mean" pooling per bag. `optimizer`: "sgd",
+        "adagrad", "rowwise_adagrad", "adam" or "ftrl", with `learning_rate`.
+        `init`: "uniform" (U(-init_scale, init_scale)), "normal" (N(0,
+        init_scale²)) or "zeros"; a row's start is a function of (seed, name,
+        id) only. `table_options`: further TableSpec fields (eps, beta1,
+        admission="count", admission_count=3, capacity=..., eviction="lfu",
+        ttl=..., ...)."""
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"mode={mode!r} is not 'sum' or 'mean'")
+        if dim < 1:
+            raise ValueError(f"dim={dim} is not >= 1")
+        inits = {"uniform": "INIT_UNIFORM", "normal": "INIT_NORMAL", "zeros": "INIT_ZEROS"}
+        if init not in inits:
+            raise ValueError(f"init={init!r} is not one of {sorted(inits)}")
+        self.name = name
+        self.dim = int(dim)
+        self.mode = mode
+        self.spec = dict(name=name, dim=self.dim, optimizer=optimizer,
+                         learning_rate=float(learning_rate), init=inits[init],
+                         init_scale=float(init_scale), seed=int(seed), **table_options)
+        self._client = None
+        self._clock = 0
+        self._staging = None  # pinned host rows for CUDA inputs
+        self.last_stats = {}
+        if client is not None:
+            self.attach(client)
+
+    def attach(self, client):
+        """Registers the table through `client` (idempotent) and uses it."""
+        client.register_tables([self.spec])
+        self._client = client
+
+    @property
+    def attached(self) -> bool:
+        return self._client is not None
+
+    def extra_repr(self) -> str:
+        return f"{self.name!r}, {self.dim}, mode={self.mode!r}, optimizer={self.spec['optimizer']!r}"
+
+    def _rows(self, unique: "torch.Tensor", device, train: bool) -> "torch.Tensor":
+        n = unique.numel()
+        pinned = device.type == "cuda"
+        if pinned:
+            if self._staging is None or self._staging.numel() < n * self.dim:
+                self._staging = torch.empty(max(n * self.dim, 1), dtype=torch.float32,
+                                            pin_memory=True)
+            host = self._staging[: n * self.dim].view(n, self.dim)
+        else:
+            host = torch.empty(n, self.dim, dtype=torch.float32)
+        ids = unique.numpy().view(numpy.uint64)
+        self.last_stats = self._client.lookup(self.name, ids, host.numpy(), train, self._clock)
+        return host.to(device, non_blocking=True) if pinned else host
+
+    def forward(self, input: "torch.Tensor", offsets: Optional["torch.Tensor"] = None,
+                per_sample_weights: Optional["torch.Tensor"] = None) -> "torch.Tensor":
+        """As nn.EmbeddingBag: a 1-D `input` of ids with `offsets` (bag
+        starts), or a 2-D input of fixed-size bags. Returns (bags, dim)."""
+        if self._client is None:
+            raise RuntimeError(
+                f"SparseEmbedding {self.name!r} has no client: give the model to "
+                "DistributedOptimizer, or call attach(client)")
+        if input.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"ids must be int64 (or int32), got {input.dtype}")
+        device = input.device
+        flat = input.reshape(-1).to("cpu", torch.int64)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        train = self.training and torch.is_grad_enabled()
+        rows = self._rows(unique, device, train)
+        if train:
+            rows.requires_grad_(True)
+            unique_ids = unique.numpy().view(numpy.uint64).copy()
+            clock = self._clock
+            rows.register_hook(lambda grad: self._push(unique_ids, grad, clock))
+            self._clock += 1
+        inverse = inverse.to(device).view(input.shape)
+        if input.dim() == 2:
+            return F.embedding_bag(inverse, rows, mode=self.mode,
+                                   per_sample_weights=per_sample_weights)
+        return F.embedding_bag(inverse, rows, offsets.to(device), mode=self.mode,
+                               per_sample_weights=per_sample_weights)
+
+    def _push(self, ids: numpy.ndarray, grad: "torch.Tensor", clock: int):
+        grad = grad.detach().to("cpu", torch.float32).contiguous()
+        self.last_stats = self._client.push_sparse(self.name, ids, grad.numpy(), clock + 1)
+        return None

@@ -1,0 +1,126 @@
+"""shardtrain.torch.SparseEmbedding against torch's own nn.EmbeddingBag on
+the same rows, over two real shards: the forward pools alike, and the rows
+the shards hold after backward() equal torch's sparse optimizer's (SGD,
+Adagrad) or an independent row-wise Adagrad; evaluation stores nothing;
+misuse raises before anything is sent."""
+
+import numpy as np
+import pytest
+import torch
+
+import shardtrain
+from shardtrain.torch import SparseEmbedding
+
+DIM = 6
+IDS = torch.tensor([5, 2**40 + 7, 5, 99, 3, 2**62 + 1, 99, 5], dtype=torch.int64)
+OFFSETS = torch.tensor([0, 3, 4, 7], dtype=torch.int64)
+
+
+@pytest.fixture
+def client(start_shards):
+    cluster = start_shards(2)
+    with shardtrain.Client(cluster.addresses, worker=0, num_workers=1) as c:
+        yield c
+
+
+def reference_bag(emb, client, mode):
+    """An nn.EmbeddingBag holding the shards' current rows of IDS' unique ids,
+    and the map from id to its row index."""
+    unique = torch.unique(IDS)
+    rows = np.empty((len(unique), DIM), np.float32)
+    client.lookup(emb.name, unique.numpy().view(np.uint64), rows, train=False)
+    bag = torch.nn.EmbeddingBag(len(unique), DIM, mode=mode, sparse=True)
+    with torch.no_grad():
+        bag.weight.copy_(torch.from_numpy(rows))
+    index = {int(i): k for k, i in enumerate(unique)}
+    local = torch.tensor([index[int(i)] for i in IDS])
+    return bag, local, unique
+
+
+def shard_rows(client, name, unique):
+    rows = np.empty((len(unique), DIM), np.float32)
+    client.lookup(name, unique.numpy().view(np.uint64), rows, train=False)
+    return torch.from_numpy(rows)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_forward_pools_like_embedding_bag(client, mode):
+    emb = SparseEmbedding("f_" + mode, DIM, mode=mode, init="normal", init_scale=0.5,
+                          client=client)
+    out = emb(IDS, OFFSETS)  # creates the rows
+    bag, local, _ = reference_bag(emb, client, mode)
+    assert torch.allclose(out, bag(local, OFFSETS), atol=1e-6)
+    weights = torch.linspace(0.5, 2.0, len(IDS))
+    if mode == "sum":
+        assert torch.allclose(emb(IDS, OFFSETS, per_sample_weights=weights),
+                              bag(local, OFFSETS, per_sample_weights=weights), atol=1e-6)
+    square = IDS.view(2, 4)
+    assert torch.allclose(emb(square), bag(local.view(2, 4)), atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_backward_updates_rows_like_torch(client, optimizer):
+    lr = 0.3
+    emb = SparseEmbedding("b_" + optimizer, DIM, mode="sum", optimizer=optimizer,
+                          learning_rate=lr, init="uniform", init_scale=0.5, client=client)
+    with torch.no_grad():
+        emb(IDS, OFFSETS)  # evaluation: stores nothing
+    assert sum(t["rows"] for s in client.status() for t in s["tables"]
+               if t["name"] == emb.name) == 0
+    bag, local, unique = reference_bag(emb, client, "sum")
+    if optimizer == "sgd":
+        ref_opt = torch.optim.SGD(bag.parameters(), lr=lr)
+    else:
+        ref_opt = torch.optim.Adagrad(bag.parameters(), lr=lr, eps=1e-10)
+    target = torch.randn(len(OFFSETS), DIM, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        ((emb(IDS, OFFSETS) - target) ** 2).sum().backward()
+        ref_opt.zero_grad()
+        ((bag(local, OFFSETS) - target) ** 2).sum().backward()
+        ref_opt.step()
+    assert torch.allclose(shard_rows(client, emb.name, unique), bag.weight.detach(), atol=1e-5)
+
+
+def test_rowwise_adagrad_keeps_one_accumulator_per_row(client):
+    lr, dim = 0.1, DIM
+    emb = SparseEmbedding("rw", dim, mode="sum", optimizer="rowwise_adagrad",
+                          learning_rate=lr, init="zeros", client=client)
+    ids = torch.tensor([1, 2, 1], dtype=torch.int64)
+    offsets = torch.tensor([0, 1], dtype=torch.int64)
+    weights = {1: np.zeros(dim), 2: np.zeros(dim)}
+    accum = {1: 0.0, 2: 0.0}
+    for step in range(3):
+        out = emb(ids, offsets)
+        upstream = torch.full_like(out, 0.5 + step)
+        out.backward(upstream)
+        # Bag 0 = [1], bag 1 = [2, 1]: id 1's gradient is both bags' upstream.
+        grads = {1: (upstream[0] + upstream[1]).numpy(), 2: upstream[1].numpy()}
+        for i, g in grads.items():
+            accum[i] += float(np.mean(g.astype(np.float64) ** 2))
+            weights[i] = weights[i] - lr * g / (np.sqrt(accum[i]) + 1e-10)
+    got = shard_rows(client, "rw", torch.tensor([1, 2]))
+    assert np.allclose(got.numpy(), np.stack([weights[1], weights[2]]), atol=1e-5)
+
+
+def test_misuse_raises_before_sending(client):
+    emb = SparseEmbedding("m", DIM)
+    with pytest.raises(RuntimeError, match="no client"):
+        emb(IDS, OFFSETS)
+    emb.attach(client)
+    with pytest.raises(TypeError, match="int64"):
+        emb(IDS.float(), OFFSETS)
+    out = np.empty((2, DIM), np.float32)
+    with pytest.raises(ValueError, match="not registered"):
+        client.lookup("nope", np.array([1, 2], np.uint64), out)
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        client.push_sparse("m", np.array([1, 2], np.uint64),
+                           np.full((2, DIM), np.nan, np.float32))
+    with pytest.raises(TypeError, match="8-byte integers"):
+        client.lookup("m", np.array([1, 2], np.int32), out)
+    with pytest.raises(ValueError):
+        client.lookup("m", np.array([1, 2, 3], np.uint64), out)  # out too small
+    with pytest.raises(shardtrain.ShardtrainError) as error:
+        client.register_tables([dict(name="m", dim=DIM + 1)])
+    assert error.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(ValueError, match="unknown table spec field"):
+        client.register_tables([dict(name="x", dim=4, colour="red")])

@@ -1,0 +1,321 @@
+#include "server/sparse_tables.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "server/table_spec.h"
+#include "sparse/id_hash.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "table ids and rows travel little-endian and are used in place");
+
+namespace shardtrain::server {
+namespace {
+
+void Export(const sparse::TableCounters& now, sparse::TableCounters& last,
+            const TableMetrics::Series& m) {
+  auto add = [](prometheus::Counter* c, int64_t delta) {
+    if (c != nullptr && delta > 0) c->Increment(static_cast<double>(delta));
+  };
+  add(m.lookups, now.lookups - last.lookups);
+  add(m.created, now.created - last.created);
+  add(m.rejected, now.rejected - last.rejected);
+  add(m.full, now.full - last.full);
+  add(m.applied, now.applied - last.applied);
+  add(m.dropped, now.dropped - last.dropped);
+  add(m.evicted_ttl, now.evicted_ttl - last.evicted_ttl);
+  add(m.evicted_capacity, now.evicted_capacity - last.evicted_capacity);
+  last = now;
+}
+
+}  // namespace
+
+SparseTables::SparseTables(const ShardOptions& options, uint64_t incarnation,
+                           ShardMetrics* metrics)
+    : options_(options),
+      incarnation_(incarnation),
+      metrics_(metrics),
+      push_logs_(static_cast<size_t>(options.num_workers)) {}
+
+absl::Status SparseTables::CheckIncarnation(uint64_t shard_incarnation) const {
+  if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
+    return absl::AbortedError(absl::StrFormat(
+        "shard %d restarted (request names incarnation %d, shard is %d): re-register",
+        options_.shard_index, shard_incarnation, incarnation_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTables::AddTable(const TableSpec& spec) {
+  ASSIGN_OR_RETURN(sparse::TableConfig config, TableConfigFromSpec(spec, options_.limits));
+  ASSIGN_OR_RETURN(std::unique_ptr<sparse::EmbeddingTable> rows,
+                   sparse::EmbeddingTable::Create(config, TableLimitsOf(options_.limits)));
+  auto table = std::make_unique<Table>();
+  table->spec = spec;
+  if (metrics_ != nullptr) {
+    table->metrics = metrics_->tables().ForTable(spec.name());
+    table->metrics.capacity->Set(static_cast<double>(rows->capacity()));
+  }
+  {
+    absl::MutexLock lock(&table->mu);
+    table->rows = std::move(rows);
+  }
+  tables_[spec.name()] = std::move(table);
+  return absl::OkStatus();
+}
+
+absl::Status SparseTables::Register(const RegisterTablesRequest& request) {
+  if (options_.mode != ConsistencyMode::kAsync || options_.replicas != 1) {
+    return absl::FailedPreconditionError(
+        "sparse tables are served by async shards without replication today "
+        "(--mode=async --replicas=1)");
+  }
+  absl::MutexLock lock(&mu_);
+  int64_t fresh = 0;
+  for (const TableSpec& spec : request.tables()) {
+    auto it = tables_.find(spec.name());
+    if (it != tables_.end()) {
+      if (it->second->spec.SerializeAsString() != spec.SerializeAsString()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table \"", spec.name(), "\" is registered with another spec"));
+      }
+      continue;
+    }
+    RETURN_IF_ERROR(TableConfigFromSpec(spec, options_.limits).status());
+    ++fresh;
+  }
+  if (static_cast<int64_t>(tables_.size()) + fresh > options_.limits.max_tables) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "registering %d new tables would make %d on this shard; the limit is %d (--max_tables)",
+        fresh, tables_.size() + fresh, options_.limits.max_tables));
+  }
+  for (const TableSpec& spec : request.tables()) {
+    if (!tables_.contains(spec.name())) RETURN_IF_ERROR(AddTable(spec));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SparseTables::Table*> SparseTables::Find(const std::string& name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(name);
+  if (it == tables_.end()) {
+    return absl::NotFoundError(absl::StrCat("no table \"", name, "\" on shard ",
+                                            options_.shard_index, ": register it first"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
+    const std::string& ids, std::vector<uint64_t>* storage) const {
+  if (ids.size() % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ids.size(), " bytes of ids is not a whole number of uint64"));
+  }
+  const int64_t n = static_cast<int64_t>(ids.size() / 8);
+  if (n > options_.limits.max_table_ids_per_request) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d ids in one request; the limit is %d (--max_table_ids_per_request)", n,
+        options_.limits.max_table_ids_per_request));
+  }
+  storage->resize(static_cast<size_t>(n));
+  if (n > 0) std::memcpy(storage->data(), ids.data(), ids.size());
+  const int num_shards = options_.partitioning.num_shards;
+  for (uint64_t id : *storage) {
+    const int owner = sparse::ShardOfId(id, num_shards);
+    if (owner != options_.shard_index) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "id %d belongs to shard %d of %d, not shard %d", id, owner, num_shards,
+          options_.shard_index));
+    }
+  }
+  return absl::MakeConstSpan(*storage);
+}
+
+uint32_t SparseTables::Now(const Table& table, int64_t clock) {
+  if (table.spec.ttl_in_seconds()) {
+    return static_cast<uint32_t>(absl::ToUnixSeconds(absl::Now()));
+  }
+  return static_cast<uint32_t>(std::clamp<int64_t>(clock, 0, UINT32_MAX));
+}
+
+void SparseTables::AfterChange(Table& table, uint32_t now) {
+  const int64_t ttl = table.spec.ttl();
+  // Sweep when the clock has moved by an eighth of the TTL: a row lives at
+  // most 9/8 of its TTL unused.
+  if (ttl > 0 && now > table.swept && now - table.swept >= std::max<int64_t>(1, ttl / 8)) {
+    table.rows->EvictExpired(now);
+    table.swept = now;
+  }
+  if (metrics_ == nullptr) return;
+  Export(table.rows->counters(), table.exported, table.metrics);
+  const int64_t rows = table.rows->rows();
+  table.metrics.rows->Set(static_cast<double>(rows));
+  table.metrics.bytes_per_row->Set(
+      rows == 0 ? 0.0 : static_cast<double>(table.rows->bytes()) / static_cast<double>(rows));
+}
+
+absl::Status SparseTables::Lookup(const LookupRequest& request, LookupResponse* response) {
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  ASSIGN_OR_RETURN(Table * table, Find(request.table()));
+  std::vector<uint64_t> storage;
+  ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(table->spec.dim());
+  if (ids.size() * row_bytes > static_cast<size_t>(options_.limits.max_response_bytes)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%d rows of %d bytes would exceed the %d-byte response limit (--max_message_mb)",
+        ids.size(), row_bytes, options_.limits.max_response_bytes));
+  }
+  std::string* rows = response->mutable_rows();
+  rows->resize(ids.size() * row_bytes);
+  float* out = reinterpret_cast<float*>(rows->data());
+  response->set_incarnation(incarnation_);
+  if (request.train()) {
+    absl::MutexLock lock(&table->mu);
+    const uint32_t now = Now(*table, request.clock());
+    table->rows->LookupForTraining(ids, now, out);
+    AfterChange(*table, now);
+  } else {
+    absl::ReaderMutexLock lock(&table->mu);
+    table->rows->LookupReadOnly(ids, out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
+                                      PushSparseResponse* response) {
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  if (request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
+  }
+  ASSIGN_OR_RETURN(Table * table, Find(request.table()));
+  std::vector<uint64_t> storage;
+  ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
+  const size_t dim = static_cast<size_t>(table->spec.dim());
+  if (request.grads().size() != ids.size() * dim * sizeof(float)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "table \"%s\" has dim %d: %d ids need %d bytes of f32 gradients, got %d",
+        request.table(), dim, ids.size(), ids.size() * dim * sizeof(float),
+        request.grads().size()));
+  }
+  std::vector<float> grads(ids.size() * dim);
+  if (!grads.empty()) std::memcpy(grads.data(), request.grads().data(), request.grads().size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!std::isfinite(grads[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "the gradient of id %d holds a NaN or Inf", ids[i / dim]));
+    }
+  }
+  {
+    std::vector<uint64_t> sorted(ids.begin(), ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "id %d appears twice in one push: sum its gradients into one row", *dup));
+    }
+  }
+  response->set_incarnation(incarnation_);
+  PushLog& log = push_logs_[request.worker()];
+  absl::MutexLock log_lock(&log.mu());
+  if (request.sequence() != 0) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> seen,
+                     log.Find(request.worker_incarnation(), request.sequence()));
+    if (seen.has_value()) {
+      response->set_duplicate(true);
+      if (metrics_ != nullptr) metrics_->duplicate_pushes().Increment();
+      return absl::OkStatus();
+    }
+  }
+  absl::MutexLock lock(&table->mu);
+  const uint32_t now = Now(*table, request.clock());
+  const int64_t applied = table->rows->Apply(ids, grads.data(), now, 1.0f);
+  response->set_dropped(static_cast<int64_t>(ids.size()) - applied);
+  if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
+  if (table->metrics.unique_ids != nullptr) {
+    table->metrics.unique_ids->Observe(static_cast<double>(ids.size()));
+  }
+  AfterChange(*table, now);
+  return absl::OkStatus();
+}
+
+void SparseTables::FillStatus(StatusResponse* response) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Table*> sorted;
+  for (const auto& [name, table] : tables_) sorted.push_back(table.get());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Table* a, const Table* b) { return a->spec.name() < b->spec.name(); });
+  for (const Table* table : sorted) {
+    absl::ReaderMutexLock table_lock(&table->mu);
+    TableState* state = response->add_tables();
+    state->set_name(table->spec.name());
+    state->set_dim(table->spec.dim());
+    state->set_optimizer(table->spec.optimizer().empty() ? "sgd" : table->spec.optimizer());
+    state->set_rows(table->rows->rows());
+    state->set_capacity(table->rows->capacity());
+    state->set_bytes(table->rows->bytes());
+  }
+}
+
+int64_t SparseTables::num_tables() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(tables_.size());
+}
+
+void SparseTables::Snapshot(int64_t max_record_bytes,
+                            std::vector<CheckpointRecord>* records) const {
+  std::vector<const Table*> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, table] : tables_) tables.push_back(table.get());
+  }
+  for (const Table* table : tables) {
+    std::string rows;
+    int32_t record_bytes;
+    {
+      absl::ReaderMutexLock lock(&table->mu);
+      table->rows->ExportRecords(&rows);
+      record_bytes = table->rows->record_bytes();
+    }
+    // Whole rows per checkpoint record; one record for an empty table, so
+    // that its registration survives.
+    const size_t per_record = static_cast<size_t>(
+        std::max<int64_t>(1, max_record_bytes / record_bytes) * record_bytes);
+    size_t offset = 0;
+    do {
+      CheckpointRecord& record = records->emplace_back();
+      *record.mutable_table() = table->spec;
+      const size_t take = std::min(per_record, rows.size() - offset);
+      record.set_table_rows(rows.substr(offset, take));
+      offset += take;
+    } while (offset < rows.size());
+  }
+}
+
+absl::Status SparseTables::Restore(const CheckpointRecord& record) {
+  Table* table;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tables_.find(record.table().name());
+    if (it == tables_.end()) {
+      RETURN_IF_ERROR(AddTable(record.table()));
+      it = tables_.find(record.table().name());
+    } else if (it->second->spec.SerializeAsString() != record.table().SerializeAsString()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint table \"", record.table().name(), "\" has two different specs"));
+    }
+    table = it->second.get();
+  }
+  absl::MutexLock lock(&table->mu);
+  RETURN_IF_ERROR(table->rows->ImportRecords(record.table_rows()));
+  AfterChange(*table, table->swept);
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain::server

@@ -1,0 +1,95 @@
+// SparseTables: the sparse embedding tables a shard holds, behind the
+// RegisterTables, Lookup and PushSparse RPCs: every request checked (table
+// known, sizes, finite gradients, unique ids, ids of this shard, every
+// limit) before anything changes, pushes applied at most once per (worker,
+// worker_incarnation, sequence), TTL sweeps as the table's clock advances,
+// and each table's rows in checkpoints as whole records.
+//
+// Tables live on async shards without replication today: RegisterTables is
+// refused (FAILED_PRECONDITION) on a sync shard or with --replicas > 1,
+// whose checkpoints and chains do not carry table rows yet.
+//
+// Thread-safe. Each table has its own lock; lookups of one table run one
+// at a time (a training lookup creates rows), so a shard serves tables in
+// parallel with each other and with dense pushes and pulls.
+#ifndef SHARDTRAIN_SERVER_SPARSE_TABLES_H_
+#define SHARDTRAIN_SERVER_SPARSE_TABLES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/shardtrain.pb.h"
+#include "server/push_log.h"
+#include "server/shard_metrics.h"
+#include "server/shard_options.h"
+#include "sparse/embedding_table.h"
+
+namespace shardtrain::server {
+
+class SparseTables {
+ public:
+  // `metrics` may be null (tests); otherwise it must outlive this.
+  SparseTables(const ShardOptions& options, uint64_t incarnation, ShardMetrics* metrics);
+
+  // Registers each table (idempotent for an identical spec); nothing is
+  // registered when one is refused.
+  absl::Status Register(const RegisterTablesRequest& request);
+  absl::Status Lookup(const LookupRequest& request, LookupResponse* response);
+  absl::Status PushSparse(const PushSparseRequest& request, PushSparseResponse* response);
+
+  void FillStatus(StatusResponse* response) const;
+
+  // Checkpoint records of every table: its spec and whole rows, at most
+  // max_record_bytes of rows per record. Each table's rows are copied under
+  // its lock, so a record never mixes a row's value and state of different
+  // moments.
+  void Snapshot(int64_t max_record_bytes, std::vector<CheckpointRecord>* records) const;
+  // Loads a record written by Snapshot (registering its table).
+  absl::Status Restore(const CheckpointRecord& record);
+
+  int64_t num_tables() const;
+
+ private:
+  struct Table {
+    TableSpec spec;
+    mutable absl::Mutex mu;
+    std::unique_ptr<sparse::EmbeddingTable> rows ABSL_GUARDED_BY(mu);
+    // The clock of the last TTL sweep.
+    uint32_t swept ABSL_GUARDED_BY(mu) = 0;
+    // What counters() said when last exported to the metrics.
+    sparse::TableCounters exported ABSL_GUARDED_BY(mu);
+    TableMetrics::Series metrics{};
+  };
+
+  absl::StatusOr<Table*> Find(const std::string& name) const;
+  // The ids of a request, checked: a whole number, within the limit, and
+  // every one this shard's.
+  absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const std::string& ids,
+                                                      std::vector<uint64_t>* storage) const;
+  absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
+  // The table's clock for a request at worker clock `clock`: steps, or Unix
+  // seconds for a TTL in seconds.
+  static uint32_t Now(const Table& table, int64_t clock);
+  void AfterChange(Table& table, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  absl::Status AddTable(const TableSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ShardOptions options_;
+  const uint64_t incarnation_;
+  ShardMetrics* const metrics_;
+
+  mutable absl::Mutex mu_;
+  // Tables are never removed: a Table* stays valid.
+  absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
+  // PushSparse sequences applied, per worker.
+  std::vector<PushLog> push_logs_;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_SPARSE_TABLES_H_

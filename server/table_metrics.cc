@@ -1,0 +1,66 @@
+#include "server/table_metrics.h"
+
+namespace shardtrain::server {
+
+TableMetrics::TableMetrics(prometheus::Registry& registry)
+    : rows_(prometheus::BuildGauge()
+                .Name("shardtrain_table_rows")
+                .Help("Rows of a sparse table stored on this shard")
+                .Register(registry)),
+      capacity_(prometheus::BuildGauge()
+                    .Name("shardtrain_table_capacity_rows")
+                    .Help("Rows a sparse table may store on this shard before evicting "
+                          "(or, without a capacity, refusing new rows)")
+                    .Register(registry)),
+      bytes_per_row_(prometheus::BuildGauge()
+                         .Name("shardtrain_table_bytes_per_row")
+                         .Help("Bytes a sparse table holds (index, records, admission "
+                               "filter) per stored row")
+                         .Register(registry)),
+      lookups_(prometheus::BuildCounter()
+                   .Name("shardtrain_table_lookups_total")
+                   .Help("Ids looked up in a sparse table")
+                   .Register(registry)),
+      created_(prometheus::BuildCounter()
+                   .Name("shardtrain_table_rows_created_total")
+                   .Help("Rows created in a sparse table (ids admitted)")
+                   .Register(registry)),
+      rejected_(prometheus::BuildCounter()
+                    .Name("shardtrain_table_admission_rejected_total")
+                    .Help("Training lookups of unseen ids given no row, by reason: "
+                          "admission, or full (nothing could be evicted)")
+                    .Register(registry)),
+      evicted_(prometheus::BuildCounter()
+                   .Name("shardtrain_table_evictions_total")
+                   .Help("Rows evicted from a sparse table, by reason: ttl or capacity")
+                   .Register(registry)),
+      gradients_(prometheus::BuildCounter()
+                     .Name("shardtrain_table_gradients_total")
+                     .Help("Row gradients received by a sparse table, by result: applied, "
+                           "or dropped (the id has no row)")
+                     .Register(registry)),
+      unique_ids_(prometheus::BuildHistogram()
+                      .Name("shardtrain_table_push_ids")
+                      .Help("Unique ids per PushSparse request")
+                      .Register(registry)) {}
+
+TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
+  Series s;
+  s.rows = &rows_.Add({{"table", table}});
+  s.capacity = &capacity_.Add({{"table", table}});
+  s.bytes_per_row = &bytes_per_row_.Add({{"table", table}});
+  s.lookups = &lookups_.Add({{"table", table}});
+  s.created = &created_.Add({{"table", table}});
+  s.rejected = &rejected_.Add({{"table", table}, {"reason", "admission"}});
+  s.full = &rejected_.Add({{"table", table}, {"reason", "full"}});
+  s.evicted_ttl = &evicted_.Add({{"table", table}, {"reason", "ttl"}});
+  s.evicted_capacity = &evicted_.Add({{"table", table}, {"reason", "capacity"}});
+  s.applied = &gradients_.Add({{"table", table}, {"result", "applied"}});
+  s.dropped = &gradients_.Add({{"table", table}, {"result", "dropped"}});
+  s.unique_ids = &unique_ids_.Add(
+      {{"table", table}},
+      prometheus::Histogram::BucketBoundaries{64, 256, 1024, 4096, 16384, 65536, 262144, 1048576});
+  return s;
+}
+
+}  // namespace shardtrain::server

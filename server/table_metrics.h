@@ -1,0 +1,53 @@
+// TableMetrics: the Prometheus families of a shard's sparse tables, each
+// labelled by table, and each table's own series.
+#ifndef SHARDTRAIN_SERVER_TABLE_METRICS_H_
+#define SHARDTRAIN_SERVER_TABLE_METRICS_H_
+
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace shardtrain::server {
+
+class TableMetrics {
+ public:
+  // One table's series.
+  struct Series {
+    prometheus::Gauge* rows;
+    prometheus::Gauge* capacity;
+    prometheus::Gauge* bytes_per_row;
+    prometheus::Counter* lookups;
+    prometheus::Counter* created;
+    prometheus::Counter* rejected;      // admission said no
+    prometheus::Counter* full;          // no row could be freed
+    prometheus::Counter* evicted_ttl;
+    prometheus::Counter* evicted_capacity;
+    prometheus::Counter* applied;
+    prometheus::Counter* dropped;       // gradients of rows not stored
+    prometheus::Histogram* unique_ids;  // ids per PushSparse request
+  };
+
+  // Registers the families in `registry`, which must outlive this.
+  explicit TableMetrics(prometheus::Registry& registry);
+
+  Series ForTable(const std::string& table);
+
+ private:
+  prometheus::Family<prometheus::Gauge>& rows_;
+  prometheus::Family<prometheus::Gauge>& capacity_;
+  prometheus::Family<prometheus::Gauge>& bytes_per_row_;
+  prometheus::Family<prometheus::Counter>& lookups_;
+  prometheus::Family<prometheus::Counter>& created_;
+  prometheus::Family<prometheus::Counter>& rejected_;
+  prometheus::Family<prometheus::Counter>& evicted_;
+  prometheus::Family<prometheus::Counter>& gradients_;
+  prometheus::Family<prometheus::Histogram>& unique_ids_;
+};
+
+}  // namespace shardtrain::server
+
+#endif  // SHARDTRAIN_SERVER_TABLE_METRICS_H_

@@ -1,0 +1,41 @@
+// CountingFilter: approximate per-id counts in 4 bits per counter (a
+// count-min sketch with conservative update), so an admission threshold
+// can keep rare ids from ever taking a row without storing anything per id.
+// An id's estimate never undercounts it; ids that share all their counters
+// are overcounted together. Counts saturate at 15. Not thread-safe: the
+// owner serialises calls.
+#ifndef SHARDTRAIN_SPARSE_COUNTING_FILTER_H_
+#define SHARDTRAIN_SPARSE_COUNTING_FILTER_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace shardtrain::sparse {
+
+class CountingFilter {
+ public:
+  static constexpr int kMaxCount = 15;
+
+  // counters: rounded up to a power of two, >= 64. Uses counters / 2 bytes.
+  explicit CountingFilter(int64_t counters);
+
+  // Counts one more occurrence of id; returns its estimate after it.
+  int Add(uint64_t id);
+  int Estimate(uint64_t id) const;
+
+  int64_t bytes() const { return static_cast<int64_t>(words_.size()) * 8; }
+
+ private:
+  static constexpr int kHashes = 3;
+
+  void Positions(uint64_t id, uint64_t* pos) const;
+  int Get(uint64_t pos) const;
+  void Set(uint64_t pos, int value);
+
+  uint64_t mask_;
+  std::vector<uint64_t> words_;  // 16 counters per word
+};
+
+}  // namespace shardtrain::sparse
+
+#endif  // SHARDTRAIN_SPARSE_COUNTING_FILTER_H_

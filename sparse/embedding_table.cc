@@ -1,0 +1,325 @@
+#include "sparse/embedding_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "sparse/id_hash.h"
+
+namespace shardtrain::sparse {
+namespace {
+
+// How far ahead of the current id its index slot, then its record, are
+// prefetched; kRing holds the hashes in between.
+constexpr size_t kSlotAhead = 16;
+constexpr size_t kRecordAhead = 8;
+constexpr size_t kRing = 32;
+static_assert(kRing > kSlotAhead && kSlotAhead > kRecordAhead);
+constexpr uint32_t kNone = RowIndex::kNone;
+
+int32_t RecordWords(const TableConfig& config) {
+  const int32_t meta = config.eviction.policy == Eviction::Policy::kLfu ? 2 : 1;
+  return 2 + config.dim + OptimizerStateWords(config.optimizer.kind, config.dim) + meta;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
+    const TableConfig& config, const TableLimits& limits) {
+  if (absl::Status s = ValidateTableConfig(config, limits); !s.ok()) return s;
+  const int64_t capacity = config.eviction.capacity > 0 ? config.eviction.capacity
+                                                        : limits.max_rows;
+  return std::unique_ptr<EmbeddingTable>(new EmbeddingTable(config, capacity));
+}
+
+EmbeddingTable::EmbeddingTable(const TableConfig& config, int64_t capacity)
+    : config_(config),
+      capacity_(capacity),
+      state_words_(OptimizerStateWords(config.optimizer.kind, config.dim)),
+      lfu_(config.eviction.policy == Eviction::Policy::kLfu),
+      salt_(TableSalt(config.name)),
+      init_(config.init, config.name, config.dim),
+      optimizer_(config.optimizer, config.dim),
+      // Sized for the configured capacity, so a full table's index sits at
+      // the highest load and never grows.
+      index_(config.eviction.capacity > 0 ? static_cast<size_t>(config.eviction.capacity) : 0),
+      store_(RecordWords(config)) {
+  if (config.admission.kind == Admission::Kind::kCount) {
+    filter_ = std::make_unique<CountingFilter>(config.admission.filter_counters);
+  }
+}
+
+uint64_t EmbeddingTable::Hash(uint64_t id) const { return Mix64(id ^ salt_); }
+
+uint64_t EmbeddingTable::IdOf(uint32_t row) const {
+  const uint32_t* r = store_.Record(row);
+  return static_cast<uint64_t>(r[0]) | (static_cast<uint64_t>(r[1]) << 32);
+}
+
+uint32_t EmbeddingTable::Find(uint64_t id, uint64_t hash) const {
+  return index_.Find(id, hash, [this](uint32_t row) { return IdOf(row); });
+}
+
+template <typename OnRow>
+void EmbeddingTable::ProbeAll(absl::Span<const uint64_t> ids, const OnRow& on_row) const {
+  const size_t n = ids.size();
+  // A ring of the hashes of ids [i, i + kSlotAhead].
+  uint64_t hashes[kRing];
+  for (size_t i = 0; i < std::min(n, kSlotAhead); ++i) {
+    hashes[i % kRing] = Hash(ids[i]);
+    index_.Prefetch(hashes[i % kRing]);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kSlotAhead < n) {
+      const uint64_t h = Hash(ids[i + kSlotAhead]);
+      hashes[(i + kSlotAhead) % kRing] = h;
+      index_.Prefetch(h);
+    }
+    if (i + kRecordAhead < n) {
+      const uint32_t candidate = index_.Candidate(hashes[(i + kRecordAhead) % kRing]);
+      if (candidate != kNone) store_.Prefetch(candidate);
+    }
+    on_row(i, Find(ids[i], hashes[i % kRing]));
+  }
+}
+
+void EmbeddingTable::Touch(uint32_t row, uint32_t now) {
+  uint32_t* meta = Meta(row);
+  meta[0] = now;
+  if (lfu_ && meta[1] != UINT32_MAX) ++meta[1];
+}
+
+bool EmbeddingTable::Admit(uint64_t id) {
+  switch (config_.admission.kind) {
+    case Admission::Kind::kNone:
+      return true;
+    case Admission::Kind::kProbability:
+      return UnitFloat(Mix64(salt_ ^ Mix64(id) ^ Mix64(++admission_draws_))) <
+             config_.admission.probability;
+    case Admission::Kind::kCount:
+      return filter_->Add(id) >= config_.admission.count;
+  }
+  return true;
+}
+
+uint32_t EmbeddingTable::CreateRow(uint64_t id, uint64_t hash, uint32_t now) {
+  const uint32_t row = store_.Allocate();
+  uint32_t* r = store_.Record(row);
+  r[0] = static_cast<uint32_t>(id);
+  r[1] = static_cast<uint32_t>(id >> 32);
+  init_.Fill(id, Value(row));
+  optimizer_.InitState(State(row));
+  uint32_t* meta = Meta(row);
+  meta[0] = now;
+  if (lfu_) meta[1] = 1;
+  index_.Insert(hash, row);
+  ++counters_.created;
+  return row;
+}
+
+void EmbeddingTable::EraseRow(uint32_t row) {
+  const uint64_t id = IdOf(row);
+  index_.Erase(id, Hash(id), [this](uint32_t r) { return IdOf(r); });
+  store_.Free(row);
+}
+
+int64_t EmbeddingTable::MakeRoom(int64_t incoming, uint32_t now) {
+  const int64_t rows = store_.rows();
+  if (rows + incoming <= capacity_) return incoming;
+  if (config_.eviction.capacity == 0) return std::max<int64_t>(0, capacity_ - rows);
+  const int64_t need = rows + incoming - capacity_;
+  // Score: last use (LRU) or use count (LFU); rows used at `now` stay.
+  auto score = [this](uint32_t row) { return Meta(row)[lfu_ ? 1 : 0]; };
+  auto eligible = [this, now](uint32_t row) { return Meta(row)[0] != now; };
+  std::vector<uint32_t> scores;
+  scores.reserve(static_cast<size_t>(rows));
+  for (uint32_t row = 0; row < store_.end(); ++row) {
+    if (store_.InUse(row) && eligible(row)) scores.push_back(score(row));
+  }
+  const int64_t k = std::min<int64_t>(std::max<int64_t>(need, capacity_ / 64),
+                                      static_cast<int64_t>(scores.size()));
+  if (k > 0) {
+    // The k lowest (score, id): every row below the k-th score, then the
+    // lowest ids at that score.
+    std::nth_element(scores.begin(), scores.begin() + (k - 1), scores.end());
+    const uint32_t threshold = scores[k - 1];
+    const int64_t below =
+        std::count_if(scores.begin(), scores.end(), [&](uint32_t s) { return s < threshold; });
+    std::vector<uint64_t> tied;
+    for (uint32_t row = 0; row < store_.end(); ++row) {
+      if (store_.InUse(row) && eligible(row) && score(row) == threshold) {
+        tied.push_back(IdOf(row));
+      }
+    }
+    const int64_t from_tied = k - below;
+    std::nth_element(tied.begin(), tied.begin() + (from_tied - 1), tied.end());
+    const uint64_t last_id = tied[from_tied - 1];
+    for (uint32_t row = 0; row < store_.end(); ++row) {
+      if (!store_.InUse(row) || !eligible(row)) continue;
+      const uint32_t s = score(row);
+      if (s < threshold || (s == threshold && IdOf(row) <= last_id)) {
+        EraseRow(row);
+        ++counters_.evicted_capacity;
+      }
+    }
+  }
+  return std::min<int64_t>(incoming, std::max<int64_t>(0, capacity_ - store_.rows()));
+}
+
+void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t now,
+                                       float* out) {
+  const size_t n = ids.size();
+  const int32_t d = config_.dim;
+  counters_.lookups += static_cast<int64_t>(n);
+  std::vector<uint32_t> misses;
+  ProbeAll(ids, [&](size_t i, uint32_t row) {
+    if (row == kNone) {
+      misses.push_back(static_cast<uint32_t>(i));
+      return;
+    }
+    Touch(row, now);
+    std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+  });
+  if (misses.empty()) return;
+  int64_t room = MakeRoom(static_cast<int64_t>(misses.size()), now);
+  for (uint32_t i : misses) {
+    const uint64_t hash = Hash(ids[i]);
+    // An earlier occurrence in this batch may have created it.
+    uint32_t row = Find(ids[i], hash);
+    if (row != kNone) {
+      Touch(row, now);
+    } else if (!Admit(ids[i])) {
+      ++counters_.rejected;
+    } else if (room == 0) {
+      ++counters_.full;
+    } else {
+      row = CreateRow(ids[i], hash, now);
+      --room;
+    }
+    if (row != kNone) {
+      std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+    } else {
+      init_.Fill(ids[i], out + i * d);
+    }
+  }
+}
+
+int64_t EmbeddingTable::LookupReadOnly(absl::Span<const uint64_t> ids, float* out) const {
+  const int32_t d = config_.dim;
+  int64_t found = 0;
+  ProbeAll(ids, [&](size_t i, uint32_t row) {
+    if (row == kNone) {
+      init_.Fill(ids[i], out + i * d);
+    } else {
+      std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+      ++found;
+    }
+  });
+  return found;
+}
+
+int64_t EmbeddingTable::Apply(absl::Span<const uint64_t> ids, const float* grads, uint32_t now,
+                              float lr_scale) {
+  const int32_t d = config_.dim;
+  int64_t applied = 0;
+  ProbeAll(ids, [&](size_t i, uint32_t row) {
+    if (row == kNone) return;
+    optimizer_.Apply(Value(row), State(row), grads + i * d, lr_scale);
+    Touch(row, now);
+    ++applied;
+  });
+  counters_.applied += applied;
+  counters_.dropped += static_cast<int64_t>(ids.size()) - applied;
+  return applied;
+}
+
+int64_t EmbeddingTable::EvictExpired(uint32_t now) {
+  const int64_t ttl = config_.eviction.ttl;
+  if (ttl == 0) return 0;
+  int64_t removed = 0;
+  for (uint32_t row = 0; row < store_.end(); ++row) {
+    if (!store_.InUse(row)) continue;
+    const uint32_t last = Meta(row)[0];
+    if (now > last && static_cast<int64_t>(now - last) > ttl) {
+      EraseRow(row);
+      ++removed;
+    }
+  }
+  counters_.evicted_ttl += removed;
+  return removed;
+}
+
+int64_t EmbeddingTable::bytes() const {
+  return index_.bytes() + store_.bytes() + (filter_ ? filter_->bytes() : 0);
+}
+
+void EmbeddingTable::ExportRecords(std::string* out, bool (*filter)(uint64_t, const void*),
+                                   const void* arg) const {
+  const size_t rb = static_cast<size_t>(record_bytes());
+  for (uint32_t row = 0; row < store_.end(); ++row) {
+    if (!store_.InUse(row)) continue;
+    if (filter != nullptr && !filter(IdOf(row), arg)) continue;
+    out->append(reinterpret_cast<const char*>(store_.Record(row)), rb);
+  }
+}
+
+absl::Status EmbeddingTable::ImportRecords(absl::string_view records) {
+  const size_t rb = static_cast<size_t>(record_bytes());
+  if (records.size() % rb != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table \"", config_.name, "\": ",
+                                                   records.size(),
+                                                   " record bytes is not a multiple of ", rb));
+  }
+  const size_t count = records.size() / rb;
+  const int32_t d = config_.dim;
+  // Adam's last state word is the row's step count, not a float.
+  const int32_t float_state =
+      config_.optimizer.kind == SparseOptimizerKind::kAdam ? state_words_ - 1 : state_words_;
+  std::vector<uint32_t> words(rb / 4);
+  int64_t fresh = 0;
+  for (size_t i = 0; i < count; ++i) {
+    std::memcpy(words.data(), records.data() + i * rb, rb);
+    const float* values = reinterpret_cast<const float*>(words.data() + 2);
+    for (int32_t j = 0; j < d + float_state; ++j) {
+      if (!std::isfinite(values[j])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table \"", config_.name, "\": record ", i, " holds a non-finite value or state"));
+      }
+    }
+    const uint64_t id = static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
+    if (Find(id, Hash(id)) == kNone) ++fresh;
+  }
+  if (store_.rows() + fresh > capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat("table \"", config_.name, "\": ",
+                                                   store_.rows() + fresh,
+                                                   " rows would exceed its capacity of ",
+                                                   capacity_));
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const char* src = records.data() + i * rb;
+    uint32_t id_words[2];
+    std::memcpy(id_words, src, 8);
+    const uint64_t id = static_cast<uint64_t>(id_words[0]) | (static_cast<uint64_t>(id_words[1]) << 32);
+    const uint64_t hash = Hash(id);
+    uint32_t row = Find(id, hash);
+    if (row == kNone) {
+      row = store_.Allocate();
+      std::memcpy(store_.Record(row), src, rb);
+      index_.Insert(hash, row);
+    } else {
+      std::memcpy(store_.Record(row), src, rb);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<std::string> EmbeddingTable::ReadRecord(uint64_t id) const {
+  const uint32_t row = Find(id, Hash(id));
+  if (row == kNone) return std::nullopt;
+  return std::string(reinterpret_cast<const char*>(store_.Record(row)),
+                     static_cast<size_t>(record_bytes()));
+}
+
+}  // namespace shardtrain::sparse

@@ -1,0 +1,152 @@
+// EmbeddingTable: one sparse table's rows on one shard: each id's row
+// (value, optimizer state and metadata in one record), created on first
+// training lookup subject to admission, updated by its gradients, evicted by
+// TTL or capacity, and exported or imported as whole records so a
+// checkpoint or a replica never sees a value without its optimizer state.
+//
+// Every operation is deterministic in its inputs and the table's prior
+// operations (initial values and admission draws are counter-based hashes,
+// eviction order is (score, id)), so replicas applying the same operations
+// in the same order stay bit-identical.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> table,
+//                    EmbeddingTable::Create(config, limits));
+//   std::vector<float> rows(ids.size() * table->dim());
+//   table->LookupForTraining(ids, step, rows.data());
+//   ...
+//   table->Apply(unique_ids, row_grads.data(), step, /*lr_scale=*/1.0f);
+//
+// Not thread-safe: the owner (the shard) serialises calls.
+#ifndef SHARDTRAIN_SPARSE_EMBEDDING_TABLE_H_
+#define SHARDTRAIN_SPARSE_EMBEDDING_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "sparse/counting_filter.h"
+#include "sparse/row_index.h"
+#include "sparse/row_initializer.h"
+#include "sparse/row_optimizer.h"
+#include "sparse/row_store.h"
+#include "sparse/table_config.h"
+
+namespace shardtrain::sparse {
+
+// Totals since the table was created (the shard exports them as metrics).
+struct TableCounters {
+  int64_t lookups = 0;            // ids looked up, training and evaluation
+  int64_t created = 0;            // rows created (admitted)
+  int64_t rejected = 0;           // training lookups of unseen ids not admitted
+  int64_t full = 0;               // ... refused because nothing could be evicted
+  int64_t applied = 0;            // row gradients applied
+  int64_t dropped = 0;            // row gradients for rows not stored
+  int64_t evicted_ttl = 0;
+  int64_t evicted_capacity = 0;
+};
+
+class EmbeddingTable {
+ public:
+  // INVALID_ARGUMENT for a config ValidateTableConfig refuses.
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(const TableConfig& config,
+                                                                const TableLimits& limits);
+
+  const TableConfig& config() const { return config_; }
+  int32_t dim() const { return config_.dim; }
+
+  // Training: each id's row, created when unseen and admitted; an id not
+  // admitted reads as its initial value and is not stored. Marks the rows
+  // used at `now` (the table's clock: a step, or seconds with a TTL in
+  // seconds). ids may repeat. Writes ids.size() * dim floats to out.
+  void LookupForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out);
+
+  // Evaluation: stored rows as they are, other ids as their initial value;
+  // changes nothing. Returns the number of ids found.
+  int64_t LookupReadOnly(absl::Span<const uint64_t> ids, float* out) const;
+
+  // Applies each id's gradient (dim floats at grads + i * dim) to its row
+  // and marks it used at `now`; gradients of ids not stored are dropped.
+  // REQUIRES: ids unique; gradients finite. Returns the number applied.
+  int64_t Apply(absl::Span<const uint64_t> ids, const float* grads, uint32_t now,
+                float lr_scale);
+
+  // Removes rows last used more than the TTL before `now` (no-op without a
+  // TTL). Returns the number removed.
+  int64_t EvictExpired(uint32_t now);
+
+  int64_t rows() const { return store_.rows(); }
+  // Capacity rows are evicted down from (the config's or the limit).
+  int64_t capacity() const { return capacity_; }
+  // Bytes the table holds: index, records, admission filter.
+  int64_t bytes() const;
+  const TableCounters& counters() const { return counters_; }
+
+  // Records: the id (8 bytes), the value (dim f32), the optimizer state
+  // (state words of sparse/row_optimizer.h) and the metadata (the last use;
+  // with LFU eviction also the use count), all little-endian, record_bytes()
+  // each, no framing: the whole row in one piece. Dim 16 with row-wise
+  // Adagrad and LRU: 80 bytes.
+  int32_t record_bytes() const { return 4 * store_.record_words(); }
+  // Appends every stored row's record to out, in row order; with a filter,
+  // only rows whose id it accepts.
+  void ExportRecords(std::string* out, bool (*filter)(uint64_t id, const void* arg) = nullptr,
+                     const void* arg = nullptr) const;
+  // Stores the rows of records (replacing rows of the same ids).
+  // INVALID_ARGUMENT, with nothing changed, for a size that is not a
+  // multiple of record_bytes(), a non-finite value or state, or more rows
+  // than the capacity allows.
+  absl::Status ImportRecords(absl::string_view records);
+  // id's record, or nullopt when it is not stored.
+  std::optional<std::string> ReadRecord(uint64_t id) const;
+
+ private:
+  EmbeddingTable(const TableConfig& config, int64_t capacity);
+
+  uint64_t Hash(uint64_t id) const;
+  uint64_t IdOf(uint32_t row) const;
+  float* Value(uint32_t row) { return reinterpret_cast<float*>(store_.Record(row) + 2); }
+  const float* Value(uint32_t row) const {
+    return reinterpret_cast<const float*>(store_.Record(row) + 2);
+  }
+  uint32_t* State(uint32_t row) { return store_.Record(row) + 2 + config_.dim; }
+  uint32_t* Meta(uint32_t row) { return State(row) + state_words_; }
+  const uint32_t* Meta(uint32_t row) const {
+    return store_.Record(row) + 2 + config_.dim + state_words_;
+  }
+  uint32_t Find(uint64_t id, uint64_t hash) const;
+  // Finds each id's row (kNone when absent) and calls on_row(i, row), in
+  // order, with the index slots and then the records of later ids
+  // prefetched: at 10^7 rows nearly every probe misses the cache, and the
+  // pipeline overlaps those misses.
+  template <typename OnRow>
+  void ProbeAll(absl::Span<const uint64_t> ids, const OnRow& on_row) const;
+  void Touch(uint32_t row, uint32_t now);
+  bool Admit(uint64_t id);
+  uint32_t CreateRow(uint64_t id, uint64_t hash, uint32_t now);
+  void EraseRow(uint32_t row);
+  // Makes room for `incoming` new rows; rows used at `now` stay. Returns how
+  // many of them may be created.
+  int64_t MakeRoom(int64_t incoming, uint32_t now);
+
+  const TableConfig config_;
+  const int64_t capacity_;
+  const int32_t state_words_;
+  const bool lfu_;
+  const uint64_t salt_;
+  const RowInitializer init_;
+  const RowOptimizer optimizer_;
+  std::unique_ptr<CountingFilter> filter_;  // Admission::kCount only
+  uint64_t admission_draws_ = 0;
+  RowIndex index_;
+  RowStore store_;
+  TableCounters counters_;
+};
+
+}  // namespace shardtrain::sparse
+
+#endif  // SHARDTRAIN_SPARSE_EMBEDDING_TABLE_H_

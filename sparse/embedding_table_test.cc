@@ -1,0 +1,299 @@
+#include "sparse/embedding_table.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sparse/row_initializer.h"
+
+namespace shardtrain::sparse {
+namespace {
+
+using ::testing::HasSubstr;
+
+TableConfig Config(int dim = 4) {
+  TableConfig c;
+  c.name = "items";
+  c.dim = dim;
+  c.init.kind = RowInit::Kind::kUniform;
+  c.init.scale = 0.1f;
+  c.init.seed = 5;
+  c.optimizer.kind = SparseOptimizerKind::kSgd;
+  c.optimizer.learning_rate = 1.0f;
+  return c;
+}
+
+std::unique_ptr<EmbeddingTable> Make(const TableConfig& c, TableLimits limits = {}) {
+  auto table = EmbeddingTable::Create(c, limits);
+  EXPECT_TRUE(table.ok()) << table.status();
+  return std::move(*table);
+}
+
+std::vector<float> Initial(const TableConfig& c, uint64_t id) {
+  std::vector<float> row(c.dim);
+  RowInitializer(c.init, c.name, c.dim).Fill(id, row.data());
+  return row;
+}
+
+std::vector<float> Train(EmbeddingTable& t, std::vector<uint64_t> ids, uint32_t now = 1) {
+  std::vector<float> out(ids.size() * t.dim());
+  t.LookupForTraining(ids, now, out.data());
+  return out;
+}
+
+std::vector<float> Read(const EmbeddingTable& t, std::vector<uint64_t> ids) {
+  std::vector<float> out(ids.size() * t.dim());
+  t.LookupReadOnly(ids, out.data());
+  return out;
+}
+
+TEST(EmbeddingTableTest, RefusesABadConfig) {
+  TableConfig c = Config();
+  c.dim = 0;
+  EXPECT_EQ(EmbeddingTable::Create(c, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EmbeddingTableTest, TrainingLookupCreatesRowsAtTheirInitialValue) {
+  TableConfig c = Config();
+  auto t = Make(c);
+  std::vector<float> out = Train(*t, {7, 9, 7});
+  EXPECT_EQ(t->rows(), 2);
+  EXPECT_EQ(t->counters().created, 2);
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 4), Initial(c, 7));
+  EXPECT_EQ(std::vector<float>(out.begin() + 4, out.begin() + 8), Initial(c, 9));
+  EXPECT_EQ(std::vector<float>(out.begin() + 8, out.end()), Initial(c, 7));
+}
+
+TEST(EmbeddingTableTest, ReadOnlyLookupStoresNothing) {
+  TableConfig c = Config();
+  auto t = Make(c);
+  EXPECT_EQ(Read(*t, {3}), Initial(c, 3));
+  EXPECT_EQ(t->rows(), 0);
+}
+
+TEST(EmbeddingTableTest, ApplyUpdatesStoredRowsAndDropsOthers) {
+  TableConfig c = Config();
+  auto t = Make(c);
+  Train(*t, {1, 2});
+  const std::vector<float> grads = {1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  EXPECT_EQ(t->Apply({1, 2, 99}, grads.data(), 2, 1.0f), 2);
+  EXPECT_EQ(t->counters().dropped, 1);
+  std::vector<float> want1 = Initial(c, 1), want2 = Initial(c, 2);
+  for (float& x : want1) x -= 1;
+  for (float& x : want2) x -= 2;
+  std::vector<float> got = Read(*t, {1, 2, 99});
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + 4), want1);
+  EXPECT_EQ(std::vector<float>(got.begin() + 4, got.begin() + 8), want2);
+  EXPECT_EQ(t->rows(), 2);  // 99 was not created by the push
+}
+
+TEST(EmbeddingTableTest, CountAdmissionKeepsRareIdsOut) {
+  TableConfig c = Config();
+  c.admission.kind = Admission::Kind::kCount;
+  c.admission.count = 3;
+  c.admission.filter_counters = 1 << 16;
+  auto t = Make(c);
+  // Ids 0..99 are seen twice, 100..199 three times.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<uint64_t> ids;
+    for (uint64_t id = round < 2 ? 0 : 100; id < 200; ++id) ids.push_back(id);
+    std::vector<float> out = Train(*t, ids);
+    // Not admitted or not: every id reads as its initial value.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(std::vector<float>(out.begin() + i * 4, out.begin() + i * 4 + 4),
+                Initial(c, ids[i]));
+    }
+  }
+  for (uint64_t id = 0; id < 100; ++id) ASSERT_FALSE(t->ReadRecord(id).has_value()) << id;
+  for (uint64_t id = 100; id < 200; ++id) ASSERT_TRUE(t->ReadRecord(id).has_value()) << id;
+  EXPECT_EQ(t->rows(), 100);
+  EXPECT_EQ(t->counters().rejected, 400);  // the first two lookups of each id
+}
+
+TEST(EmbeddingTableTest, ProbabilityAdmissionAdmitsAboutThatShare) {
+  TableConfig c = Config();
+  c.admission.kind = Admission::Kind::kProbability;
+  c.admission.probability = 0.25f;
+  auto t = Make(c);
+  std::vector<uint64_t> ids(20000);
+  std::iota(ids.begin(), ids.end(), 0);
+  Train(*t, ids);
+  EXPECT_NEAR(t->rows() / 20000.0, 0.25, 0.02);
+}
+
+TEST(EmbeddingTableTest, LruCapacityEvictsTheLeastRecentlyUsedRows) {
+  TableConfig c = Config();
+  c.eviction.capacity = 640;  // evicts 10 at a time
+  auto t = Make(c);
+  // Row id is used last at step id + 1.
+  for (uint64_t id = 0; id < 640; ++id) Train(*t, {id}, static_cast<uint32_t>(id + 1));
+  // Touch 0..4 again, late: they become the most recent.
+  Train(*t, {0, 1, 2, 3, 4}, 1000);
+  EXPECT_EQ(t->rows(), 640);
+  Train(*t, {5000}, 1001);
+  EXPECT_LE(t->rows(), 640);
+  EXPECT_EQ(t->counters().evicted_capacity, 10);
+  // The 10 least recent: 5..14.
+  for (uint64_t id = 0; id < 640; ++id) {
+    EXPECT_EQ(t->ReadRecord(id).has_value(), id < 5 || id >= 15) << id;
+  }
+  ASSERT_TRUE(t->ReadRecord(5000).has_value());
+}
+
+TEST(EmbeddingTableTest, LfuCapacityEvictsTheLeastFrequentlyUsedRows) {
+  TableConfig c = Config();
+  c.eviction.capacity = 64;
+  c.eviction.policy = Eviction::Policy::kLfu;
+  auto t = Make(c);
+  for (uint64_t id = 0; id < 64; ++id) {
+    for (uint64_t k = 0; k <= id; ++k) Train(*t, {id}, 1);  // id used id + 1 times
+  }
+  Train(*t, {1000, 1001}, 2);
+  EXPECT_EQ(t->counters().evicted_capacity, 2);
+  EXPECT_FALSE(t->ReadRecord(0).has_value());
+  EXPECT_FALSE(t->ReadRecord(1).has_value());
+  EXPECT_TRUE(t->ReadRecord(2).has_value());
+}
+
+TEST(EmbeddingTableTest, EvictedIdComesBackAsAFreshRow) {
+  TableConfig c = Config();
+  c.eviction.ttl = 10;
+  auto t = Make(c);
+  Train(*t, {1}, 1);
+  const std::vector<float> g = {1, 1, 1, 1};
+  t->Apply({1}, g.data(), 2, 1.0f);
+  EXPECT_NE(Read(*t, {1}), Initial(c, 1));
+  EXPECT_EQ(t->EvictExpired(12), 0);  // 10 steps since the last use
+  EXPECT_EQ(t->EvictExpired(13), 1);
+  EXPECT_EQ(t->rows(), 0);
+  EXPECT_EQ(t->counters().evicted_ttl, 1);
+  EXPECT_EQ(Train(*t, {1}, 14), Initial(c, 1));
+}
+
+TEST(EmbeddingTableTest, TtlKeepsRowsInUse) {
+  TableConfig c = Config();
+  c.eviction.ttl = 5;
+  auto t = Make(c);
+  Train(*t, {1, 2, 3}, 1);
+  Train(*t, {2}, 8);
+  const std::vector<float> g = {1, 1, 1, 1};
+  t->Apply({3}, g.data(), 9, 1.0f);
+  EXPECT_EQ(t->EvictExpired(10), 1);
+  EXPECT_FALSE(t->ReadRecord(1).has_value());
+  EXPECT_TRUE(t->ReadRecord(2).has_value());
+  EXPECT_TRUE(t->ReadRecord(3).has_value());
+}
+
+TEST(EmbeddingTableTest, MemoryStaysUnderTheCapacity) {
+  TableConfig c = Config(16);
+  c.eviction.capacity = 4096;
+  c.optimizer.kind = SparseOptimizerKind::kRowWiseAdagrad;
+  auto t = Make(c);
+  const int64_t bytes_at_start = t->bytes();
+  for (uint32_t step = 1; step <= 50; ++step) {
+    std::vector<uint64_t> ids(1000);
+    std::iota(ids.begin(), ids.end(), uint64_t{step} * 1000);
+    Train(*t, ids, step);
+    ASSERT_LE(t->rows(), 4096);
+  }
+  // Index sized for the capacity up front; records for at most one chunk,
+  // the free list and the bitmap of rows in use.
+  EXPECT_LE(t->bytes(),
+            bytes_at_start + (int64_t{t->record_bytes()} << RowStore::kChunkBits) + 65536);
+}
+
+TEST(EmbeddingTableTest, RecordsRoundTripWholeRows) {
+  TableConfig c = Config(3);
+  c.optimizer.kind = SparseOptimizerKind::kAdam;
+  c.optimizer.learning_rate = 0.01f;
+  c.optimizer.eps = 1e-8f;
+  auto t = Make(c);
+  Train(*t, {10, 20, 30}, 1);
+  const std::vector<float> g = {1, 2, 3, -1, -2, -3};
+  t->Apply({10, 20}, g.data(), 2, 1.0f);
+  t->Apply({10}, g.data(), 3, 1.0f);
+  std::string records;
+  t->ExportRecords(&records);
+  EXPECT_EQ(records.size(), 3u * t->record_bytes());
+  auto copy = Make(c);
+  ASSERT_TRUE(copy->ImportRecords(records).ok());
+  EXPECT_EQ(copy->rows(), 3);
+  for (uint64_t id : {10, 20, 30}) EXPECT_EQ(copy->ReadRecord(id), t->ReadRecord(id)) << id;
+  // The restored Adam state goes on where it was: the same next update.
+  t->Apply({10}, g.data(), 4, 1.0f);
+  copy->Apply({10}, g.data(), 4, 1.0f);
+  EXPECT_EQ(copy->ReadRecord(10), t->ReadRecord(10));
+}
+
+TEST(EmbeddingTableTest, BadRecordsChangeNothing) {
+  TableConfig c = Config();
+  auto t = Make(c);
+  Train(*t, {1, 2}, 1);
+  std::string records;
+  t->ExportRecords(&records);
+  const std::string before = records;
+  auto target = Make(c);
+  Train(*target, {2}, 1);
+  const auto target_row2 = target->ReadRecord(2);
+  absl::Status s = target->ImportRecords(records.substr(1));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("multiple"));
+  // A NaN in the second record's value: the first must not land either.
+  const float nan = std::nanf("");
+  std::memcpy(&records[t->record_bytes() + 8], &nan, 4);
+  s = target->ImportRecords(records);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("non-finite"));
+  EXPECT_EQ(target->rows(), 1);
+  EXPECT_EQ(target->ReadRecord(2), target_row2);
+  EXPECT_FALSE(target->ReadRecord(1).has_value());
+}
+
+TEST(EmbeddingTableTest, ImportBeyondCapacityIsRefused) {
+  TableConfig c = Config();
+  auto t = Make(c);
+  std::vector<uint64_t> ids(100);
+  std::iota(ids.begin(), ids.end(), 0);
+  Train(*t, ids);
+  std::string records;
+  t->ExportRecords(&records);
+  TableConfig small = c;
+  small.eviction.capacity = 64;
+  auto target = Make(small);
+  EXPECT_EQ(target->ImportRecords(records).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(target->rows(), 0);
+}
+
+TEST(EmbeddingTableTest, SameOperationsGiveBitIdenticalTables) {
+  // What keeps replicas identical: admission draws, eviction order and
+  // initial values depend only on the operations and their order.
+  TableConfig c = Config(8);
+  c.optimizer.kind = SparseOptimizerKind::kRowWiseAdagrad;
+  c.admission.kind = Admission::Kind::kProbability;
+  c.admission.probability = 0.5f;
+  c.eviction.capacity = 256;
+  auto a = Make(c);
+  auto b = Make(c);
+  for (uint32_t step = 1; step <= 40; ++step) {
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 50; ++i) ids.push_back((i * i + step * 37) % 700);
+    Train(*a, ids, step);
+    Train(*b, ids, step);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<float> g(ids.size() * 8, 0.01f * step);
+    a->Apply(ids, g.data(), step, 1.0f);
+    b->Apply(ids, g.data(), step, 1.0f);
+  }
+  std::string ra, rb;
+  a->ExportRecords(&ra);
+  b->ExportRecords(&rb);
+  EXPECT_GT(a->counters().evicted_capacity, 0);
+  EXPECT_EQ(ra, rb);
+}
+
+}  // namespace
+}  // namespace shardtrain::sparse

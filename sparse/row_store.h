@@ -1,0 +1,57 @@
+// RowStore: the records of a table's rows, fixed-size arrays of 32-bit
+// words in chunks of 64Ki records (so growing never moves a record and pages
+// are touched only as rows arrive), with a free list for evicted rows and a
+// bitmap of the rows in use. Row numbers are dense and reused lowest-freed
+// first, so replicas that apply the same operations in the same order hold
+// every row at the same number. Not thread-safe: the owner serialises calls.
+#ifndef SHARDTRAIN_SPARSE_ROW_STORE_H_
+#define SHARDTRAIN_SPARSE_ROW_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace shardtrain::sparse {
+
+class RowStore {
+ public:
+  static constexpr int kChunkBits = 16;
+
+  explicit RowStore(int32_t record_words);
+
+  // A free record's row number (its words are unspecified).
+  uint32_t Allocate();
+  void Free(uint32_t row);
+
+  uint32_t* Record(uint32_t row) {
+    return chunks_[row >> kChunkBits].get() + static_cast<size_t>(row & kChunkMask) * words_;
+  }
+  const uint32_t* Record(uint32_t row) const {
+    return chunks_[row >> kChunkBits].get() + static_cast<size_t>(row & kChunkMask) * words_;
+  }
+  void Prefetch(uint32_t row) const { __builtin_prefetch(Record(row)); }
+
+  bool InUse(uint32_t row) const {
+    return row < end_ && ((live_[row >> 6] >> (row & 63)) & 1) != 0;
+  }
+  // Rows in use lie below end().
+  uint32_t end() const { return end_; }
+  int64_t rows() const { return rows_; }
+  int32_t record_words() const { return words_; }
+  // Bytes allocated: chunks, bitmap and free list.
+  int64_t bytes() const;
+
+ private:
+  static constexpr uint32_t kChunkMask = (1u << kChunkBits) - 1;
+
+  int32_t words_;
+  std::vector<std::unique_ptr<uint32_t[]>> chunks_;
+  std::vector<uint64_t> live_;
+  std::vector<uint32_t> free_;  // a min-heap: lowest row first
+  uint32_t end_ = 0;
+  int64_t rows_ = 0;
+};
+
+}  // namespace shardtrain::sparse
+
+#endif  // SHARDTRAIN_SPARSE_ROW_STORE_H_

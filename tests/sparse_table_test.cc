@@ -1,0 +1,391 @@
+// Sparse tables against real ps-server processes on 127.0.0.1:
+//  - SparseCountingOracle: two workers push, at once, row gradients of -1
+//    (SGD, lr 1, zero-initialised rows) for overlapping ids, repeated ids
+//    within a batch included: every row ends at exactly the number of times
+//    it was named: no update lost, none applied twice.
+//  - SparseCheckpointResume: the whole job (both shards) is SIGKILLed after
+//    a checkpoint and started again: every row's value, Adam state and step
+//    count are back, bit for bit, and the next update is the one an
+//    uninterrupted table makes.
+//  - SparseBadInput: unknown tables, wrong sizes and dims, NaN gradients,
+//    duplicate ids, ids of another shard and every limit flag are refused
+//    with their status code and name, and nothing changes; a push sent
+//    twice is applied once.
+#include <signal.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/ps_client.h"
+#include "client/table_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "sparse/embedding_table.h"
+#include "sparse/id_hash.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
+#include "tests/cluster_util.h"
+#include "tests/shard_process.h"
+
+namespace shardtrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kShards = 2;
+
+// Two ps-server processes on fixed ports, each with its checkpoint dir.
+class TableJob {
+ public:
+  explicit TableJob(int workers) : workers_(workers), dir_(testutil::MakeTempDir("tables")) {}
+
+  void Start() {
+    for (int s = 0; s < kShards; ++s) {
+      if (ports_.size() <= static_cast<size_t>(s)) {
+        absl::StatusOr<int> port = testutil::PickFreePort();
+        ASSERT_TRUE(port.ok()) << port.status();
+        ports_.push_back(*port);
+        pids_.push_back(0);
+      }
+      const std::string port_file = absl::StrCat(dir_, "/ports", s);
+      std::remove(port_file.c_str());
+      absl::StatusOr<pid_t> pid = group_.Start(
+          {std::string(SHARDTRAIN_BIN_DIR) + "/ps-server",
+           absl::StrCat("--listen=127.0.0.1:", ports_[s]), "--port_file=" + port_file,
+           absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", kShards),
+           absl::StrCat("--num_workers=", workers_), "--mode=async",
+           absl::StrCat("--checkpoint_dir=", dir_, "/ckpt", s), "--checkpoint_interval_s=3600",
+           "--allow_fresh_start"},
+          absl::StrCat(dir_, "/shard", s, ".log"));
+      ASSERT_TRUE(pid.ok()) << pid.status();
+      pids_[s] = *pid;
+      ASSERT_TRUE(testutil::ReadPortFile(port_file, absl::Seconds(30)).ok())
+          << testutil::ReadFile(absl::StrCat(dir_, "/shard", s, ".log"));
+    }
+  }
+
+  void KillAll() {
+    for (pid_t pid : pids_) {
+      ASSERT_TRUE(group_.Signal(pid, SIGKILL).ok());
+      ASSERT_TRUE(group_.Wait(pid, absl::Seconds(10)).ok());
+    }
+  }
+
+  std::unique_ptr<client::PsClient> Connect(int worker) {
+    client::PsClientOptions options;
+    for (int port : ports_) options.servers.push_back(absl::StrCat("127.0.0.1:", port));
+    options.worker_index = worker;
+    options.num_workers = workers_;
+    options.rpc_timeout = absl::Seconds(10);
+    options.reconnect_timeout = absl::Seconds(30);
+    auto client = client::PsClient::Create(options, nullptr, nullptr);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // A Checkpoint RPC on every shard.
+  void Checkpoint() {
+    for (int port : ports_) {
+      auto stub = ParameterServer::NewStub(grpc::CreateChannel(
+          absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      CheckpointResponse response;
+      grpc::Status status = stub->Checkpoint(&context, CheckpointRequest(), &response);
+      ASSERT_TRUE(status.ok()) << status.error_message();
+    }
+  }
+
+ private:
+  int workers_;
+  std::string dir_;
+  testutil::ProcessGroup group_;
+  std::vector<int> ports_;
+  std::vector<pid_t> pids_;
+};
+
+TableSpec Spec(const std::string& name, int dim, const std::string& optimizer, float lr) {
+  TableSpec spec;
+  spec.set_name(name);
+  spec.set_dim(dim);
+  spec.set_optimizer(optimizer);
+  spec.set_learning_rate(lr);
+  spec.set_init(TableSpec::INIT_ZEROS);
+  return spec;
+}
+
+TEST(SparseTables, SparseCountingOracle) {
+  TableJob job(2);
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  constexpr int kDim = 4;
+  constexpr int kRounds = 40;
+  std::vector<std::unique_ptr<client::PsClient>> clients;
+  for (int w = 0; w < 2; ++w) clients.push_back(job.Connect(w));
+  ASSERT_TRUE(clients[0] && clients[1]);
+  // Worker w names id i + w * 50 for i in [0, 100) every round, and ids
+  // 0..9 a second time in the same batch: overlapping ranges, repeats.
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(2);
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      client::TableClient tables(clients[w].get());
+      absl::Status status = tables.Register({Spec("count", kDim, "sgd", 1.0f)});
+      std::vector<uint64_t> ids;
+      for (uint64_t i = 0; i < 100; ++i) ids.push_back(i + w * 50);
+      for (uint64_t i = 0; i < 10; ++i) ids.push_back(i + w * 50);
+      const std::vector<float> grads(ids.size() * kDim, -1.0f);
+      std::vector<float> rows(ids.size() * kDim);
+      for (int round = 0; status.ok() && round < kRounds; ++round) {
+        status = tables.Lookup("count", ids, true, round, rows.data());
+        if (status.ok()) status = tables.Push("count", ids, grads.data(), round + 1);
+      }
+      results[w] = status;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0];
+  ASSERT_TRUE(results[1].ok()) << results[1];
+  // Expected count of id x: rounds x (times worker 0 names it + worker 1's).
+  auto named = [](uint64_t x, int w) {
+    const uint64_t lo = w * 50;
+    if (x < lo || x >= lo + 100) return 0;
+    return x < lo + 10 ? 2 : 1;
+  };
+  client::TableClient reader(clients[0].get());
+  ASSERT_TRUE(reader.Register({Spec("count", kDim, "sgd", 1.0f)}).ok());
+  std::vector<uint64_t> all;
+  for (uint64_t x = 0; x < 160; ++x) all.push_back(x);
+  std::vector<float> rows(all.size() * kDim);
+  ASSERT_TRUE(reader.Lookup("count", all, false, 0, rows.data()).ok());
+  for (uint64_t x = 0; x < 160; ++x) {
+    const float want = static_cast<float>(kRounds * (named(x, 0) + named(x, 1)));
+    for (int j = 0; j < kDim; ++j) ASSERT_EQ(rows[x * kDim + j], want) << "id " << x;
+  }
+}
+
+TEST(SparseTables, SparseCheckpointResume) {
+  TableJob job(1);
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  constexpr int kDim = 8;
+  TableSpec spec = Spec("items", kDim, "adam", 0.01f);
+  spec.set_init(TableSpec::INIT_NORMAL);
+  spec.set_init_scale(0.1f);
+  spec.set_seed(3);
+  // The reference: one in-process table given the same operations (rows are
+  // independent, so one table stands for both shards).
+  sparse::TableConfig config;
+  config.name = "items";
+  config.dim = kDim;
+  config.init = {sparse::RowInit::Kind::kNormal, 0.1f, 3};
+  config.optimizer.kind = sparse::SparseOptimizerKind::kAdam;
+  config.optimizer.learning_rate = 0.01f;
+  config.optimizer.eps = 1e-8f;
+  auto reference = *sparse::EmbeddingTable::Create(config, {});
+
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 300; ++i) ids.push_back(sparse::Mix64(i));
+  std::vector<float> grads(ids.size() * kDim), rows(ids.size() * kDim), want(ids.size() * kDim);
+  auto step = [&](client::TableClient& tables, int s) {
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = std::sin(0.37f * (i + 11 * s));
+    // Every third id skips odd steps, so rows have different step counts.
+    std::vector<uint64_t> some;
+    std::vector<float> some_grads;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i % 3 == 0 && s % 2 == 1) continue;
+      some.push_back(ids[i]);
+      some_grads.insert(some_grads.end(), grads.begin() + i * kDim, grads.begin() + (i + 1) * kDim);
+    }
+    ASSERT_TRUE(tables.Lookup("items", some, true, s, rows.data()).ok());
+    reference->LookupForTraining(some, static_cast<uint32_t>(s), want.data());
+    ASSERT_TRUE(tables.Push("items", some, some_grads.data(), s + 1).ok());
+    reference->Apply(some, some_grads.data(), static_cast<uint32_t>(s + 1), 1.0f);
+  };
+  {
+    auto client = job.Connect(0);
+    client::TableClient tables(client.get());
+    ASSERT_TRUE(tables.Register({spec}).ok());
+    for (int s = 0; s < 5; ++s) ASSERT_NO_FATAL_FAILURE(step(tables, s));
+    ASSERT_NO_FATAL_FAILURE(job.Checkpoint());
+  }
+  ASSERT_NO_FATAL_FAILURE(job.KillAll());
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  auto client = job.Connect(0);
+  client::TableClient tables(client.get());
+  ASSERT_TRUE(tables.Register({spec}).ok());  // identical spec: accepted
+  ASSERT_TRUE(tables.Lookup("items", ids, false, 0, rows.data()).ok());
+  reference->LookupReadOnly(ids, want.data());
+  ASSERT_EQ(0, std::memcmp(rows.data(), want.data(), rows.size() * sizeof(float)))
+      << "restored rows differ";
+  // The optimizer state came back too: the next Adam steps match.
+  for (int s = 5; s < 7; ++s) ASSERT_NO_FATAL_FAILURE(step(tables, s));
+  ASSERT_TRUE(tables.Lookup("items", ids, false, 0, rows.data()).ok());
+  reference->LookupReadOnly(ids, want.data());
+  EXPECT_EQ(0, std::memcmp(rows.data(), want.data(), rows.size() * sizeof(float)))
+      << "Adam's state was not restored";
+}
+
+class SparseBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(shard_
+                    .Start(SHARDTRAIN_BIN_DIR,
+                           {"--num_shards=2", "--shard_index=0", "--num_workers=1",
+                            "--max_table_ids_per_request=64", "--max_table_dim=32",
+                            "--max_table_rows=1000", "--max_tables=2"})
+                    .ok());
+    RegisterTablesRequest request;
+    *request.add_tables() = Spec("t", 4, "adagrad", 0.1f);
+    ASSERT_EQ(Register(request).error_code(), grpc::StatusCode::OK);
+    for (uint64_t x = 0; own_.size() < 10; ++x) {
+      if (sparse::ShardOfId(x, 2) == 0) own_.push_back(x);
+      else if (other_ == UINT64_MAX) other_ = x;
+    }
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(Bytes(own_));
+    lookup.set_train(true);
+    LookupResponse response;
+    ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response).ok());
+    before_ = Rows();
+  }
+
+  static std::string Bytes(const std::vector<uint64_t>& ids) {
+    return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
+  }
+  static std::string Floats(const std::vector<float>& v) {
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+  }
+  grpc::Status Register(const RegisterTablesRequest& request) {
+    RegisterTablesResponse response;
+    return shard_.Call(&ParameterServer::Stub::RegisterTables, request, &response);
+  }
+  // The stored rows of own_, read only.
+  std::string Rows() {
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(Bytes(own_));
+    LookupResponse response;
+    EXPECT_TRUE(shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response).ok());
+    return response.rows();
+  }
+  PushSparseRequest Push(const std::vector<uint64_t>& ids, int dim = 4, float value = 0.5f) {
+    PushSparseRequest push;
+    push.set_table("t");
+    push.set_ids(Bytes(ids));
+    push.set_grads(Floats(std::vector<float>(ids.size() * dim, value)));
+    push.set_sequence(++sequence_);
+    return push;
+  }
+  void ExpectRefused(const PushSparseRequest& push, grpc::StatusCode code, const std::string& what) {
+    PushSparseResponse response;
+    grpc::Status status = shard_.Call(&ParameterServer::Stub::PushSparse, push, &response);
+    EXPECT_EQ(status.error_code(), code) << what << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(what));
+    EXPECT_EQ(Rows(), before_) << what;
+  }
+
+  testutil::ShardProcess shard_;
+  std::vector<uint64_t> own_;
+  uint64_t other_ = UINT64_MAX;
+  std::string before_;
+  uint64_t sequence_ = 0;
+};
+
+TEST_F(SparseBadInput, PushesAreRefusedAndChangeNothing) {
+  PushSparseRequest push = Push(own_);
+  push.set_table("nope");
+  ExpectRefused(push, grpc::StatusCode::NOT_FOUND, "no table \"nope\"");
+  push = Push(own_, 5);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "has dim 4");
+  push = Push(own_);
+  push.mutable_ids()->pop_back();
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "whole number");
+  push = Push(own_, 4, std::nanf(""));
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "NaN or Inf");
+  push = Push(own_, 4, INFINITY);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "NaN or Inf");
+  std::vector<uint64_t> twice = own_;
+  twice.push_back(own_[3]);
+  ExpectRefused(Push(twice), grpc::StatusCode::INVALID_ARGUMENT, "appears twice");
+  std::vector<uint64_t> foreign = own_;
+  foreign.push_back(other_);
+  ExpectRefused(Push(foreign), grpc::StatusCode::INVALID_ARGUMENT, "belongs to shard 1");
+  std::vector<uint64_t> many;
+  for (uint64_t x = 0; many.size() < 65; ++x) {
+    if (sparse::ShardOfId(x, 2) == 0) many.push_back(x);
+  }
+  ExpectRefused(Push(many), grpc::StatusCode::INVALID_ARGUMENT, "--max_table_ids_per_request");
+  push = Push(own_);
+  push.set_worker(1);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "worker 1");
+}
+
+TEST_F(SparseBadInput, APushIsAppliedOnceHoweverOftenItIsSent) {
+  const PushSparseRequest push = Push(own_);
+  PushSparseResponse first, second;
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::PushSparse, push, &first).ok());
+  const std::string after = Rows();
+  EXPECT_NE(after, before_);
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::PushSparse, push, &second).ok());
+  EXPECT_FALSE(first.duplicate());
+  EXPECT_TRUE(second.duplicate());
+  EXPECT_EQ(Rows(), after);
+}
+
+TEST_F(SparseBadInput, TableSpecsOutsideTheLimitsAreRefused) {
+  auto refused = [&](const TableSpec& spec, grpc::StatusCode code, const std::string& what) {
+    RegisterTablesRequest request;
+    *request.add_tables() = spec;
+    grpc::Status status = Register(request);
+    EXPECT_EQ(status.error_code(), code) << what << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(what));
+  };
+  refused(Spec("wide", 33, "sgd", 0.1f), grpc::StatusCode::INVALID_ARGUMENT, "--max_table_dim");
+  TableSpec big = Spec("big", 4, "sgd", 0.1f);
+  big.set_capacity(1001);
+  refused(big, grpc::StatusCode::INVALID_ARGUMENT, "--max_table_rows");
+  refused(Spec("lamb", 4, "lamb", 0.1f), grpc::StatusCode::INVALID_ARGUMENT, "unknown optimizer");
+  refused(Spec("t", 8, "adagrad", 0.1f), grpc::StatusCode::FAILED_PRECONDITION, "another spec");
+  TableSpec nan_lr = Spec("nan", 4, "sgd", std::nanf(""));
+  refused(nan_lr, grpc::StatusCode::INVALID_ARGUMENT, "learning_rate");
+  // One more table fits (--max_tables=2), two more do not: neither lands.
+  RegisterTablesRequest two;
+  *two.add_tables() = Spec("a", 4, "sgd", 0.1f);
+  *two.add_tables() = Spec("b", 4, "sgd", 0.1f);
+  grpc::Status status = Register(two);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("--max_tables"));
+  StatusResponse state;
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Status, StatusRequest(), &state).ok());
+  ASSERT_EQ(state.tables_size(), 1);
+  EXPECT_EQ(state.tables(0).name(), "t");
+  EXPECT_EQ(state.tables(0).rows(), 10);
+}
+
+TEST_F(SparseBadInput, LookupsAreRefusedAndChangeNothing) {
+  LookupRequest lookup;
+  lookup.set_table("t");
+  lookup.set_train(true);
+  std::vector<uint64_t> ids = own_;
+  ids.push_back(other_);
+  lookup.set_ids(Bytes(ids));
+  LookupResponse response;
+  grpc::Status status = shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("belongs to shard 1"));
+  lookup.set_table("nope");
+  status = shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  StatusResponse state;
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Status, StatusRequest(), &state).ok());
+  EXPECT_EQ(state.tables(0).rows(), 10);
+  EXPECT_EQ(Rows(), before_);
+}
+
+}  // namespace
+}  // namespace shardtrain
