@@ -117,6 +117,39 @@ std::string FormatAge(double seconds) {
   return absl::StrFormat("%dh%02dm", whole / 3600, whole % 3600 / 60);
 }
 
+std::string FormatTableStates(const std::vector<std::string>& addresses,
+                              const std::vector<StatusResponse>& statuses) {
+  std::map<std::string, std::vector<std::pair<size_t, const TableState*>>> tables;
+  for (size_t s = 0; s < statuses.size(); ++s) {
+    if (!Answered(statuses[s])) continue;
+    for (const TableState& table : statuses[s].tables()) tables[table.name()].push_back({s, &table});
+  }
+  if (tables.empty()) return "";
+  std::string out = "\nsparse tables:\n";
+  absl::StrAppendFormat(&out, "%-16s %4s %-16s %-5s %-21s %10s %10s %5s %9s\n", "TABLE", "DIM",
+                        "OPTIMIZER", "SHARD", "ADDRESS", "ROWS", "CAPACITY", "FULL",
+                        "BYTES/ROW");
+  for (const auto& [name, shards] : tables) {
+    int64_t total = 0;
+    for (const auto& [s, table] : shards) {
+      total += table->rows();
+      const double full = table->capacity() > 0
+                              ? 100.0 * static_cast<double>(table->rows()) / table->capacity()
+                              : 0.0;
+      const double per_row = table->rows() > 0 ? static_cast<double>(table->bytes()) /
+                                                     static_cast<double>(table->rows())
+                                               : 0.0;
+      absl::StrAppendFormat(&out, "%-16s %4d %-16s %-5d %-21s %10s %10s %4.0f%% %9.1f\n",
+                            table->name(), table->dim(), table->optimizer(),
+                            statuses[s].shard(), addresses[s], Count(table->rows()),
+                            Count(table->capacity()), full, per_row);
+    }
+    absl::StrAppendFormat(&out, "table %s: %s rows on %d shards\n", name, Count(total),
+                          shards.size());
+  }
+  return out;
+}
+
 std::string FormatChainStates(const std::vector<std::string>& addresses,
                               const std::vector<StatusResponse>& statuses) {
   int replicas = 0;
@@ -319,6 +352,7 @@ std::string FormatClusterStatus(const std::vector<std::string>& addresses,
   }
   out += "\n";
   out += FormatChainStates(addresses, statuses);
+  out += FormatTableStates(addresses, statuses);
 
   bool any_partition = false;
   for (const StatusResponse& status : statuses) {

@@ -22,6 +22,8 @@ namespace shardtrain::ctl {
 //    in sync mode for which step (the slowest partition's version) and for
 //    how long; the staleness spread;
 //  - with replicas > 1, the chains each shard serves (FormatChainStates);
+//  - the sparse tables and each shard's share of their rows
+//    (FormatTableStates);
 //  - the first `max_partitions_shown` listed partitions of each shard.
 std::string FormatClusterStatus(const std::vector<std::string>& addresses,
                                 const std::vector<StatusResponse>& statuses,
@@ -34,6 +36,12 @@ std::string FormatClusterStatus(const std::vector<std::string>& addresses,
 // line for each group with fewer members than replicas (DEGRADED) and each
 // group whose shards disagree on the epoch (a change not seen everywhere yet).
 std::string FormatChainStates(const std::vector<std::string>& addresses,
+                              const std::vector<StatusResponse>& statuses);
+
+// The sparse tables section of psctl status, empty when no answering shard
+// holds a table: per table its dim and optimizer, then each shard's rows,
+// capacity (and how full), and bytes per row; and the total rows.
+std::string FormatTableStates(const std::vector<std::string>& addresses,
                               const std::vector<StatusResponse>& statuses);
 
 // "950ms", "12.3s", "4m05s", "2h03m".

@@ -221,6 +221,30 @@ TEST(StatusTableTest, UnreplicatedOrDownShardsShowNoChains) {
   EXPECT_THAT(chains, Not(HasSubstr("a:1")));
 }
 
+TEST(StatusTableTest, TablesShowEachShardsShare) {
+  std::vector<StatusResponse> statuses(2);
+  for (int s = 0; s < 2; ++s) {
+    statuses[s].set_shard(s);
+    statuses[s].set_mode("async");
+    TableState* table = statuses[s].add_tables();
+    table->set_name("user");
+    table->set_dim(16);
+    table->set_optimizer("rowwise_adagrad");
+    table->set_rows(1000 + s * 500);
+    table->set_capacity(2000);
+    table->set_bytes(90 * (1000 + s * 500));
+  }
+  const std::string tables = FormatTableStates({"a:1", "b:1"}, statuses);
+  EXPECT_THAT(tables, HasSubstr("sparse tables:"));
+  EXPECT_THAT(tables, HasSubstr("rowwise_adagrad"));
+  EXPECT_THAT(tables, HasSubstr("75%"));  // shard 1: 1500 of 2000
+  EXPECT_THAT(tables, HasSubstr("90.0"));
+  EXPECT_THAT(tables, HasSubstr("table user: 2500 rows on 2 shards"));
+  EXPECT_THAT(FormatClusterStatus({"a:1", "b:1"}, statuses), HasSubstr("sparse tables:"));
+  for (StatusResponse& status : statuses) status.clear_tables();
+  EXPECT_EQ(FormatTableStates({"a:1", "b:1"}, statuses), "");
+}
+
 TEST(StatusTableTest, Ages) {
   EXPECT_EQ(FormatAge(-1), "never");
   EXPECT_EQ(FormatAge(0.25), "250ms");

@@ -687,8 +687,12 @@ std::vector<CheckpointRecord> Shard::Snapshot() const {
     absl::ReaderMutexLock lock(&part->mu);
     WritePartitionRecord(*part, PartitionRecordContents::kModel, &records.emplace_back());
   }
-  tables_.Snapshot(kMaxTableRecordBytes, &records);
+  SnapshotTables(&records);
   return records;
+}
+
+void Shard::SnapshotTables(std::vector<CheckpointRecord>* records) const {
+  tables_.Snapshot(kMaxTableRecordBytes, records);
 }
 
 absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {

@@ -189,6 +189,10 @@ class Shard {
   // for a checkpoint; each partition is copied under its lock. Pending sync
   // accumulators are not included: their step restarts after a restore.
   std::vector<CheckpointRecord> Snapshot() const;
+  // Appends the sparse tables' records (each table's rows copied under its
+  // lock): Snapshot() includes them, and a sync shard's step checkpoints
+  // add them to the step's partition copies (tables are async).
+  void SnapshotTables(std::vector<CheckpointRecord>* records) const;
   // Loads records written by Snapshot() into this (fresh) shard.
   // FAILED_PRECONDITION if they do not fit its tensors or optimizer.
   absl::Status Restore(const std::vector<CheckpointRecord>& records);

@@ -71,10 +71,9 @@ absl::Status SparseTables::AddTable(const TableSpec& spec) {
 }
 
 absl::Status SparseTables::Register(const RegisterTablesRequest& request) {
-  if (options_.mode != ConsistencyMode::kAsync || options_.replicas != 1) {
+  if (options_.replicas != 1) {
     return absl::FailedPreconditionError(
-        "sparse tables are served by async shards without replication today "
-        "(--mode=async --replicas=1)");
+        "sparse tables are not replicated yet: run the shards with --replicas=1");
   }
   absl::MutexLock lock(&mu_);
   int64_t fresh = 0;

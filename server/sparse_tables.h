@@ -5,9 +5,11 @@
 // worker_incarnation, sequence), TTL sweeps as the table's clock advances,
 // and each table's rows in checkpoints as whole records.
 //
-// Tables live on async shards without replication today: RegisterTables is
-// refused (FAILED_PRECONDITION) on a sync shard or with --replicas > 1,
-// whose checkpoints and chains do not carry table rows yet.
+// Tables are async (a push is applied on arrival) whatever the shard's mode,
+// so a sync shard trains its dense tensors in steps and its tables as they
+// come (PERSIA's hybrid). They are not replicated yet: RegisterTables is
+// refused (FAILED_PRECONDITION) with --replicas > 1, whose chains do not
+// carry table rows.
 //
 // Thread-safe. Each table has its own lock; lookups of one table run one
 // at a time (a training lookup creates rows), so a shard serves tables in

@@ -59,6 +59,7 @@ class SparseEmbedding(torch.nn.Module):
         self._client = None
         self._clock = 0
         self._staging = None  # pinned host rows for CUDA inputs
+        self._staged = None   # the CUDA event after the last copy out of it
         self.last_stats = {}
         if client is not None:
             self.attach(client)
@@ -79,6 +80,10 @@ class SparseEmbedding(torch.nn.Module):
         n = unique.numel()
         pinned = device.type == "cuda"
         if pinned:
+            # The last batch's copy to the device must be done before its
+            # staging memory is written again.
+            if self._staged is not None:
+                self._staged.synchronize()
             if self._staging is None or self._staging.numel() < n * self.dim:
                 self._staging = torch.empty(max(n * self.dim, 1), dtype=torch.float32,
                                             pin_memory=True)
@@ -87,7 +92,12 @@ class SparseEmbedding(torch.nn.Module):
             host = torch.empty(n, self.dim, dtype=torch.float32)
         ids = unique.numpy().view(numpy.uint64)
         self.last_stats = self._client.lookup(self.name, ids, host.numpy(), train, self._clock)
-        return host.to(device, non_blocking=True) if pinned else host
+        if not pinned:
+            return host
+        rows = host.to(device, non_blocking=True)
+        self._staged = torch.cuda.Event()
+        self._staged.record()
+        return rows
 
     def forward(self, input: "torch.Tensor", offsets: Optional["torch.Tensor"] = None,
                 per_sample_weights: Optional["torch.Tensor"] = None) -> "torch.Tensor":

@@ -33,8 +33,11 @@ enum class Op : uint8_t {
   kHeartbeat = 4,
   kStatus = 5,
   kTick = 6,
+  kRegisterTables = 7,
+  kLookup = 8,
+  kPushSparse = 9,
 };
-inline constexpr int kNumOps = 7;
+inline constexpr int kNumOps = 10;
 inline constexpr int kMaxOps = 32;
 inline constexpr size_t kHeaderBytes = 2;
 
@@ -53,6 +56,11 @@ inline ResourceLimits FuzzLimits() {
   limits.max_tensors_per_request = 16;
   limits.max_parts_per_request = 256;
   limits.max_partition_metrics = 16;
+  limits.max_tables = 4;
+  limits.max_table_dim = 16;
+  limits.max_table_rows = 1024;
+  limits.max_table_ids_per_request = 256;
+  limits.max_table_filter_counters = 4096;
   return limits;
 }
 

@@ -41,6 +41,12 @@ std::unique_ptr<Message> NewRequest(uint8_t op) {
       return std::make_unique<StatusRequest>();
     case Op::kTick:
       return nullptr;
+    case Op::kRegisterTables:
+      return std::make_unique<RegisterTablesRequest>();
+    case Op::kLookup:
+      return std::make_unique<LookupRequest>();
+    case Op::kPushSparse:
+      return std::make_unique<PushSparseRequest>();
   }
   return nullptr;
 }

@@ -53,9 +53,10 @@ namespace {
 struct Digest {
   uint64_t checksum = 0;
   std::string state;
+  std::string tables;  // every table's spec and rows, as checkpointed
 
   bool operator==(const Digest& other) const {
-    return checksum == other.checksum && state == other.state;
+    return checksum == other.checksum && state == other.state && tables == other.tables;
   }
   bool operator!=(const Digest& other) const { return !(*this == other); }
 };
@@ -75,6 +76,9 @@ Digest TakeDigest(const Shard& shard) {
   Digest digest;
   digest.checksum = shard.Checksum();
   digest.state = kept.SerializeAsString();
+  std::vector<CheckpointRecord> records;
+  shard.tables().Snapshot(int64_t{1} << 30, &records);
+  for (const CheckpointRecord& record : records) digest.tables += record.SerializeAsString();
   return digest;
 }
 
@@ -129,6 +133,43 @@ class Session {
       case Op::kTick: {
         const int seconds = size > 0 ? data[0] : 0;
         shard_->Tick(absl::Now() + absl::Seconds(seconds));
+        return;
+      }
+      case Op::kRegisterTables: {
+        RegisterTablesRequest request;
+        if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+        const Digest before = TakeDigest(*shard_);
+        const absl::Status status = shard_->tables().Register(request);
+        if (!status.ok() && TakeDigest(*shard_) != before) {
+          Fail("a rejected RegisterTables changed the shard", status);
+        }
+        return;
+      }
+      case Op::kLookup: {
+        LookupRequest request;
+        if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+        const Digest before = TakeDigest(*shard_);
+        LookupResponse response;
+        const absl::Status status = shard_->tables().Lookup(request, &response);
+        if ((!status.ok() || !request.train()) && TakeDigest(*shard_) != before) {
+          Fail("a rejected or read-only Lookup changed the shard", status);
+        }
+        const size_t ids = request.ids().size() / 8;
+        if (status.ok() && (response.rows().size() % 4 != 0 ||
+                            (ids > 0 && response.rows().size() % (4 * ids) != 0))) {
+          Fail("Lookup answered rows of a wrong size", status);
+        }
+        return;
+      }
+      case Op::kPushSparse: {
+        PushSparseRequest request;
+        if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+        const Digest before = TakeDigest(*shard_);
+        PushSparseResponse response;
+        const absl::Status status = shard_->tables().PushSparse(request, &response);
+        if ((!status.ok() || response.duplicate()) && TakeDigest(*shard_) != before) {
+          Fail("a rejected or duplicate PushSparse changed the shard", status);
+        }
         return;
       }
     }

@@ -209,6 +209,43 @@ class SeedBuilder {
     return *this;
   }
 
+  // A table (dim 4, the given optimizer, count admission, a capacity), a
+  // training lookup of ids 1..8, a push for them, the same push again.
+  SeedBuilder& Tables(const char* optimizer) {
+    RegisterTablesRequest reg;
+    TableSpec* spec = reg.add_tables();
+    spec->set_name("t");
+    spec->set_dim(4);
+    spec->set_optimizer(optimizer);
+    spec->set_learning_rate(0.1f);
+    spec->set_admission("count");
+    spec->set_admission_count(2);
+    spec->set_admission_filter_counters(1024);
+    spec->set_capacity(64);
+    spec->set_ttl(3);
+    AppendOp(Op::kRegisterTables, reg.SerializeAsString(), &input_);
+    std::string ids;
+    for (uint64_t id = 1; id <= 8; ++id) ids.append(reinterpret_cast<const char*>(&id), 8);
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(ids);
+    lookup.set_train(true);
+    lookup.set_clock(1);
+    AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
+    AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
+    PushSparseRequest push;
+    push.set_table("t");
+    push.set_ids(ids);
+    push.set_grads(std::string(8 * 4 * sizeof(float), '\x01'));
+    push.set_sequence(1);
+    push.set_clock(2);
+    AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
+    AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
+    lookup.set_train(false);
+    AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
+    return *this;
+  }
+
   SeedBuilder& Tick(uint8_t seconds) {
     AppendOp(Op::kTick, std::string(1, static_cast<char>(seconds)), &input_);
     return *this;
@@ -319,6 +356,9 @@ int Main(const std::string& dir) {
       .RegisterMany(limits.max_tensors_per_request + 1, 1)
       .Register(0)
       .PullRepeated(0, static_cast<int>(limits.max_parts_per_request / 4 + 1));
+  add("tables_rowwise_adagrad", Flags(false, 0), Layout(1, 0)).Tables("rowwise_adagrad");
+  add("tables_adam_two_shards", Flags(false, 0), Layout(1, 0, 1)).Tables("adam").Status();
+  add("tables_ftrl", Flags(false, 0), Layout(1, 0)).Tables("ftrl");
   for (const auto& [name, seed] : seeds) {
     if (!Write(dir, name, seed.input())) return 1;
   }
