@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -94,7 +96,11 @@ absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
   return absl::OkStatus();
 }
 
-absl::Status TableClient::Reregister() {
+absl::Status TableClient::Reregister(const std::string& table, const absl::Status& why) {
+  // A shard restarted without a checkpoint holding the table: its share of
+  // the rows starts over from their initial values.
+  LOG(WARNING) << "a shard does not hold table \"" << table << "\" any more (" << why.message()
+               << "): registering the tables again; that shard's rows start over";
   std::vector<TableSpec> specs = specs_;
   return Register(specs);
 }
@@ -145,7 +151,7 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   };
   absl::Status status = call();
   if (absl::IsNotFound(status)) {
-    RETURN_IF_ERROR(Reregister());
+    RETURN_IF_ERROR(Reregister(table, status));
     status = call();
   }
   RETURN_IF_ERROR(status);
@@ -219,7 +225,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
   };
   absl::Status status = call();
   if (absl::IsNotFound(status)) {
-    RETURN_IF_ERROR(Reregister());
+    RETURN_IF_ERROR(Reregister(table, status));
     status = call();
   }
   RETURN_IF_ERROR(status);

@@ -7,7 +7,8 @@
 // deadline and is retried through the shard's channel (reconnects, backoff)
 // with the same request, so a retried push carries the same (worker,
 // worker_incarnation, sequence) and is applied at most once. A shard that
-// lost a table (restarted without a checkpoint) has it registered again.
+// lost a table (restarted without a checkpoint) has it registered again,
+// with a warning: that shard's rows start over.
 //
 //   TableClient tables(client.get());
 //   RETURN_IF_ERROR(tables.Register({spec}));
@@ -74,7 +75,8 @@ class TableClient {
   absl::Status CallShards(const char* method, const std::vector<int>& shards,
                           const std::function<void(int shard, grpc::ClientContext*,
                                                    std::function<void(grpc::Status)>)>& start);
-  absl::Status Reregister();
+  // Registers every table again after a shard answered NOT_FOUND for `table`.
+  absl::Status Reregister(const std::string& table, const absl::Status& why);
 
   PsClient* const client_;
   std::vector<TableSpec> specs_;

@@ -7,6 +7,9 @@
 //    a checkpoint and started again: every row's value, Adam state and step
 //    count are back, bit for bit, and the next update is the one an
 //    uninterrupted table makes.
+//  - ARestartedShardIsGivenItsTablesAgain: a shard SIGKILLed before any
+//    checkpoint comes back empty; the worker registers its tables again and
+//    goes on, that shard's rows starting over.
 //  - SparseBadInput: unknown tables, wrong sizes and dims, NaN gradients,
 //    duplicate ids, ids of another shard and every limit flag are refused
 //    with their status code and name, and nothing changes; a push sent
@@ -45,35 +48,40 @@ class TableJob {
   explicit TableJob(int workers) : workers_(workers), dir_(testutil::MakeTempDir("tables")) {}
 
   void Start() {
-    for (int s = 0; s < kShards; ++s) {
-      if (ports_.size() <= static_cast<size_t>(s)) {
-        absl::StatusOr<int> port = testutil::PickFreePort();
-        ASSERT_TRUE(port.ok()) << port.status();
-        ports_.push_back(*port);
-        pids_.push_back(0);
-      }
-      const std::string port_file = absl::StrCat(dir_, "/ports", s);
-      std::remove(port_file.c_str());
-      absl::StatusOr<pid_t> pid = group_.Start(
-          {std::string(SHARDTRAIN_BIN_DIR) + "/ps-server",
-           absl::StrCat("--listen=127.0.0.1:", ports_[s]), "--port_file=" + port_file,
-           absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", kShards),
-           absl::StrCat("--num_workers=", workers_), "--mode=async",
-           absl::StrCat("--checkpoint_dir=", dir_, "/ckpt", s), "--checkpoint_interval_s=3600",
-           "--allow_fresh_start"},
-          absl::StrCat(dir_, "/shard", s, ".log"));
-      ASSERT_TRUE(pid.ok()) << pid.status();
-      pids_[s] = *pid;
-      ASSERT_TRUE(testutil::ReadPortFile(port_file, absl::Seconds(30)).ok())
-          << testutil::ReadFile(absl::StrCat(dir_, "/shard", s, ".log"));
+    for (int s = 0; s < kShards; ++s) ASSERT_NO_FATAL_FAILURE(StartShard(s));
+  }
+
+  // Starts shard s (on the port it had, if it ran before).
+  void StartShard(int s) {
+    if (ports_.size() <= static_cast<size_t>(s)) {
+      absl::StatusOr<int> port = testutil::PickFreePort();
+      ASSERT_TRUE(port.ok()) << port.status();
+      ports_.push_back(*port);
+      pids_.push_back(0);
     }
+    const std::string port_file = absl::StrCat(dir_, "/ports", s);
+    std::remove(port_file.c_str());
+    absl::StatusOr<pid_t> pid = group_.Start(
+        {std::string(SHARDTRAIN_BIN_DIR) + "/ps-server",
+         absl::StrCat("--listen=127.0.0.1:", ports_[s]), "--port_file=" + port_file,
+         absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", kShards),
+         absl::StrCat("--num_workers=", workers_), "--mode=async",
+         absl::StrCat("--checkpoint_dir=", dir_, "/ckpt", s), "--checkpoint_interval_s=3600",
+         "--allow_fresh_start"},
+        absl::StrCat(dir_, "/shard", s, ".log"));
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    pids_[s] = *pid;
+    ASSERT_TRUE(testutil::ReadPortFile(port_file, absl::Seconds(30)).ok())
+        << testutil::ReadFile(absl::StrCat(dir_, "/shard", s, ".log"));
   }
 
   void KillAll() {
-    for (pid_t pid : pids_) {
-      ASSERT_TRUE(group_.Signal(pid, SIGKILL).ok());
-      ASSERT_TRUE(group_.Wait(pid, absl::Seconds(10)).ok());
-    }
+    for (int s = 0; s < kShards; ++s) ASSERT_NO_FATAL_FAILURE(Kill(s));
+  }
+
+  void Kill(int s) {
+    ASSERT_TRUE(group_.Signal(pids_[s], SIGKILL).ok());
+    ASSERT_TRUE(group_.Wait(pids_[s], absl::Seconds(10)).ok());
   }
 
   std::unique_ptr<client::PsClient> Connect(int worker) {
@@ -227,6 +235,38 @@ TEST(SparseTables, SparseCheckpointResume) {
   reference->LookupReadOnly(ids, want.data());
   EXPECT_EQ(0, std::memcmp(rows.data(), want.data(), rows.size() * sizeof(float)))
       << "Adam's state was not restored";
+}
+
+// A shard SIGKILLed before any checkpoint comes back without the table: the
+// next call of the worker finds it missing, registers the tables again (with
+// a warning) and goes on; the rows of the other shard are untouched and the
+// restarted shard's start over from their initial values.
+TEST(SparseTables, ARestartedShardIsGivenItsTablesAgain) {
+  TableJob job(1);
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  constexpr int kDim = 2;
+  auto client = job.Connect(0);
+  client::TableClient tables(client.get());
+  ASSERT_TRUE(tables.Register({Spec("t", kDim, "sgd", 1.0f)}).ok());
+  std::vector<uint64_t> ids;
+  for (uint64_t x = 0; x < 40; ++x) ids.push_back(x);
+  std::vector<float> rows(ids.size() * kDim);
+  const std::vector<float> grads(ids.size() * kDim, -1.0f);
+  ASSERT_TRUE(tables.Lookup("t", ids, true, 0, rows.data()).ok());
+  ASSERT_TRUE(tables.Push("t", ids, grads.data(), 1).ok());
+  ASSERT_NO_FATAL_FAILURE(job.Kill(1));
+  ASSERT_NO_FATAL_FAILURE(job.StartShard(1));
+  ASSERT_TRUE(tables.Lookup("t", ids, true, 1, rows.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float want = sparse::ShardOfId(ids[i], kShards) == 0 ? 1.0f : 0.0f;
+    EXPECT_EQ(rows[i * kDim], want) << "id " << ids[i];
+  }
+  ASSERT_TRUE(tables.Push("t", ids, grads.data(), 2).ok());
+  ASSERT_TRUE(tables.Lookup("t", ids, false, 2, rows.data()).ok());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const float want = sparse::ShardOfId(ids[i], kShards) == 0 ? 2.0f : 1.0f;
+    EXPECT_EQ(rows[i * kDim], want) << "id " << ids[i];
+  }
 }
 
 class SparseBadInput : public ::testing::Test {
