@@ -1,0 +1,219 @@
+// table_rpc_bench: a sparse table's Lookup and PushSparse over gRPC, one
+// worker against one ps-server process, next to what the same bytes cost
+// on the project's dense path and on a raw gRPC echo, in the same rounds.
+//
+// The table (dim --dim, f32, --optimizer) holds --rows rows; each call
+// names --batch unique ids drawn at random from them (rows that exist: the
+// steady state of a trained table). Per round, in turn:
+//   lookup      TableClient::Lookup(train) of the batch: ids out, rows back
+//   push_sparse TableClient::Push of the batch's row gradients (applied)
+//   dense pull  PsClient::Pull of one tensor of batch x dim f32 (the rows'
+//               bytes), registered on the same shard
+//   dense push  PsClient::Push of the same tensor's gradient (SGD)
+//   echo pull   raw gRPC Echo (a `wire_bench --serve_echo` process): 8 bytes
+//               per id out, batch x dim x 4 bytes back
+//   echo push   raw gRPC Echo: 8 + dim x 4 bytes per id out, nothing back
+// Figures: unique rows per second (wall time, median over rounds) and CPU
+// ms per MB of row bytes (this process + the server process, over all
+// rounds), and per-round ratios to the dense path and the echo.
+//
+//   table_rpc_bench --out=bench/results/table_rpc_cpu.txt
+#include <signal.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/bench_process.h"
+#include "bench/bench_util.h"
+#include "client/ps_client.h"
+#include "client/table_client.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(int64_t, rows, 1'000'000, "Rows in the table");
+ABSL_FLAG(int, dim, 16, "Embedding dim");
+ABSL_FLAG(int, batch, 65536, "Unique ids per call");
+ABSL_FLAG(std::string, optimizer, "rowwise_adagrad", "The table's optimizer");
+ABSL_FLAG(int, rounds, 5, "Rounds (medians reported)");
+ABSL_FLAG(int, calls, 10, "Calls of each operation per round");
+ABSL_FLAG(std::string, bin_dir, "", "Where ps-server and wire_bench are (default: beside this)");
+ABSL_FLAG(std::string, out, "", "Also write the table to this file");
+
+namespace shardtrain::bench {
+namespace {
+
+struct Figures {
+  std::vector<double> rows_per_s;  // per round
+  double cpu_s = 0;
+  double row_bytes = 0;
+};
+
+absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
+  const int64_t rows = absl::GetFlag(FLAGS_rows);
+  const int dim = absl::GetFlag(FLAGS_dim);
+  const int batch = absl::GetFlag(FLAGS_batch);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  const int calls = absl::GetFlag(FLAGS_calls);
+  if (rows < batch || dim < 1 || batch < 1 || rounds < 1 || calls < 1) {
+    return absl::InvalidArgumentError("need --rows >= --batch >= 1, --dim, --rounds, --calls >= 1");
+  }
+  const std::string dir = MakeTempDir("table_rpc_bench");
+  Children children;
+  const std::string shard_log = dir + "/shard.log";
+  ASSIGN_OR_RETURN(const pid_t shard,
+                   children.Start({bin_dir + "/ps-server", "--listen=127.0.0.1:0",
+                                   "--metrics_listen=127.0.0.1:0", "--port_file=" + dir + "/shard.port",
+                                   "--num_workers=1", "--mode=async", "--optimizer=sgd",
+                                   "--max_message_mb=256", "--heartbeat_timeout_s=600"},
+                                  shard_log));
+  ASSIGN_OR_RETURN(const int shard_port, WaitForPort(children, shard, dir + "/shard.port",
+                                                     shard_log, absl::Seconds(30)));
+  const std::string echo_log = dir + "/echo.log";
+  ASSIGN_OR_RETURN(const pid_t echo,
+                   children.Start({bin_dir + "/wire_bench", "--serve_echo",
+                                   "--port_file=" + dir + "/echo.port", "--echo_max_mb=256"},
+                                  echo_log));
+  ASSIGN_OR_RETURN(const int echo_port, WaitForPort(children, echo, dir + "/echo.port", echo_log,
+                                                    absl::Seconds(30)));
+
+  client::PsClientOptions options;
+  options.servers = {absl::StrCat("127.0.0.1:", shard_port)};
+  options.max_message_bytes = kMaxMessageBytes;
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> ps, client::PsClient::Create(options, nullptr));
+  client::TableClient tables(ps.get());
+  TableSpec spec;
+  spec.set_name("t");
+  spec.set_dim(dim);
+  spec.set_optimizer(absl::GetFlag(FLAGS_optimizer));
+  spec.set_learning_rate(0.01f);
+  RETURN_IF_ERROR(tables.Register({spec}));
+  const int64_t elements = int64_t{batch} * dim;
+  TensorSpec tensor;
+  tensor.set_name("dense");
+  tensor.add_shape(elements);
+  tensor.set_dtype(DTYPE_F32);
+  RETURN_IF_ERROR(ps->Register({tensor}));
+  std::unique_ptr<Echo::Stub> echo_stub = NewEchoStub(absl::StrCat("127.0.0.1:", echo_port));
+
+  // Every row created once.
+  std::vector<float> out(static_cast<size_t>(elements));
+  std::vector<uint64_t> ids(static_cast<size_t>(batch));
+  for (int64_t r = 0; r < rows; r += batch) {
+    const int64_t n = std::min<int64_t>(batch, rows - r);
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<uint64_t>(r + i);
+    RETURN_IF_ERROR(tables.Lookup("t", absl::MakeConstSpan(ids.data(), n), true, 0, out.data()));
+  }
+  std::vector<float> grads(static_cast<size_t>(elements), 1e-3f);
+  std::vector<float> params(static_cast<size_t>(elements));
+  std::vector<std::vector<uint64_t>> batches(calls);
+  std::mt19937_64 rng(1);
+  std::vector<uint64_t> all(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) all[r] = static_cast<uint64_t>(r);
+
+  const double row_bytes = static_cast<double>(elements) * sizeof(float);
+  EchoRequest pull_request, push_request;
+  pull_request.set_payload(std::string(static_cast<size_t>(batch) * 8, 'i'));
+  pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
+  push_request.set_payload(std::string(static_cast<size_t>(batch) * 8 + row_bytes, 'g'));
+  int64_t clock = 0;
+  const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> ops = {
+      {"lookup", [&](int c) { return tables.Lookup("t", batches[c], true, clock, out.data()); }},
+      {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); }},
+      {"dense pull", [&](int) {
+         std::vector<absl::Span<float>> p = {absl::MakeSpan(params)};
+         client::PullStats stats;
+         return ps->Pull(clock, 0, p, &stats);
+       }},
+      {"dense push", [&](int) {
+         std::vector<absl::Span<const float>> g = {absl::MakeConstSpan(grads)};
+         client::PushStats stats;
+         return ps->Push(++clock, g, &stats);
+       }},
+      {"echo pull", [&](int) {
+         grpc::ClientContext context;
+         EchoReply reply;
+         grpc::Status s = echo_stub->Echo(&context, pull_request, &reply);
+         return s.ok() ? absl::OkStatus() : absl::UnavailableError(s.error_message());
+       }},
+      {"echo push", [&](int) {
+         grpc::ClientContext context;
+         EchoReply reply;
+         grpc::Status s = echo_stub->Echo(&context, push_request, &reply);
+         return s.ok() ? absl::OkStatus() : absl::UnavailableError(s.error_message());
+       }},
+  };
+  std::vector<Figures> figures(ops.size());
+  for (int round = -1; round < rounds; ++round) {  // round -1 warms up
+    for (int c = 0; c < calls; ++c) {
+      std::sample(all.begin(), all.end(), ids.begin(), batch, rng);
+      batches[c] = ids;
+    }
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const size_t o = (k + static_cast<size_t>(std::max(round, 0))) % ops.size();
+      const double cpu0 = SelfCpuSeconds();
+      ASSIGN_OR_RETURN(const double server0, ProcessCpuSeconds(o >= 4 ? echo : shard));
+      const auto start = Clock::now();
+      for (int c = 0; c < calls; ++c) RETURN_IF_ERROR(ops[o].second(c));
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      ASSIGN_OR_RETURN(const double server1, ProcessCpuSeconds(o >= 4 ? echo : shard));
+      if (round < 0) continue;
+      figures[o].rows_per_s.push_back(static_cast<double>(batch) * calls / seconds);
+      figures[o].cpu_s += SelfCpuSeconds() - cpu0 + server1 - server0;
+      figures[o].row_bytes += row_bytes * calls;
+    }
+  }
+  auto ratio = [&](size_t a, size_t b) {
+    std::vector<double> r;
+    for (int i = 0; i < rounds; ++i) r.push_back(figures[a].rows_per_s[i] / figures[b].rows_per_s[i]);
+    return Median(r);
+  };
+  std::string text = absl::StrCat(
+      CommonHeader(command_line),
+      absl::StrFormat("# 1 worker, 1 ps-server process; table of %d rows, dim %d f32, %s; "
+                      "%d unique ids per call (%s of rows); %d rounds of %d calls\n",
+                      rows, dim, absl::GetFlag(FLAGS_optimizer), batch,
+                      SizeName(static_cast<int64_t>(row_bytes)), rounds, calls),
+      absl::StrFormat("%-12s %12s %12s %12s %10s %10s\n", "operation", "M rows/s", "MB/s",
+                      "CPU ms/MB", "x dense", "x echo"));
+  for (size_t o = 0; o < ops.size(); ++o) {
+    const double rate = Median(figures[o].rows_per_s);
+    const std::string vs_dense = o < 2 ? absl::StrFormat("%.2f", ratio(o, o + 2)) : "-";
+    const std::string vs_echo = o < 4 ? absl::StrFormat("%.2f", ratio(o, 4 + o % 2)) : "-";
+    absl::StrAppendFormat(&text, "%-12s %12.2f %12.1f %12.2f %10s %10s\n", ops[o].first,
+                          rate / 1e6, rate * dim * 4 / 1e6,
+                          1e3 * figures[o].cpu_s / (figures[o].row_bytes / 1e6), vs_dense,
+                          vs_echo);
+  }
+  std::printf("%s", text.c_str());
+  if (!absl::GetFlag(FLAGS_out).empty()) RETURN_IF_ERROR(WriteTable(absl::GetFlag(FLAGS_out), text));
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace shardtrain::bench
+
+int main(int argc, char** argv) {
+  const std::string command_line = shardtrain::bench::StartBenchmark(
+      argc, argv,
+      "table_rpc_bench: Lookup and PushSparse over gRPC against the dense pull/push of the "
+      "same bytes and a raw gRPC echo, in the same rounds");
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::bench::KillChildrenAndExit);
+  std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
+  if (bin_dir.empty()) {
+    bin_dir = std::filesystem::path(shardtrain::bench::SelfPath()).parent_path().string();
+  }
+  const absl::Status status = shardtrain::bench::Run(command_line, bin_dir);
+  if (!status.ok()) {
+    std::fprintf(stderr, "table_rpc_bench: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
