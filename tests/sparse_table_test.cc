@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -71,8 +72,18 @@ class TableJob {
         absl::StrCat(dir_, "/shard", s, ".log"));
     ASSERT_TRUE(pid.ok()) << pid.status();
     pids_[s] = *pid;
-    ASSERT_TRUE(testutil::ReadPortFile(port_file, absl::Seconds(30)).ok())
+    absl::StatusOr<std::vector<int>> ports = testutil::ReadPortFile(port_file, absl::Seconds(30));
+    ASSERT_TRUE(ports.ok() && ports->size() >= 2)
         << testutil::ReadFile(absl::StrCat(dir_, "/shard", s, ".log"));
+    if (metrics_ports_.size() <= static_cast<size_t>(s)) metrics_ports_.resize(s + 1);
+    metrics_ports_[s] = (*ports)[1];
+  }
+
+  // Shard s's /metrics, summed by metric name.
+  std::map<std::string, double> Metrics(int s) {
+    absl::StatusOr<std::string> body = testutil::HttpGet(metrics_ports_[s], "/metrics");
+    EXPECT_TRUE(body.ok()) << body.status();
+    return body.ok() ? testutil::SumByName(*body) : std::map<std::string, double>();
   }
 
   void KillAll() {
@@ -114,6 +125,7 @@ class TableJob {
   std::string dir_;
   testutil::ProcessGroup group_;
   std::vector<int> ports_;
+  std::vector<int> metrics_ports_;
   std::vector<pid_t> pids_;
 };
 
@@ -170,10 +182,26 @@ TEST(SparseTables, SparseCountingOracle) {
   for (uint64_t x = 0; x < 160; ++x) all.push_back(x);
   std::vector<float> rows(all.size() * kDim);
   ASSERT_TRUE(reader.Lookup("count", all, false, 0, rows.data()).ok());
+  int64_t unique_rows = 0, unique_pushed = 0;
   for (uint64_t x = 0; x < 160; ++x) {
     const float want = static_cast<float>(kRounds * (named(x, 0) + named(x, 1)));
     for (int j = 0; j < kDim; ++j) ASSERT_EQ(rows[x * kDim + j], want) << "id " << x;
+    unique_rows += want > 0;
+    unique_pushed += kRounds * ((named(x, 0) > 0) + (named(x, 1) > 0));
   }
+  // The shards' metrics count the same: rows stored, row gradients applied
+  // (a repeated id's summed into one by the client), none dropped.
+  double rows_stored = 0, applied = 0, created = 0;
+  for (int s = 0; s < kShards; ++s) {
+    std::map<std::string, double> m = job.Metrics(s);
+    rows_stored += m["shardtrain_table_rows"];
+    applied += m["shardtrain_table_gradients_total"];
+    created += m["shardtrain_table_rows_created_total"];
+    EXPECT_GT(m["shardtrain_table_bytes_per_row"], 0) << "shard " << s;
+  }
+  EXPECT_EQ(rows_stored, unique_rows);
+  EXPECT_EQ(created, unique_rows);
+  EXPECT_EQ(applied, unique_pushed);
 }
 
 TEST(SparseTables, SparseCheckpointResume) {
