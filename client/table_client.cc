@@ -1,5 +1,6 @@
 #include "client/table_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -39,23 +40,22 @@ int32_t TableClient::dim(const std::string& table) const {
   return it == dims_.end() ? 0 : it->second;
 }
 
-absl::Status TableClient::CallShards(
-    const char* method, const std::vector<int>& shards,
-    const std::function<void(int, grpc::ClientContext*, std::function<void(grpc::Status)>)>&
+absl::Status TableClient::CallParts(
+    const char* method, const std::vector<Part>& parts,
+    const std::function<void(size_t, grpc::ClientContext*, std::function<void(grpc::Status)>)>&
         start) {
-  const int n = static_cast<int>(shards.size());
+  const size_t n = parts.size();
   std::vector<absl::Status> statuses(n);
-  absl::BlockingCounter pending(n);
-  for (int i = 0; i < n; ++i) {
-    const int s = shards[i];
+  absl::BlockingCounter pending(static_cast<int>(n));
+  for (size_t p = 0; p < n; ++p) {
     ShardRpc rpc;
     rpc.method = method;
     rpc.attempt_timeout = client_->options().rpc_timeout;
     rpc.reconnect_timeout = client_->options().reconnect_timeout;
-    rpc.start = [&start, s, method, this](const ShardAttempt& attempt,
+    rpc.start = [&start, p, method, this](const ShardAttempt& attempt,
                                            std::function<void(grpc::Status)> done) {
       const absl::Time begin = absl::Now();
-      start(s, attempt.context,
+      start(p, attempt.context,
             [this, method, begin, done = std::move(done)](grpc::Status status) {
               if (client_->rpc_metrics() != nullptr) {
                 client_->rpc_metrics()->Record(method, status.error_code(), 0, 0,
@@ -64,10 +64,11 @@ absl::Status TableClient::CallShards(
               done(std::move(status));
             });
     };
-    client_->channel(s)->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
-      statuses[i] = std::move(status);
-      pending.DecrementCount();
-    });
+    client_->channel(parts[p].shard)
+        ->Call(std::move(rpc), [&statuses, &pending, p](absl::Status status) {
+          statuses[p] = std::move(status);
+          pending.DecrementCount();
+        });
   }
   pending.Wait();
   for (absl::Status& status : statuses) {
@@ -79,15 +80,17 @@ absl::Status TableClient::CallShards(
 absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
   RegisterTablesRequest request;
   for (const TableSpec& spec : tables) *request.add_tables() = spec;
-  std::vector<int> all(client_->num_shards());
-  for (int s = 0; s < client_->num_shards(); ++s) all[s] = s;
+  std::vector<Part> all(client_->num_shards());
+  for (int s = 0; s < client_->num_shards(); ++s) all[s].shard = s;
   std::vector<RegisterTablesResponse> responses(all.size());
-  RETURN_IF_ERROR(CallShards(
+  RETURN_IF_ERROR(CallParts(
       "RegisterTables", all,
-      [this, &request, &responses](int s, grpc::ClientContext* context,
+      [this, &request, &responses](size_t s, grpc::ClientContext* context,
                                    std::function<void(grpc::Status)> done) {
-        client_->channel(s)->stub()->async()->RegisterTables(context, &request, &responses[s],
-                                                             std::move(done));
+        client_->channel(static_cast<int>(s))
+            ->stub()
+            ->async()
+            ->RegisterTables(context, &request, &responses[s], std::move(done));
       }));
   for (const TableSpec& spec : tables) {
     if (!dims_.contains(spec.name())) specs_.push_back(spec);
@@ -110,14 +113,24 @@ void TableClient::Dedup(absl::Span<const uint64_t> ids, Batch* batch) const {
   position.reserve(ids.size());
   batch->inverse.resize(ids.size());
   batch->unique.clear();
-  batch->by_shard.assign(static_cast<size_t>(client_->num_shards()), {});
+  std::vector<std::vector<uint32_t>> by_shard(static_cast<size_t>(client_->num_shards()));
   for (size_t i = 0; i < ids.size(); ++i) {
     auto [it, fresh] = position.try_emplace(ids[i], static_cast<uint32_t>(batch->unique.size()));
     if (fresh) {
       batch->unique.push_back(ids[i]);
-      batch->by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(it->second);
+      by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(it->second);
     }
     batch->inverse[i] = it->second;
+  }
+  batch->parts.clear();
+  for (int s = 0; s < client_->num_shards(); ++s) {
+    const std::vector<uint32_t>& mine = by_shard[s];
+    for (size_t from = 0; from < mine.size(); from += kIdsPerCall) {
+      Part& part = batch->parts.emplace_back();
+      part.shard = s;
+      part.unique.assign(mine.begin() + from,
+                         mine.begin() + std::min(mine.size(), from + kIdsPerCall));
+    }
   }
 }
 
@@ -129,25 +142,26 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   }
   Batch batch;
   Dedup(ids, &batch);
-  std::vector<int> shards;
-  std::vector<LookupRequest> requests(client_->num_shards());
-  std::vector<LookupResponse> responses(client_->num_shards());
-  for (int s = 0; s < client_->num_shards(); ++s) {
-    if (batch.by_shard[s].empty()) continue;
-    shards.push_back(s);
-    requests[s].set_table(table);
-    requests[s].set_ids(IdBytes(batch.unique, batch.by_shard[s]));
-    requests[s].set_train(train);
-    requests[s].set_worker(static_cast<uint32_t>(client_->options().worker_index));
-    requests[s].set_clock(clock);
+  const std::vector<Part>& parts = batch.parts;
+  std::vector<LookupRequest> requests(parts.size());
+  std::vector<LookupResponse> responses(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    requests[p].set_table(table);
+    requests[p].set_ids(IdBytes(batch.unique, parts[p].unique));
+    requests[p].set_train(train);
+    requests[p].set_worker(static_cast<uint32_t>(client_->options().worker_index));
+    requests[p].set_clock(clock);
   }
   auto call = [&] {
-    return CallShards("Lookup", shards,
-                      [this, &requests, &responses](int s, grpc::ClientContext* context,
-                                                    std::function<void(grpc::Status)> done) {
-                        client_->channel(s)->stub()->async()->Lookup(
-                            context, &requests[s], &responses[s], std::move(done));
-                      });
+    return CallParts("Lookup", parts,
+                     [this, &parts, &requests, &responses](
+                         size_t p, grpc::ClientContext* context,
+                         std::function<void(grpc::Status)> done) {
+                       client_->channel(parts[p].shard)
+                           ->stub()
+                           ->async()
+                           ->Lookup(context, &requests[p], &responses[p], std::move(done));
+                     });
   };
   absl::Status status = call();
   if (absl::IsNotFound(status)) {
@@ -157,15 +171,15 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   RETURN_IF_ERROR(status);
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
   std::vector<float> unique_rows(batch.unique.size() * d);
-  for (int s : shards) {
-    const std::string& rows = responses[s].rows();
-    if (rows.size() != batch.by_shard[s].size() * row_bytes) {
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const std::string& rows = responses[p].rows();
+    if (rows.size() != parts[p].unique.size() * row_bytes) {
       return absl::DataLossError(absl::StrFormat(
-          "shard %d answered %d bytes of rows for %d ids of dim %d", s, rows.size(),
-          batch.by_shard[s].size(), d));
+          "shard %d answered %d bytes of rows for %d ids of dim %d", parts[p].shard,
+          rows.size(), parts[p].unique.size(), d));
     }
-    for (size_t k = 0; k < batch.by_shard[s].size(); ++k) {
-      std::memcpy(&unique_rows[static_cast<size_t>(batch.by_shard[s][k]) * d],
+    for (size_t k = 0; k < parts[p].unique.size(); ++k) {
+      std::memcpy(&unique_rows[static_cast<size_t>(parts[p].unique[k]) * d],
                   rows.data() + k * row_bytes, row_bytes);
     }
   }
@@ -195,33 +209,34 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     for (int32_t j = 0; j < d; ++j) row[j] += g[j];
   }
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
-  std::vector<int> shards;
-  std::vector<PushSparseRequest> requests(client_->num_shards());
-  std::vector<PushSparseResponse> responses(client_->num_shards());
-  for (int s = 0; s < client_->num_shards(); ++s) {
-    if (batch.by_shard[s].empty()) continue;
-    shards.push_back(s);
-    PushSparseRequest& r = requests[s];
+  const std::vector<Part>& parts = batch.parts;
+  std::vector<PushSparseRequest> requests(parts.size());
+  std::vector<PushSparseResponse> responses(parts.size());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    PushSparseRequest& r = requests[p];
     r.set_worker(static_cast<uint32_t>(client_->options().worker_index));
     r.set_worker_incarnation(client_->worker_incarnation());
-    r.set_sequence(++next_sequence_[s]);
+    r.set_sequence(++next_sequence_[parts[p].shard]);
     r.set_clock(clock);
     r.set_table(table);
-    r.set_ids(IdBytes(batch.unique, batch.by_shard[s]));
+    r.set_ids(IdBytes(batch.unique, parts[p].unique));
     std::string* g = r.mutable_grads();
-    g->resize(batch.by_shard[s].size() * row_bytes);
-    for (size_t k = 0; k < batch.by_shard[s].size(); ++k) {
+    g->resize(parts[p].unique.size() * row_bytes);
+    for (size_t k = 0; k < parts[p].unique.size(); ++k) {
       std::memcpy(g->data() + k * row_bytes,
-                  &summed[static_cast<size_t>(batch.by_shard[s][k]) * d], row_bytes);
+                  &summed[static_cast<size_t>(parts[p].unique[k]) * d], row_bytes);
     }
   }
   auto call = [&] {
-    return CallShards("PushSparse", shards,
-                      [this, &requests, &responses](int s, grpc::ClientContext* context,
-                                                    std::function<void(grpc::Status)> done) {
-                        client_->channel(s)->stub()->async()->PushSparse(
-                            context, &requests[s], &responses[s], std::move(done));
-                      });
+    return CallParts("PushSparse", parts,
+                     [this, &parts, &requests, &responses](
+                         size_t p, grpc::ClientContext* context,
+                         std::function<void(grpc::Status)> done) {
+                       client_->channel(parts[p].shard)
+                           ->stub()
+                           ->async()
+                           ->PushSparse(context, &requests[p], &responses[p], std::move(done));
+                     });
   };
   absl::Status status = call();
   if (absl::IsNotFound(status)) {
@@ -234,9 +249,9 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     stats->unique_ids = static_cast<int64_t>(batch.unique.size());
     stats->dropped = 0;
     stats->duplicates = 0;
-    for (int s : shards) {
-      stats->dropped += responses[s].dropped();
-      stats->duplicates += responses[s].duplicate() ? 1 : 0;
+    for (const PushSparseResponse& response : responses) {
+      stats->dropped += response.dropped();
+      stats->duplicates += response.duplicate() ? 1 : 0;
     }
   }
   return absl::OkStatus();

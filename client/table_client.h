@@ -64,17 +64,28 @@ class TableClient {
   int32_t dim(const std::string& table) const;
 
  private:
-  // The batch's unique ids grouped by shard.
+  // Ids per RPC: a shard's share of a batch goes in calls of at most this
+  // many ids, all at once, so that the shard's table work on one overlaps
+  // the transfer and copies of the others.
+  static constexpr size_t kIdsPerCall = 16384;
+
+  // One RPC's ids: indices into Batch::unique, all of one shard.
+  struct Part {
+    int shard = 0;
+    std::vector<uint32_t> unique;
+  };
+  // The batch's unique ids in parts by shard.
   struct Batch {
-    std::vector<uint32_t> inverse;                 // ids[i] is unique[inverse[i]]
+    std::vector<uint32_t> inverse;  // ids[i] is unique[inverse[i]]
     std::vector<uint64_t> unique;
-    std::vector<std::vector<uint32_t>> by_shard;   // indices into unique
+    std::vector<Part> parts;
   };
   void Dedup(absl::Span<const uint64_t> ids, Batch* batch) const;
-  // Runs request_of(s) -> call on each shard with ids, all at once.
-  absl::Status CallShards(const char* method, const std::vector<int>& shards,
-                          const std::function<void(int shard, grpc::ClientContext*,
-                                                   std::function<void(grpc::Status)>)>& start);
+  // Runs call p of `parts` (start(p, ...)) on its shard's channel, all at
+  // once, and waits for all; the first error.
+  absl::Status CallParts(const char* method, const std::vector<Part>& parts,
+                         const std::function<void(size_t part, grpc::ClientContext*,
+                                                  std::function<void(grpc::Status)>)>& start);
   // Registers every table again after a shard answered NOT_FOUND for `table`.
   absl::Status Reregister(const std::string& table, const absl::Status& why);
 
