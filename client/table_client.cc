@@ -40,10 +40,8 @@ int32_t TableClient::dim(const std::string& table) const {
   return it == dims_.end() ? 0 : it->second;
 }
 
-absl::Status TableClient::CallParts(
-    const char* method, const std::vector<Part>& parts,
-    const std::function<void(size_t, grpc::ClientContext*, std::function<void(grpc::Status)>)>&
-        start) {
+absl::Status TableClient::CallParts(const char* method, const std::vector<Part>& parts,
+                                    const StartFn& start) {
   const size_t n = parts.size();
   std::vector<absl::Status> statuses(n);
   absl::BlockingCounter pending(static_cast<int>(n));
@@ -75,6 +73,14 @@ absl::Status TableClient::CallParts(
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
+}
+
+absl::Status TableClient::CallTable(const std::string& table, const char* method,
+                                    const std::vector<Part>& parts, const StartFn& start) {
+  absl::Status status = CallParts(method, parts, start);
+  if (!absl::IsNotFound(status)) return status;
+  RETURN_IF_ERROR(Reregister(table, status));
+  return CallParts(method, parts, start);
 }
 
 absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
@@ -152,23 +158,16 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
     requests[p].set_worker(static_cast<uint32_t>(client_->options().worker_index));
     requests[p].set_clock(clock);
   }
-  auto call = [&] {
-    return CallParts("Lookup", parts,
-                     [this, &parts, &requests, &responses](
-                         size_t p, grpc::ClientContext* context,
-                         std::function<void(grpc::Status)> done) {
-                       client_->channel(parts[p].shard)
-                           ->stub()
-                           ->async()
-                           ->Lookup(context, &requests[p], &responses[p], std::move(done));
-                     });
-  };
-  absl::Status status = call();
-  if (absl::IsNotFound(status)) {
-    RETURN_IF_ERROR(Reregister(table, status));
-    status = call();
-  }
-  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(CallTable(table, "Lookup", parts,
+                            [this, &parts, &requests, &responses](
+                                size_t p, grpc::ClientContext* context,
+                                std::function<void(grpc::Status)> done) {
+                              client_->channel(parts[p].shard)
+                                  ->stub()
+                                  ->async()
+                                  ->Lookup(context, &requests[p], &responses[p],
+                                             std::move(done));
+                            }));
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
   std::vector<float> unique_rows(batch.unique.size() * d);
   for (size_t p = 0; p < parts.size(); ++p) {
@@ -227,23 +226,16 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
                   &summed[static_cast<size_t>(parts[p].unique[k]) * d], row_bytes);
     }
   }
-  auto call = [&] {
-    return CallParts("PushSparse", parts,
-                     [this, &parts, &requests, &responses](
-                         size_t p, grpc::ClientContext* context,
-                         std::function<void(grpc::Status)> done) {
-                       client_->channel(parts[p].shard)
-                           ->stub()
-                           ->async()
-                           ->PushSparse(context, &requests[p], &responses[p], std::move(done));
-                     });
-  };
-  absl::Status status = call();
-  if (absl::IsNotFound(status)) {
-    RETURN_IF_ERROR(Reregister(table, status));
-    status = call();
-  }
-  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(CallTable(table, "PushSparse", parts,
+                            [this, &parts, &requests, &responses](
+                                size_t p, grpc::ClientContext* context,
+                                std::function<void(grpc::Status)> done) {
+                              client_->channel(parts[p].shard)
+                                  ->stub()
+                                  ->async()
+                                  ->PushSparse(context, &requests[p], &responses[p],
+                                             std::move(done));
+                            }));
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());
     stats->unique_ids = static_cast<int64_t>(batch.unique.size());

@@ -81,11 +81,17 @@ class TableClient {
     std::vector<Part> parts;
   };
   void Dedup(absl::Span<const uint64_t> ids, Batch* batch) const;
+  using StartFn = std::function<void(size_t part, grpc::ClientContext*,
+                                     std::function<void(grpc::Status)>)>;
   // Runs call p of `parts` (start(p, ...)) on its shard's channel, all at
   // once, and waits for all; the first error.
   absl::Status CallParts(const char* method, const std::vector<Part>& parts,
-                         const std::function<void(size_t part, grpc::ClientContext*,
-                                                  std::function<void(grpc::Status)>)>& start);
+                         const StartFn& start);
+  // CallParts for a call on `table`; when a shard answers NOT_FOUND (it
+  // lost the table), registers the tables again and runs the calls once
+  // more (a push keeps its sequences, so no part is applied twice).
+  absl::Status CallTable(const std::string& table, const char* method,
+                         const std::vector<Part>& parts, const StartFn& start);
   // Registers every table again after a shard answered NOT_FOUND for `table`.
   absl::Status Reregister(const std::string& table, const absl::Status& why);
 

@@ -19,7 +19,7 @@ TableMetrics::TableMetrics(prometheus::Registry& registry)
                          .Register(registry)),
       lookups_(prometheus::BuildCounter()
                    .Name("shardtrain_table_lookups_total")
-                   .Help("Ids looked up in a sparse table")
+                   .Help("Ids looked up in a sparse table for training")
                    .Register(registry)),
       created_(prometheus::BuildCounter()
                    .Name("shardtrain_table_rows_created_total")

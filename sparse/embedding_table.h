@@ -40,7 +40,7 @@ namespace shardtrain::sparse {
 
 // Totals since the table was created (the shard exports them as metrics).
 struct TableCounters {
-  int64_t lookups = 0;            // ids looked up, training and evaluation
+  int64_t lookups = 0;            // ids looked up for training
   int64_t created = 0;            // rows created (admitted)
   int64_t rejected = 0;           // training lookups of unseen ids not admitted
   int64_t full = 0;               // ... refused because nothing could be evicted
