@@ -2,7 +2,8 @@
 # Generates C++ messages and gRPC stubs for the given .proto files (in the
 # calling directory) into ${CMAKE_BINARY_DIR}/<dir> and builds them as
 # library NAME, includable as "<dir>/<file>.pb.h" (and installed so when a
-# public header includes them; cmake/shardtrain_install.cmake).
+# public header includes them; cmake/shardtrain_install.cmake). Target
+# NAME_sources only generates them.
 function(shardtrain_grpc_library name)
   cmake_parse_arguments(ARG "" "" "PROTOS" ${ARGN})
   file(RELATIVE_PATH rel_dir ${CMAKE_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
@@ -26,7 +27,12 @@ function(shardtrain_grpc_library name)
       COMMENT "Generating C++ and gRPC sources for ${proto}")
     list(APPEND srcs ${gen_dir}/${base}.pb.cc ${gen_dir}/${base}.grpc.pb.cc)
   endforeach()
+  # The generated sources alone (scripts/check-thread-safety.sh needs the
+  # headers, not the library); the library waits for them, so a parallel
+  # build runs protoc once.
+  add_custom_target(${name}_sources DEPENDS ${srcs})
   add_library(${name} ${srcs})
+  add_dependencies(${name} ${name}_sources)
   target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${CMAKE_BINARY_DIR}>)
   set(headers)
   foreach(proto ${ARG_PROTOS})

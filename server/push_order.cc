@@ -29,7 +29,6 @@ absl::StatusOr<std::unique_ptr<PushOrder>> PushOrder::Create(const PushOrderOpti
 
 PushOrder::PushOrder(Kind kind, const PushOrderOptions& options)
     : kind_(kind),
-      num_workers_(options.num_workers),
       skip_after_(options.skip_after),
       random_(options.seed),
       round_(static_cast<size_t>(options.num_workers)),

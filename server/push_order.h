@@ -93,7 +93,6 @@ class PushOrder {
   Admitted TakeRunnable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Kind kind_;
-  const int num_workers_;
   const absl::Duration skip_after_;
 
   mutable absl::Mutex mu_;

@@ -15,22 +15,25 @@ from torch_fixtures import EXAMPLE, FASHION_MNIST, LauncherRun
 pytest.importorskip("torch", reason="python3-torch is not installed")
 
 
-WORKERS, BATCH, EXAMPLES = 2, 32, 12000
+# Two epochs: after one, async runs ended 0.843-0.858 (7 runs) around a
+# sync 0.8536, so one in seven missed 0.01; after two they end 0.8737-0.8761
+# (4 runs) against a sync 0.8708.
+WORKERS, BATCH, EXAMPLES, EPOCHS = 2, 32, 12000, 2
 
 
 def final_accuracy(tmp_path, mode):
     results = tmp_path / f"{mode}.json"
     directory = tmp_path / mode
     directory.mkdir()
-    # A cosine schedule over the epoch, so the accuracy compared is that of
+    # A cosine schedule over the run, so the accuracy compared is that of
     # a settled model, not of one noisy step; an async shard counts every
     # worker's pushes.
-    steps = EXAMPLES // WORKERS // BATCH
+    steps = EPOCHS * (EXAMPLES // WORKERS // BATCH)
     total = steps if mode == "sync" else steps * WORKERS
     run = LauncherRun(directory, ["--shards", "2", "--workers", str(WORKERS), "--mode", mode,
                                   "--optimizer", "momentum", "--lr", "0.05",
                                   "--lr_schedule", "cosine", "--lr_total_steps", str(total),
-                                  "--", sys.executable, EXAMPLE, "--epochs", "1",
+                                  "--", sys.executable, EXAMPLE, "--epochs", str(EPOCHS),
                                   "--batch", str(BATCH), "--train-examples", str(EXAMPLES),
                                   "--data", FASHION_MNIST, "--results", str(results)])
     try:
@@ -45,6 +48,6 @@ def final_accuracy(tmp_path, mode):
 def test_async_momentum_reaches_the_sync_accuracy(tmp_path):
     sync, _ = final_accuracy(tmp_path, "sync")
     async_, out = final_accuracy(tmp_path, "async")
-    print(f"CNN momentum 0.9 lr 0.05: sync {sync:.4f} async {async_:.4f}")
+    print(f"CNN momentum 0.9 lr 0.05, {EPOCHS} epochs: sync {sync:.4f} async {async_:.4f}")
     assert sync >= 0.80
     assert async_ == pytest.approx(sync, abs=0.01), out
