@@ -275,11 +275,12 @@ void SparseTables::Snapshot(int64_t max_record_bytes,
     for (const auto& [name, table] : tables_) tables.push_back(table.get());
   }
   for (const Table* table : tables) {
-    std::string rows;
+    std::string rows, filter;
     int32_t record_bytes;
     {
       absl::ReaderMutexLock lock(&table->mu);
       table->rows->ExportRecords(&rows);
+      table->rows->ExportFilter(&filter);
       record_bytes = table->rows->record_bytes();
     }
     // Whole rows per checkpoint record; one record for an empty table, so
@@ -290,6 +291,7 @@ void SparseTables::Snapshot(int64_t max_record_bytes,
     do {
       CheckpointRecord& record = records->emplace_back();
       *record.mutable_table() = table->spec;
+      if (offset == 0) record.set_table_filter(std::move(filter));
       const size_t take = std::min(per_record, rows.size() - offset);
       record.set_table_rows(rows.substr(offset, take));
       offset += take;
@@ -312,7 +314,16 @@ absl::Status SparseTables::Restore(const CheckpointRecord& record) {
     table = it->second.get();
   }
   absl::MutexLock lock(&table->mu);
+  // Checked first, so that a bad record changes nothing.
+  if (!record.table_filter().empty() && !table->rows->FilterFits(record.table_filter())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint table \"", record.table().name(), "\" has an admission filter of ",
+        record.table_filter().size(), " bytes that its spec does not give"));
+  }
   RETURN_IF_ERROR(table->rows->ImportRecords(record.table_rows()));
+  if (!record.table_filter().empty()) {
+    RETURN_IF_ERROR(table->rows->ImportFilter(record.table_filter()));
+  }
   AfterChange(*table, table->swept);
   return absl::OkStatus();
 }

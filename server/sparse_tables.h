@@ -48,8 +48,9 @@ class SparseTables {
   void FillStatus(StatusResponse* response) const;
 
   // Checkpoint records of every table: its spec and whole rows, at most
-  // max_record_bytes of rows per record. Each table's rows are copied under
-  // its lock, so a record never mixes a row's value and state of different
+  // max_record_bytes of rows per record, and in the first its admission
+  // filter's counters. Each table's rows and counters are copied under its
+  // lock, so a record never mixes a row's value and state of different
   // moments.
   void Snapshot(int64_t max_record_bytes, std::vector<CheckpointRecord>* records) const;
   // Loads a record written by Snapshot (registering its table).

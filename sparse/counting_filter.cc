@@ -1,6 +1,9 @@
 #include "sparse/counting_filter.h"
 
 #include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
 
 #include "sparse/id_hash.h"
 
@@ -50,6 +53,20 @@ int CountingFilter::Estimate(uint64_t id) const {
   int low = kMaxCount;
   for (uint64_t p : pos) low = std::min(low, Get(p));
   return low;
+}
+
+void CountingFilter::Export(std::string* out) const {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "counters are stored little-endian");
+  out->append(reinterpret_cast<const char*>(words_.data()), words_.size() * 8);
+}
+
+absl::Status CountingFilter::Import(absl::string_view counters) {
+  if (static_cast<int64_t>(counters.size()) != bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("an admission filter of ", counters.size(),
+                                                   " bytes; this table's has ", bytes()));
+  }
+  std::memcpy(words_.data(), counters.data(), counters.size());
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain::sparse

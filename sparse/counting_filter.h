@@ -8,7 +8,11 @@
 #define SHARDTRAIN_SPARSE_COUNTING_FILTER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace shardtrain::sparse {
 
@@ -24,6 +28,13 @@ class CountingFilter {
   int Estimate(uint64_t id) const;
 
   int64_t bytes() const { return static_cast<int64_t>(words_.size()) * 8; }
+
+  // The counters as bytes() little-endian bytes, appended to out (for
+  // checkpoints: a restarted shard goes on counting where it stopped).
+  void Export(std::string* out) const;
+  // Replaces the counters with Export's bytes. INVALID_ARGUMENT, with
+  // nothing changed, when their size is not bytes().
+  absl::Status Import(absl::string_view counters);
 
  private:
   static constexpr int kHashes = 3;

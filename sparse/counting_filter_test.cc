@@ -1,5 +1,7 @@
 #include "sparse/counting_filter.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace shardtrain::sparse {
@@ -31,6 +33,21 @@ TEST(CountingFilterTest, SparseFilterIsMostlyExact) {
 TEST(CountingFilterTest, HalfAByteACounter) {
   CountingFilter filter(1000);  // rounded up to 1024
   EXPECT_EQ(filter.bytes(), 512);
+}
+
+TEST(CountingFilterTest, ExportImportRoundTrips) {
+  CountingFilter a(1 << 10), b(1 << 10);
+  for (uint64_t id = 0; id < 300; ++id) {
+    for (uint64_t k = 0; k <= id % 5; ++k) a.Add(id);
+  }
+  std::string bytes;
+  a.Export(&bytes);
+  ASSERT_EQ(static_cast<int64_t>(bytes.size()), a.bytes());
+  ASSERT_TRUE(b.Import(bytes).ok());
+  for (uint64_t id = 0; id < 400; ++id) EXPECT_EQ(a.Estimate(id), b.Estimate(id)) << id;
+  // A wrong size is refused and leaves the counters as they were.
+  EXPECT_EQ(b.Import(bytes + "x").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(b.Estimate(4), a.Estimate(4));
 }
 
 }  // namespace

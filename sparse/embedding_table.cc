@@ -265,6 +265,22 @@ void EmbeddingTable::ExportRecords(std::string* out, bool (*filter)(uint64_t, co
   }
 }
 
+void EmbeddingTable::ExportFilter(std::string* out) const {
+  if (filter_ != nullptr) filter_->Export(out);
+}
+
+bool EmbeddingTable::FilterFits(absl::string_view counters) const {
+  return filter_ != nullptr && static_cast<int64_t>(counters.size()) == filter_->bytes();
+}
+
+absl::Status EmbeddingTable::ImportFilter(absl::string_view counters) {
+  if (filter_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table \"", config_.name, "\" has no admission filter to load counters into"));
+  }
+  return filter_->Import(counters);
+}
+
 absl::Status EmbeddingTable::ImportRecords(absl::string_view records) {
   const size_t rb = static_cast<size_t>(record_bytes());
   if (records.size() % rb != 0) {

@@ -101,6 +101,16 @@ class EmbeddingTable {
   // multiple of record_bytes(), a non-finite value or state, or more rows
   // than the capacity allows.
   absl::Status ImportRecords(absl::string_view records);
+  // The admission filter's counters (count admission; nothing otherwise),
+  // appended to out: with the records, all a checkpoint needs, so that ids
+  // counted before a restart do not start counting again.
+  void ExportFilter(std::string* out) const;
+  // Replaces the filter's counters with ExportFilter's bytes. INVALID_ARGUMENT,
+  // with nothing changed, for bytes of another size (or any bytes for a
+  // table without a filter).
+  absl::Status ImportFilter(absl::string_view counters);
+  // Whether ImportFilter would take counters (checks their size only).
+  bool FilterFits(absl::string_view counters) const;
   // id's record, or nullopt when it is not stored.
   std::optional<std::string> ReadRecord(uint64_t id) const;
 

@@ -113,6 +113,47 @@ TEST(EmbeddingTableTest, CountAdmissionKeepsRareIdsOut) {
   EXPECT_EQ(t->counters().rejected, 400);  // the first two lookups of each id
 }
 
+// The counts go with the rows: a table loaded from another's records and
+// filter admits an id on the lookup that would have admitted it there.
+TEST(EmbeddingTableTest, ExportedFilterKeepsTheCounts) {
+  TableConfig c = Config();
+  c.admission.kind = Admission::Kind::kCount;
+  c.admission.count = 3;
+  c.admission.filter_counters = 1 << 12;
+  auto before = Make(c);
+  std::vector<uint64_t> ids;
+  for (uint64_t id = 0; id < 50; ++id) ids.push_back(id);
+  Train(*before, ids);
+  Train(*before, ids);  // counted twice, not admitted
+  std::string records, filter;
+  before->ExportRecords(&records);
+  before->ExportFilter(&filter);
+  EXPECT_EQ(static_cast<int64_t>(filter.size()), int64_t{1} << 11);
+
+  auto after = Make(c);
+  ASSERT_TRUE(after->ImportRecords(records).ok());
+  ASSERT_TRUE(after->ImportFilter(filter).ok());
+  Train(*after, ids);
+  EXPECT_EQ(after->rows(), 50);
+  // Without the counters the third lookup is only the first.
+  auto fresh = Make(c);
+  Train(*fresh, ids);
+  EXPECT_EQ(fresh->rows(), 0);
+
+  // Counters of another size, or for a table without a filter, are refused
+  // and change nothing.
+  EXPECT_EQ(after->ImportFilter(filter.substr(8)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(after->FilterFits(filter.substr(8)));
+  std::string again;
+  after->ExportFilter(&again);
+  EXPECT_NE(again, filter);  // the third lookup counted
+  auto plain = Make(Config());
+  EXPECT_EQ(plain->ImportFilter(filter).code(), absl::StatusCode::kInvalidArgument);
+  std::string none;
+  plain->ExportFilter(&none);
+  EXPECT_TRUE(none.empty());
+}
+
 TEST(EmbeddingTableTest, ProbabilityAdmissionAdmitsAboutThatShare) {
   TableConfig c = Config();
   c.admission.kind = Admission::Kind::kProbability;

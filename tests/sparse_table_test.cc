@@ -6,7 +6,7 @@
 //  - SparseCheckpointResume: the whole job (both shards) is SIGKILLed after
 //    a checkpoint and started again: every row's value, Adam state and step
 //    count are back, bit for bit, and the next update is the one an
-//    uninterrupted table makes.
+//    uninterrupted table makes; the admission counts are back too.
 //  - ARestartedShardIsGivenItsTablesAgain: a shard SIGKILLed before any
 //    checkpoint comes back empty; the worker registers its tables again and
 //    goes on, that shard's rows starting over.
@@ -241,18 +241,37 @@ TEST(SparseTables, SparseCheckpointResume) {
     ASSERT_TRUE(tables.Push("items", some, some_grads.data(), s + 1).ok());
     reference->Apply(some, some_grads.data(), static_cast<uint32_t>(s + 1), 1.0f);
   };
+  // A table admitting an id on its third training lookup: its counts are
+  // in the checkpoint too.
+  TableSpec rare = Spec("rare", 1, "sgd", 1.0f);
+  rare.set_admission("count");
+  rare.set_admission_count(3);
+  rare.set_admission_filter_counters(1 << 12);
+  std::vector<uint64_t> rare_ids;
+  for (uint64_t i = 1000; i < 1100; ++i) rare_ids.push_back(sparse::Mix64(i));
+  std::vector<float> rare_rows(rare_ids.size());
   {
     auto client = job.Connect(0);
     client::TableClient tables(client.get());
-    ASSERT_TRUE(tables.Register({spec}).ok());
+    ASSERT_TRUE(tables.Register({spec, rare}).ok());
     for (int s = 0; s < 5; ++s) ASSERT_NO_FATAL_FAILURE(step(tables, s));
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(tables.Lookup("rare", rare_ids, true, s, rare_rows.data()).ok());
+    }
     ASSERT_NO_FATAL_FAILURE(job.Checkpoint());
   }
   ASSERT_NO_FATAL_FAILURE(job.KillAll());
   ASSERT_NO_FATAL_FAILURE(job.Start());
   auto client = job.Connect(0);
   client::TableClient tables(client.get());
-  ASSERT_TRUE(tables.Register({spec}).ok());  // identical spec: accepted
+  ASSERT_TRUE(tables.Register({spec, rare}).ok());  // identical specs: accepted
+  // Each rare id's third lookup takes a row, which the push then moves.
+  ASSERT_TRUE(tables.Lookup("rare", rare_ids, true, 2, rare_rows.data()).ok());
+  const std::vector<float> minus_one(rare_ids.size(), -1.0f);
+  ASSERT_TRUE(tables.Push("rare", rare_ids, minus_one.data(), 3).ok());
+  ASSERT_TRUE(tables.Lookup("rare", rare_ids, false, 3, rare_rows.data()).ok());
+  EXPECT_EQ(rare_rows, std::vector<float>(rare_ids.size(), 1.0f))
+      << "the admission counts were not restored";
   ASSERT_TRUE(tables.Lookup("items", ids, false, 0, rows.data()).ok());
   reference->LookupReadOnly(ids, want.data());
   ASSERT_EQ(0, std::memcmp(rows.data(), want.data(), rows.size() * sizeof(float)))
