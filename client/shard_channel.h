@@ -217,6 +217,9 @@ class ShardChannel {
   void set_incarnation(uint64_t incarnation) { incarnation_.store(incarnation); }
   // The next push sequence number for this shard: 1, 2, ...
   uint64_t NextSequence() { return next_sequence_.fetch_add(1) + 1; }
+  // The next PushSparse sequence number (a sequence space of its own on the
+  // shard), shared by every TableClient of this worker: 1, 2, ...
+  uint64_t NextSparseSequence() { return next_sparse_sequence_.fetch_add(1) + 1; }
 
   int index() const { return index_; }
   const std::string& address() const { return address_; }
@@ -269,6 +272,7 @@ class ShardChannel {
   std::vector<ShardChannel*> peers_;  // by shard index; with routes_
   std::atomic<uint64_t> incarnation_{0};
   std::atomic<uint64_t> next_sequence_{0};
+  std::atomic<uint64_t> next_sparse_sequence_{0};
 
   absl::Mutex mu_;
   // An outage: calls failing since outage_start_; logged once per outage.

@@ -32,8 +32,7 @@ std::string IdBytes(const std::vector<uint64_t>& unique, const std::vector<uint3
 
 }  // namespace
 
-TableClient::TableClient(PsClient* client)
-    : client_(client), next_sequence_(static_cast<size_t>(client->num_shards()), 0) {}
+TableClient::TableClient(PsClient* client) : client_(client) {}
 
 int32_t TableClient::dim(const std::string& table) const {
   auto it = dims_.find(table);
@@ -215,7 +214,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     PushSparseRequest& r = requests[p];
     r.set_worker(static_cast<uint32_t>(client_->options().worker_index));
     r.set_worker_incarnation(client_->worker_incarnation());
-    r.set_sequence(++next_sequence_[parts[p].shard]);
+    r.set_sequence(client_->channel(parts[p].shard)->NextSparseSequence());
     r.set_clock(clock);
     r.set_table(table);
     r.set_ids(IdBytes(batch.unique, parts[p].unique));

@@ -6,7 +6,9 @@
 // slot (sparse/id_hash.h: ShardOfId), all shards at once; every call has a
 // deadline and is retried through the shard's channel (reconnects, backoff)
 // with the same request, so a retried push carries the same (worker,
-// worker_incarnation, sequence) and is applied at most once. A shard that
+// worker_incarnation, sequence) and is applied at most once (sequences come
+// from the PsClient's shard channels, so the TableClients of one PsClient
+// never reuse one). A shard that
 // lost a table (restarted without a checkpoint) has it registered again,
 // with a warning: that shard's rows start over.
 //
@@ -98,8 +100,6 @@ class TableClient {
   PsClient* const client_;
   std::vector<TableSpec> specs_;
   absl::flat_hash_map<std::string, int32_t> dims_;
-  // Per shard: the next PushSparse sequence.
-  std::vector<uint64_t> next_sequence_;
 };
 
 }  // namespace shardtrain::client

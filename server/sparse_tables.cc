@@ -136,11 +136,13 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
   return absl::MakeConstSpan(*storage);
 }
 
+int64_t SparseTables::StepOf(int64_t clock) { return std::clamp<int64_t>(clock, 0, UINT32_MAX); }
+
 uint32_t SparseTables::Now(const Table& table, int64_t clock) {
   if (table.spec.ttl_in_seconds()) {
     return static_cast<uint32_t>(absl::ToUnixSeconds(absl::Now()));
   }
-  return static_cast<uint32_t>(std::clamp<int64_t>(clock, 0, UINT32_MAX));
+  return static_cast<uint32_t>(StepOf(clock));
 }
 
 void SparseTables::AfterChange(Table& table, uint32_t now) {
@@ -177,6 +179,7 @@ absl::Status SparseTables::Lookup(const LookupRequest& request, LookupResponse* 
   if (request.train()) {
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
+    table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
     table->rows->LookupForTraining(ids, now, out);
     AfterChange(*table, now);
   } else {
@@ -237,8 +240,11 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   const int64_t applied = table->rows->Apply(ids, grads.data(), now, 1.0f);
   response->set_dropped(static_cast<int64_t>(ids.size()) - applied);
   if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
+  table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
   if (table->metrics.unique_ids != nullptr) {
     table->metrics.unique_ids->Observe(static_cast<double>(ids.size()));
+    table->metrics.staleness->Observe(
+        static_cast<double>(table->newest_clock - StepOf(request.clock())));
   }
   AfterChange(*table, now);
   return absl::OkStatus();

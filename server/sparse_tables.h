@@ -65,6 +65,8 @@ class SparseTables {
     std::unique_ptr<sparse::EmbeddingTable> rows ABSL_GUARDED_BY(mu);
     // The clock of the last TTL sweep.
     uint32_t swept ABSL_GUARDED_BY(mu) = 0;
+    // The newest worker clock of a training lookup or push.
+    int64_t newest_clock ABSL_GUARDED_BY(mu) = 0;
     // What counters() said when last exported to the metrics.
     sparse::TableCounters exported ABSL_GUARDED_BY(mu);
     TableMetrics::Series metrics{};
@@ -76,6 +78,8 @@ class SparseTables {
   absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const std::string& ids,
                                                       std::vector<uint64_t>* storage) const;
   absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
+  // A request's worker clock as a step in [0, 2^32).
+  static int64_t StepOf(int64_t clock);
   // The table's clock for a request at worker clock `clock`: steps, or Unix
   // seconds for a TTL in seconds.
   static uint32_t Now(const Table& table, int64_t clock);

@@ -42,7 +42,13 @@ TableMetrics::TableMetrics(prometheus::Registry& registry)
       unique_ids_(prometheus::BuildHistogram()
                       .Name("shardtrain_table_push_ids")
                       .Help("Unique ids per PushSparse request")
-                      .Register(registry)) {}
+                      .Register(registry)),
+      staleness_(prometheus::BuildHistogram()
+                     .Name("shardtrain_table_push_staleness_steps")
+                     .Help("Steps a PushSparse request's clock is behind the newest clock "
+                           "the table has seen from any worker (lookups and pushes): how "
+                           "far the others went on while its rows were in flight")
+                     .Register(registry)) {}
 
 TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
   Series s;
@@ -60,6 +66,8 @@ TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
   s.unique_ids = &unique_ids_.Add(
       {{"table", table}},
       prometheus::Histogram::BucketBoundaries{64, 256, 1024, 4096, 16384, 65536, 262144, 1048576});
+  s.staleness = &staleness_.Add(
+      {{"table", table}}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
   return s;
 }
 

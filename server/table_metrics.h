@@ -29,6 +29,9 @@ class TableMetrics {
     prometheus::Counter* applied;
     prometheus::Counter* dropped;       // gradients of rows not stored
     prometheus::Histogram* unique_ids;  // ids per PushSparse request
+    // Per PushSparse request: the newest clock the table has seen from any
+    // worker minus the request's clock.
+    prometheus::Histogram* staleness;
   };
 
   // Registers the families in `registry`, which must outlive this.
@@ -46,6 +49,7 @@ class TableMetrics {
   prometheus::Family<prometheus::Counter>& evicted_;
   prometheus::Family<prometheus::Counter>& gradients_;
   prometheus::Family<prometheus::Histogram>& unique_ids_;
+  prometheus::Family<prometheus::Histogram>& staleness_;
 };
 
 }  // namespace shardtrain::server

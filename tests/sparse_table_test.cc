@@ -202,6 +202,25 @@ TEST(SparseTables, SparseCountingOracle) {
   EXPECT_EQ(rows_stored, unique_rows);
   EXPECT_EQ(created, unique_rows);
   EXPECT_EQ(applied, unique_pushed);
+
+  // Staleness: every push observed once per shard (each push names ids of
+  // both); a push at clock 990 after a lookup at 1000 is 10 steps stale.
+  std::vector<double> pushes(kShards), stale_steps(kShards);
+  for (int s = 0; s < kShards; ++s) {
+    std::map<std::string, double> m = job.Metrics(s);
+    pushes[s] = m["shardtrain_table_push_staleness_steps_count"];
+    stale_steps[s] = m["shardtrain_table_push_staleness_steps_sum"];
+    EXPECT_EQ(pushes[s], 2 * kRounds) << "shard " << s;
+  }
+  ASSERT_TRUE(reader.Lookup("count", all, true, 1000, rows.data()).ok());
+  const std::vector<float> zeros(all.size() * kDim, 0.0f);
+  ASSERT_TRUE(reader.Push("count", all, zeros.data(), 990).ok());
+  for (int s = 0; s < kShards; ++s) {
+    std::map<std::string, double> m = job.Metrics(s);
+    EXPECT_EQ(m["shardtrain_table_push_staleness_steps_count"], pushes[s] + 1) << "shard " << s;
+    EXPECT_EQ(m["shardtrain_table_push_staleness_steps_sum"], stale_steps[s] + 10)
+        << "shard " << s;
+  }
 }
 
 TEST(SparseTables, SparseCheckpointResume) {
