@@ -1,7 +1,7 @@
 """shardtrain.torch.SparseEmbedding against torch's own nn.EmbeddingBag on
 the same rows, over two real shards: the forward pools alike, and the rows
 the shards hold after backward() equal torch's sparse optimizer's (SGD,
-Adagrad) or an independent row-wise Adagrad; evaluation stores nothing;
+Adagrad, SparseAdam) or an independent row-wise Adagrad; evaluation stores nothing;
 misuse raises before anything is sent."""
 
 import numpy as np
@@ -58,11 +58,13 @@ def test_forward_pools_like_embedding_bag(client, mode):
     assert torch.allclose(emb(square), bag(local.view(2, 4)), atol=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 def test_backward_updates_rows_like_torch(client, optimizer):
-    lr = 0.3
+    lr = 0.3 if optimizer != "adam" else 0.05
+    extra = dict(eps=1e-8, beta1=0.9, beta2=0.999) if optimizer == "adam" else {}
     emb = SparseEmbedding("b_" + optimizer, DIM, mode="sum", optimizer=optimizer,
-                          learning_rate=lr, init="uniform", init_scale=0.5, client=client)
+                          learning_rate=lr, init="uniform", init_scale=0.5, client=client,
+                          **extra)
     with torch.no_grad():
         emb(IDS, OFFSETS)  # evaluation: stores nothing
     assert sum(t["rows"] for s in client.status() for t in s["tables"]
@@ -70,8 +72,12 @@ def test_backward_updates_rows_like_torch(client, optimizer):
     bag, local, unique = reference_bag(emb, client, "sum")
     if optimizer == "sgd":
         ref_opt = torch.optim.SGD(bag.parameters(), lr=lr)
-    else:
+    elif optimizer == "adagrad":
         ref_opt = torch.optim.Adagrad(bag.parameters(), lr=lr, eps=1e-10)
+    else:
+        # Every row is in every step here, so SparseAdam's one step count is
+        # each row's own (the per-row count is unit-tested in sparse/).
+        ref_opt = torch.optim.SparseAdam(bag.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8)
     target = torch.randn(len(OFFSETS), DIM, generator=torch.Generator().manual_seed(1))
     for _ in range(3):
         ((emb(IDS, OFFSETS) - target) ** 2).sum().backward()
