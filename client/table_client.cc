@@ -168,7 +168,9 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
                                              std::move(done));
                             }));
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
-  std::vector<float> unique_rows(batch.unique.size() * d);
+  // Where each unique id's row is in the responses: the rows are copied
+  // once, from there into out.
+  std::vector<const char*> row_of(batch.unique.size());
   for (size_t p = 0; p < parts.size(); ++p) {
     const std::string& rows = responses[p].rows();
     if (rows.size() != parts[p].unique.size() * row_bytes) {
@@ -177,12 +179,11 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
           rows.size(), parts[p].unique.size(), d));
     }
     for (size_t k = 0; k < parts[p].unique.size(); ++k) {
-      std::memcpy(&unique_rows[static_cast<size_t>(parts[p].unique[k]) * d],
-                  rows.data() + k * row_bytes, row_bytes);
+      row_of[parts[p].unique[k]] = rows.data() + k * row_bytes;
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    std::memcpy(out + i * d, &unique_rows[static_cast<size_t>(batch.inverse[i]) * d], row_bytes);
+    std::memcpy(out + i * d, row_of[batch.inverse[i]], row_bytes);
   }
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());

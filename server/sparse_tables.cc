@@ -18,6 +18,20 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace shardtrain::server {
 namespace {
 
+// bytes (little-endian Ts, a whole number of them) as Ts: in place where
+// they are aligned for T, as protobuf's heap strings are, else copied into
+// storage.
+template <typename T>
+absl::Span<const T> ViewOf(const std::string& bytes, std::vector<T>* storage) {
+  const size_t n = bytes.size() / sizeof(T);
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(T) == 0) {
+    return absl::MakeConstSpan(reinterpret_cast<const T*>(bytes.data()), n);
+  }
+  storage->resize(n);
+  if (n > 0) std::memcpy(storage->data(), bytes.data(), n * sizeof(T));
+  return absl::MakeConstSpan(*storage);
+}
+
 void Export(const sparse::TableCounters& now, sparse::TableCounters& last,
             const TableMetrics::Series& m) {
   auto add = [](prometheus::Counter* c, int64_t delta) {
@@ -122,10 +136,9 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
         "%d ids in one request; the limit is %d (--max_table_ids_per_request)", n,
         options_.limits.max_table_ids_per_request));
   }
-  storage->resize(static_cast<size_t>(n));
-  if (n > 0) std::memcpy(storage->data(), ids.data(), ids.size());
+  const absl::Span<const uint64_t> view = ViewOf<uint64_t>(ids, storage);
   const int num_shards = options_.partitioning.num_shards;
-  for (uint64_t id : *storage) {
+  for (uint64_t id : view) {
     const int owner = sparse::ShardOfId(id, num_shards);
     if (owner != options_.shard_index) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -133,7 +146,7 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
           options_.shard_index));
     }
   }
-  return absl::MakeConstSpan(*storage);
+  return view;
 }
 
 int64_t SparseTables::StepOf(int64_t clock) { return std::clamp<int64_t>(clock, 0, UINT32_MAX); }
@@ -206,8 +219,8 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
         request.table(), dim, ids.size(), ids.size() * dim * sizeof(float),
         request.grads().size()));
   }
-  std::vector<float> grads(ids.size() * dim);
-  if (!grads.empty()) std::memcpy(grads.data(), request.grads().data(), request.grads().size());
+  std::vector<float> grads_storage;
+  const absl::Span<const float> grads = ViewOf<float>(request.grads(), &grads_storage);
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!std::isfinite(grads[i])) {
       return absl::InvalidArgumentError(absl::StrFormat(
