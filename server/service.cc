@@ -27,7 +27,8 @@ absl::Status BadBody(const absl::Status& parsed, const char* type) {
   return absl::InvalidArgumentError(absl::StrCat("request body is not a valid ", type));
 }
 
-// Parses a small stock message (a PullRequest) from a raw request.
+// Parses a small stock message (a PullRequest, a LookupRequest) from a raw
+// request.
 absl::Status ParseStock(const grpc::ByteBuffer& buffer,
                         google::protobuf::Message* message) {
   message->Clear();
@@ -371,12 +372,18 @@ grpc::ServerUnaryReactor* ParameterServerService::RegisterTables(
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerContext* context,
-                                                         const LookupRequest* request,
-                                                         LookupResponse* response) {
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, "Lookup", shard_->tables().Lookup(*request, response), start, *request,
-         *response);
+  LookupRequest lookup;
+  absl::Status status = ParseStock(*request, &lookup);
+  if (status.ok()) {
+    wire::LookupResponseBuilder builder;
+    status = shard_->tables().Lookup(lookup, &builder);
+    if (status.ok()) builder.Finish(response);
+  }
+  FinishRaw(reactor, "Lookup", status, start, request->Length(), *response);
   return reactor;
 }
 

@@ -34,7 +34,8 @@
 
 namespace shardtrain::server {
 
-// Callback methods, raw (grpc::ByteBuffer) for the three that carry tensors.
+// Callback methods, raw (grpc::ByteBuffer) for the three that carry tensors
+// and for Lookup (its rows are written into the memory that is sent).
 using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
     ParameterServer::WithRawCallbackMethod_Push<
         ParameterServer::WithRawCallbackMethod_Pull<
@@ -45,7 +46,7 @@ using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
                             ParameterServer::WithRawCallbackMethod_Replicate<
                                 ParameterServer::WithCallbackMethod_FetchGroupState<
                                     ParameterServer::WithCallbackMethod_RegisterTables<
-                                        ParameterServer::WithCallbackMethod_Lookup<
+                                        ParameterServer::WithRawCallbackMethod_Lookup<
                                             ParameterServer::WithCallbackMethod_PushSparse<
                                                 ParameterServer::Service>>>>>>>>>>>>;
 
@@ -90,9 +91,10 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* RegisterTables(grpc::CallbackServerContext* context,
                                            const RegisterTablesRequest* request,
                                            RegisterTablesResponse* response) override;
+  // LookupRequest -> LookupResponse.
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
-                                   const LookupRequest* request,
-                                   LookupResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* context,
                                        const PushSparseRequest* request,
                                        PushSparseResponse* response) override;

@@ -174,7 +174,8 @@ void SparseTables::AfterChange(Table& table, uint32_t now) {
       rows == 0 ? 0.0 : static_cast<double>(table.rows->bytes()) / static_cast<double>(rows));
 }
 
-absl::Status SparseTables::Lookup(const LookupRequest& request, LookupResponse* response) {
+absl::Status SparseTables::Lookup(const LookupRequest& request,
+                                  wire::LookupResponseBuilder* response) {
   RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
   ASSIGN_OR_RETURN(Table * table, Find(request.table()));
   std::vector<uint64_t> storage;
@@ -185,9 +186,7 @@ absl::Status SparseTables::Lookup(const LookupRequest& request, LookupResponse* 
         "%d rows of %d bytes would exceed the %d-byte response limit (--max_message_mb)",
         ids.size(), row_bytes, options_.limits.max_response_bytes));
   }
-  std::string* rows = response->mutable_rows();
-  rows->resize(ids.size() * row_bytes);
-  float* out = reinterpret_cast<float*>(rows->data());
+  float* out = reinterpret_cast<float*>(response->Rows(ids.size() * row_bytes));
   response->set_incarnation(incarnation_);
   if (request.train()) {
     absl::MutexLock lock(&table->mu);

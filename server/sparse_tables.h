@@ -31,6 +31,7 @@
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
 #include "sparse/embedding_table.h"
+#include "wire/message_encoder.h"
 
 namespace shardtrain::server {
 
@@ -42,7 +43,9 @@ class SparseTables {
   // Registers each table (idempotent for an identical spec); nothing is
   // registered when one is refused.
   absl::Status Register(const RegisterTablesRequest& request);
-  absl::Status Lookup(const LookupRequest& request, LookupResponse* response);
+  // The rows go straight into the response's memory (REQUIRES: response
+  // fresh).
+  absl::Status Lookup(const LookupRequest& request, wire::LookupResponseBuilder* response);
   absl::Status PushSparse(const PushSparseRequest& request, PushSparseResponse* response);
 
   void FillStatus(StatusResponse* response) const;

@@ -409,4 +409,32 @@ void PullResponseBuilder::FinishPushPull(const PushResponse& push, double wait_s
   FinishMessage(&push, wait_seconds, incarnation, out);
 }
 
+LookupResponseBuilder::LookupResponseBuilder()
+    : LookupResponseBuilder(&BufferPool::Default()) {}
+
+LookupResponseBuilder::LookupResponseBuilder(BufferPool* pool) : pool_(pool) {}
+
+LookupResponseBuilder::~LookupResponseBuilder() {
+  if (block_ != nullptr) BufferPool::Release(block_);
+}
+
+char* LookupResponseBuilder::Rows(size_t bytes) {
+  CHECK(block_ == nullptr && bytes_ == 0) << "Rows called twice";
+  bytes_ = bytes;
+  if (bytes > 0) block_ = pool_->Allocate(bytes);
+  return block_;
+}
+
+void LookupResponseBuilder::Finish(grpc::ByteBuffer* out) {
+  const size_t header_bytes =
+      (bytes_ > 0 ? 1 + VarintSize(bytes_) : 0) + VarintFieldSize(incarnation_);
+  MessageWriter writer(header_bytes);
+  if (block_ != nullptr) {
+    writer.PoolBlockField(1, block_, bytes_);
+    block_ = nullptr;  // the message owns it now
+  }
+  writer.VarintField(2, incarnation_);
+  writer.Finish(out);
+}
+
 }  // namespace shardtrain::wire

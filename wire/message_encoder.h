@@ -10,6 +10,7 @@
 //  - PullResponseBuilder: the server writes each partition's parameters
 //    once, straight into the memory that is sent, taken from a recycled
 //    pool so a steady stream of large pulls does not fault in new pages.
+//    LookupResponseBuilder does the same for a sparse table's rows.
 //
 // Referenced memory. gRPC keeps the slices of a sent message until the
 // transport has written them, which may be after the call's callback ran.
@@ -142,6 +143,41 @@ class PullResponseBuilder {
 
   BufferPool* const pool_;
   std::vector<std::unique_ptr<Part>> parts_;
+};
+
+// A LookupResponse whose rows the server writes once, straight into pool
+// memory that is sent (no zero-filled string, no serialisation copy).
+//
+//   LookupResponseBuilder builder;
+//   float* rows = reinterpret_cast<float*>(builder.Rows(n * dim * 4));
+//   ... write the rows ...
+//   builder.set_incarnation(incarnation);
+//   builder.Finish(&response);
+class LookupResponseBuilder {
+ public:
+  // Row memory from BufferPool::Default().
+  LookupResponseBuilder();
+  // Row memory from `pool`, which must outlive the sent message.
+  explicit LookupResponseBuilder(BufferPool* pool);
+  // Gives back the row memory if Finish was not called.
+  ~LookupResponseBuilder();
+  LookupResponseBuilder(const LookupResponseBuilder&) = delete;
+  LookupResponseBuilder& operator=(const LookupResponseBuilder&) = delete;
+
+  // Where to write the rows field's `bytes` bytes (64-byte aligned; null for
+  // 0). Call at most once.
+  char* Rows(size_t bytes);
+  void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+
+  // The LookupResponse into `*out`; the row memory then belongs to the
+  // message (back to the pool when gRPC drops it). Call once.
+  void Finish(grpc::ByteBuffer* out);
+
+ private:
+  BufferPool* const pool_;
+  char* block_ = nullptr;
+  size_t bytes_ = 0;
+  uint64_t incarnation_ = 0;
 };
 
 }  // namespace shardtrain::wire

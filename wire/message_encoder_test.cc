@@ -236,6 +236,30 @@ struct Tensor {
   std::vector<float> values;
 };
 
+// Byte for byte stock protobuf's LookupResponse: rows of several sizes
+// (none, smaller than a copied payload, large) with and without an
+// incarnation.
+TEST(WireCompatEncode, LookupResponse) {
+  for (size_t bytes : {size_t{0}, size_t{64}, size_t{4096 * 16 * 4}}) {
+    for (uint64_t incarnation : {uint64_t{0}, uint64_t{0x123456789abcdefULL}}) {
+      SCOPED_TRACE(absl::StrCat(bytes, " bytes of rows, incarnation ", incarnation));
+      LookupResponse expected;
+      std::string rows(bytes, '\0');
+      for (size_t i = 0; i < bytes; ++i) rows[i] = static_cast<char>(i * 7 + 3);
+      expected.set_rows(rows);
+      expected.set_incarnation(incarnation);
+      LookupResponseBuilder builder;
+      char* out = builder.Rows(bytes);
+      ASSERT_EQ(out == nullptr, bytes == 0);
+      if (bytes > 0) std::memcpy(out, rows.data(), bytes);
+      builder.set_incarnation(incarnation);
+      grpc::ByteBuffer buffer;
+      builder.Finish(&buffer);
+      ExpectEncodes(buffer, expected);
+    }
+  }
+}
+
 TEST(ZeroCopy, DensePayloadsAreSentFromTheTensor) {
   const Tensor tensor(16384);
   const std::vector<GradientPartOut> parts = tensor.Parts(4);

@@ -24,6 +24,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <glog/logging.h>
 #include <google/protobuf/stubs/logging.h>
@@ -37,6 +38,7 @@
 #include "server/fuzz/request_mutator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
+#include "wire/message_encoder.h"
 
 namespace shardtrain::server::fuzz {
 namespace {
@@ -149,10 +151,24 @@ class Session {
         LookupRequest request;
         if (!request.ParseFromArray(data, static_cast<int>(size))) return;
         const Digest before = TakeDigest(*shard_);
-        LookupResponse response;
-        const absl::Status status = shard_->tables().Lookup(request, &response);
+        wire::LookupResponseBuilder builder;
+        const absl::Status status = shard_->tables().Lookup(request, &builder);
         if ((!status.ok() || !request.train()) && TakeDigest(*shard_) != before) {
           Fail("a rejected or read-only Lookup changed the shard", status);
+        }
+        // What is sent must be a LookupResponse that stock protobuf reads.
+        LookupResponse response;
+        if (status.ok()) {
+          grpc::ByteBuffer sent;
+          builder.Finish(&sent);
+          std::vector<grpc::Slice> slices;
+          std::string bytes;
+          if (sent.Dump(&slices).ok()) {
+            for (const grpc::Slice& slice : slices) {
+              bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+            }
+          }
+          if (!response.ParseFromString(bytes)) Fail("Lookup's response does not parse", status);
         }
         const size_t ids = request.ids().size() / 8;
         if (status.ok() && (response.rows().size() % 4 != 0 ||
