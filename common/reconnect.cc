@@ -4,11 +4,13 @@
 
 namespace shardtrain::common {
 
-void SetQuickReconnect(grpc::ChannelArguments& args, absl::Duration max_backoff) {
+void SetQuickReconnect(grpc::ChannelArguments& args, absl::Duration max_backoff,
+                       absl::Duration min_connect_timeout) {
   const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(max_backoff));
   const int first_ms = std::min(100, max_ms);
+  const int connect_ms = static_cast<int>(absl::ToInt64Milliseconds(min_connect_timeout));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, first_ms);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, first_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(first_ms, connect_ms));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
 }
 

@@ -29,8 +29,13 @@ namespace shardtrain::common {
 // `max_backoff` when that is shorter) and never exceed `max_backoff`:
 // gRPC's default (1 s doubling to 120 s) would keep a peer that restarts
 // on the same address unreachable for longer than it was away.
+// `min_connect_timeout` (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, which gRPC uses
+// as the least time one connection attempt is given; 0: the first backoff)
+// must cover a handshake with a peer that is slow to answer: an attempt
+// cut off sooner fails every time (a dropped SYN is sent again after 1 s).
 void SetQuickReconnect(grpc::ChannelArguments& args,
-                       absl::Duration max_backoff = absl::Seconds(1));
+                       absl::Duration max_backoff = absl::Seconds(1),
+                       absl::Duration min_connect_timeout = absl::ZeroDuration());
 
 // When `channel` is in TRANSIENT_FAILURE: resets its reconnect backoff and
 // starts a connection attempt now, and returns true. Otherwise false.
