@@ -74,6 +74,19 @@ absl::Status TableClient::CallParts(const char* method, const std::vector<Part>&
   return absl::OkStatus();
 }
 
+template <typename Request, typename Response>
+TableClient::StartFn TableClient::Send(
+    void (ParameterServer::Stub::async::*method)(grpc::ClientContext*, const Request*,
+                                                 Response*, std::function<void(grpc::Status)>),
+    const std::vector<Part>& parts, const std::vector<Request>& requests,
+    std::vector<Response>& responses) {
+  return [this, method, &parts, &requests, &responses](size_t p, grpc::ClientContext* context,
+                                                       std::function<void(grpc::Status)> done) {
+    (client_->channel(parts[p].shard)->stub()->async()->*method)(context, &requests[p],
+                                                                 &responses[p], std::move(done));
+  };
+}
+
 absl::Status TableClient::CallTable(const std::string& table, const char* method,
                                     const std::vector<Part>& parts, const StartFn& start) {
   absl::Status status = CallParts(method, parts, start);
@@ -158,15 +171,8 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
     requests[p].set_clock(clock);
   }
   RETURN_IF_ERROR(CallTable(table, "Lookup", parts,
-                            [this, &parts, &requests, &responses](
-                                size_t p, grpc::ClientContext* context,
-                                std::function<void(grpc::Status)> done) {
-                              client_->channel(parts[p].shard)
-                                  ->stub()
-                                  ->async()
-                                  ->Lookup(context, &requests[p], &responses[p],
-                                             std::move(done));
-                            }));
+                            Send(&ParameterServer::Stub::async::Lookup, parts, requests,
+                                 responses)));
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
   // Where each unique id's row is in the responses: the rows are copied
   // once, from there into out.
@@ -227,15 +233,8 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     }
   }
   RETURN_IF_ERROR(CallTable(table, "PushSparse", parts,
-                            [this, &parts, &requests, &responses](
-                                size_t p, grpc::ClientContext* context,
-                                std::function<void(grpc::Status)> done) {
-                              client_->channel(parts[p].shard)
-                                  ->stub()
-                                  ->async()
-                                  ->PushSparse(context, &requests[p], &responses[p],
-                                             std::move(done));
-                            }));
+                            Send(&ParameterServer::Stub::async::PushSparse, parts, requests,
+                                 responses)));
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());
     stats->unique_ids = static_cast<int64_t>(batch.unique.size());

@@ -89,6 +89,14 @@ class TableClient {
   // once, and waits for all; the first error.
   absl::Status CallParts(const char* method, const std::vector<Part>& parts,
                          const StartFn& start);
+  // A StartFn that sends requests[p] to part p's shard with `method` (a
+  // ParameterServer async stub method), its answer into responses[p].
+  template <typename Request, typename Response>
+  StartFn Send(void (ParameterServer::Stub::async::*method)(
+                   grpc::ClientContext*, const Request*, Response*,
+                   std::function<void(grpc::Status)>),
+               const std::vector<Part>& parts, const std::vector<Request>& requests,
+               std::vector<Response>& responses);
   // CallParts for a call on `table`; when a shard answers NOT_FOUND (it
   // lost the table), registers the tables again and runs the calls once
   // more (a push keeps its sequences, so no part is applied twice).
