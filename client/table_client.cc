@@ -40,14 +40,14 @@ int32_t TableClient::dim(const std::string& table) const {
 }
 
 absl::Status TableClient::CallParts(const char* method, const std::vector<Part>& parts,
-                                    const StartFn& start) {
+                                    const StartFn& start, absl::Duration attempt_timeout) {
   const size_t n = parts.size();
   std::vector<absl::Status> statuses(n);
   absl::BlockingCounter pending(static_cast<int>(n));
   for (size_t p = 0; p < n; ++p) {
     ShardRpc rpc;
     rpc.method = method;
-    rpc.attempt_timeout = client_->options().rpc_timeout;
+    rpc.attempt_timeout = attempt_timeout;
     rpc.reconnect_timeout = client_->options().reconnect_timeout;
     rpc.start = [&start, p, method, this](const ShardAttempt& attempt,
                                            std::function<void(grpc::Status)> done) {
@@ -88,11 +88,12 @@ TableClient::StartFn TableClient::Send(
 }
 
 absl::Status TableClient::CallTable(const std::string& table, const char* method,
-                                    const std::vector<Part>& parts, const StartFn& start) {
-  absl::Status status = CallParts(method, parts, start);
+                                    const std::vector<Part>& parts, const StartFn& start,
+                                    absl::Duration attempt_timeout) {
+  absl::Status status = CallParts(method, parts, start, attempt_timeout);
   if (!absl::IsNotFound(status)) return status;
   RETURN_IF_ERROR(Reregister(table, status));
-  return CallParts(method, parts, start);
+  return CallParts(method, parts, start, attempt_timeout);
 }
 
 absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
@@ -109,10 +110,16 @@ absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
             ->stub()
             ->async()
             ->RegisterTables(context, &request, &responses[s], std::move(done));
-      }));
+      },
+      client_->options().rpc_timeout));
   for (const TableSpec& spec : tables) {
     if (!dims_.contains(spec.name())) specs_.push_back(spec);
     dims_[spec.name()] = spec.dim();
+    if (spec.sync()) {
+      sync_.insert(spec.name());
+    } else {
+      sync_.erase(spec.name());
+    }
   }
   return absl::OkStatus();
 }
@@ -126,7 +133,8 @@ absl::Status TableClient::Reregister(const std::string& table, const absl::Statu
   return Register(specs);
 }
 
-void TableClient::Dedup(absl::Span<const uint64_t> ids, Batch* batch) const {
+void TableClient::Dedup(absl::Span<const uint64_t> ids, bool every_shard_once,
+                        Batch* batch) const {
   absl::flat_hash_map<uint64_t, uint32_t> position;
   position.reserve(ids.size());
   batch->inverse.resize(ids.size());
@@ -143,6 +151,10 @@ void TableClient::Dedup(absl::Span<const uint64_t> ids, Batch* batch) const {
   batch->parts.clear();
   for (int s = 0; s < client_->num_shards(); ++s) {
     const std::vector<uint32_t>& mine = by_shard[s];
+    if (every_shard_once) {
+      batch->parts.push_back({s, mine});
+      continue;
+    }
     for (size_t from = 0; from < mine.size(); from += kIdsPerCall) {
       Part& part = batch->parts.emplace_back();
       part.shard = s;
@@ -158,8 +170,11 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   if (d == 0) {
     return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
   }
+  // A sync table's training lookup waits on every shard for the step its
+  // last push ended.
+  const bool waits = train && sync_.contains(table);
   Batch batch;
-  Dedup(ids, &batch);
+  Dedup(ids, waits, &batch);
   const std::vector<Part>& parts = batch.parts;
   std::vector<LookupRequest> requests(parts.size());
   std::vector<LookupResponse> responses(parts.size());
@@ -170,9 +185,10 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
     requests[p].set_worker(static_cast<uint32_t>(client_->options().worker_index));
     requests[p].set_clock(clock);
   }
-  RETURN_IF_ERROR(CallTable(table, "Lookup", parts,
-                            Send(&ParameterServer::Stub::async::Lookup, parts, requests,
-                                 responses)));
+  RETURN_IF_ERROR(CallTable(
+      table, "Lookup", parts,
+      Send(&ParameterServer::Stub::async::Lookup, parts, requests, responses),
+      waits ? client_->options().pull_timeout : client_->options().rpc_timeout));
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
   // Where each unique id's row is in the responses: the rows are copied
   // once, from there into out.
@@ -205,7 +221,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
   }
   Batch batch;
-  Dedup(ids, &batch);
+  Dedup(ids, sync_.contains(table), &batch);
   // Duplicate ids' gradients summed into one row each.
   std::vector<float> summed(batch.unique.size() * d, 0.0f);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -232,9 +248,10 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
                   &summed[static_cast<size_t>(parts[p].unique[k]) * d], row_bytes);
     }
   }
-  RETURN_IF_ERROR(CallTable(table, "PushSparse", parts,
-                            Send(&ParameterServer::Stub::async::PushSparse, parts, requests,
-                                 responses)));
+  RETURN_IF_ERROR(CallTable(
+      table, "PushSparse", parts,
+      Send(&ParameterServer::Stub::async::PushSparse, parts, requests, responses),
+      client_->options().rpc_timeout));
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());
     stats->unique_ids = static_cast<int64_t>(batch.unique.size());

@@ -12,6 +12,12 @@
 // lost a table (restarted without a checkpoint) has it registered again,
 // with a warning: that shard's rows start over.
 //
+// A sync table (TableSpec.sync) takes, from every worker and every step,
+// one training Lookup and then one Push, each sent to every shard in one
+// request (empty where the batch has no ids of that shard): the shards
+// apply a step when every worker's push is in, and a lookup waits (up to
+// pull_timeout) until the step of the worker's last push is applied.
+//
 //   TableClient tables(client.get());
 //   RETURN_IF_ERROR(tables.Register({spec}));
 //   std::vector<float> rows(ids.size() * dim);
@@ -28,6 +34,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "client/ps_client.h"
@@ -82,13 +89,15 @@ class TableClient {
     std::vector<uint64_t> unique;
     std::vector<Part> parts;
   };
-  void Dedup(absl::Span<const uint64_t> ids, Batch* batch) const;
+  // every_shard_once: one part per shard, empty where no id is its.
+  void Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch) const;
   using StartFn = std::function<void(size_t part, grpc::ClientContext*,
                                      std::function<void(grpc::Status)>)>;
   // Runs call p of `parts` (start(p, ...)) on its shard's channel, all at
-  // once, and waits for all; the first error.
+  // once, each attempt given attempt_timeout, and waits for all; the first
+  // error.
   absl::Status CallParts(const char* method, const std::vector<Part>& parts,
-                         const StartFn& start);
+                         const StartFn& start, absl::Duration attempt_timeout);
   // A StartFn that sends requests[p] to part p's shard with `method` (a
   // ParameterServer async stub method), its answer into responses[p].
   template <typename Request, typename Response>
@@ -101,13 +110,15 @@ class TableClient {
   // lost the table), registers the tables again and runs the calls once
   // more (a push keeps its sequences, so no part is applied twice).
   absl::Status CallTable(const std::string& table, const char* method,
-                         const std::vector<Part>& parts, const StartFn& start);
+                         const std::vector<Part>& parts, const StartFn& start,
+                         absl::Duration attempt_timeout);
   // Registers every table again after a shard answered NOT_FOUND for `table`.
   absl::Status Reregister(const std::string& table, const absl::Status& why);
 
   PsClient* const client_;
   std::vector<TableSpec> specs_;
   absl::flat_hash_map<std::string, int32_t> dims_;
+  absl::flat_hash_set<std::string> sync_;  // the sync tables
 };
 
 }  // namespace shardtrain::client

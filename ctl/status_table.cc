@@ -131,8 +131,11 @@ std::string FormatTableStates(const std::vector<std::string>& addresses,
                         "BYTES/ROW");
   for (const auto& [name, shards] : tables) {
     int64_t total = 0;
+    int64_t min_steps = std::numeric_limits<int64_t>::max(), max_steps = 0;
     for (const auto& [s, table] : shards) {
       total += table->rows();
+      min_steps = std::min(min_steps, table->steps());
+      max_steps = std::max(max_steps, table->steps());
       const double full = table->capacity() > 0
                               ? 100.0 * static_cast<double>(table->rows()) / table->capacity()
                               : 0.0;
@@ -144,8 +147,17 @@ std::string FormatTableStates(const std::vector<std::string>& addresses,
                             statuses[s].shard(), addresses[s], Count(table->rows()),
                             Count(table->capacity()), full, per_row);
     }
-    absl::StrAppendFormat(&out, "table %s: %s rows on %d shards\n", name, Count(total),
+    absl::StrAppendFormat(&out, "table %s: %s rows on %d shards", name, Count(total),
                           shards.size());
+    if (shards.front().second->sync()) {
+      // A sync table's shards apply each step when its last push arrives:
+      // they differ by at most the step in flight.
+      absl::StrAppendFormat(&out, "; sync, %s", min_steps == max_steps
+                                                    ? absl::StrCat("step ", max_steps)
+                                                    : absl::StrCat("steps ", min_steps, "-",
+                                                                   max_steps));
+    }
+    out += "\n";
   }
   return out;
 }

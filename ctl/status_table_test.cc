@@ -239,7 +239,13 @@ TEST(StatusTableTest, TablesShowEachShardsShare) {
   EXPECT_THAT(tables, HasSubstr("rowwise_adagrad"));
   EXPECT_THAT(tables, HasSubstr("75%"));  // shard 1: 1500 of 2000
   EXPECT_THAT(tables, HasSubstr("90.0"));
-  EXPECT_THAT(tables, HasSubstr("table user: 2500 rows on 2 shards"));
+  EXPECT_THAT(tables, HasSubstr("table user: 2500 rows on 2 shards\n"));
+  for (int s = 0; s < 2; ++s) {
+    statuses[s].mutable_tables(0)->set_sync(true);
+    statuses[s].mutable_tables(0)->set_steps(41 + s);
+  }
+  EXPECT_THAT(FormatTableStates({"a:1", "b:1"}, statuses),
+              HasSubstr("table user: 2500 rows on 2 shards; sync, steps 41-42\n"));
   EXPECT_THAT(FormatClusterStatus({"a:1", "b:1"}, statuses), HasSubstr("sparse tables:"));
   for (StatusResponse& status : statuses) status.clear_tables();
   EXPECT_EQ(FormatTableStates({"a:1", "b:1"}, statuses), "");

@@ -200,6 +200,10 @@ def parse_args(argv):
     p.add_argument("--batch", type=int, default=512, help="batch per worker")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--emb_lr", type=float, default=0.1, help="the table's Adagrad lr")
+    p.add_argument("--table_mode", choices=["async", "sync"], default="async",
+                   help="the table's consistency: async (applied as pushes come) or sync "
+                        "(each step's mean over the workers); the dense part follows "
+                        "shardtrain-run --mode")
     p.add_argument("--lr", type=float, default=0.001, help="--local: the dense layers' Adam lr")
     p.add_argument("--alpha", type=float, default=1.1, help="Zipf exponent of the ids")
     p.add_argument("--seed", type=int, default=1)
@@ -222,7 +226,7 @@ def main(argv=None):
         worker, workers = st.rank(), st.world_size()
         emb = st.SparseEmbedding("ctr", args.dim, mode="sum", optimizer="adagrad",
                                  learning_rate=args.emb_lr, init="uniform", init_scale=0.01,
-                                 seed=args.seed)
+                                 seed=args.seed, sync=args.table_mode == "sync")
     else:
         emb = HashedEmbedding(args.local_rows, args.dim)
     model = DLRM(emb, args.dim)
@@ -241,7 +245,9 @@ def main(argv=None):
         train = (dense[:-args.test], ids[:-args.test], labels[:-args.test])
         mine = np.arange(worker, len(train[2]), workers)
         teacher_auc = float("nan")
-        steps = len(mine) // args.batch
+        # The same number of steps on every worker (a sync table's step
+        # needs every worker's push).
+        steps = len(train[2]) // workers // args.batch
 
     if distributed:
         opt = st.DistributedOptimizer(model, batch_size=args.batch)
@@ -270,7 +276,7 @@ def main(argv=None):
         return sum(t["rows"] for s in opt.client.status() for t in s.get("tables", []))
 
     history = []
-    where = (f"{workers} workers on shardtrain" if distributed else
+    where = (f"{workers} workers on shardtrain, {args.table_mode} table" if distributed else
              f"one PyTorch process, nn.EmbeddingBag of {args.local_rows} hashed rows")
     if worker == 0:
         print(f"torch_ctr: DLRM, dim {args.dim}, {where}; "

@@ -113,6 +113,31 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   grpc::ByteBuffer* const response_;
 };
 
+// A training Lookup of a sync table that waits for the step its worker
+// pushed (SparseTables::LookupWaits). Owned by gRPC as WaitingReactor is;
+// whoever removes it from lookup_waiters_ calls Finish.
+class ParameterServerService::LookupWaiter : public grpc::ServerUnaryReactor {
+ public:
+  LookupWaiter(ParameterServerService* service, absl::Time start, absl::Time deadline,
+               size_t request_bytes, LookupRequest request, grpc::ByteBuffer* response)
+      : service_(service),
+        start_(start),
+        deadline_(deadline),
+        request_bytes_(request_bytes),
+        request_(std::move(request)),
+        response_(response) {}
+
+  void OnCancel() override { service_->OnLookupCancelled(this); }
+  void OnDone() override { delete this; }
+
+  ParameterServerService* const service_;
+  const absl::Time start_;
+  const absl::Time deadline_;
+  const size_t request_bytes_;
+  const LookupRequest request_;
+  grpc::ByteBuffer* const response_;  // gRPC's, alive until OnDone
+};
+
 ParameterServerService::ParameterServerService(Shard* shard,
                                                common::RpcMetrics* rpc_metrics,
                                                ShardMetrics* shard_metrics,
@@ -375,16 +400,67 @@ grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   LookupRequest lookup;
   absl::Status status = ParseStock(*request, &lookup);
-  if (status.ok()) {
-    wire::LookupResponseBuilder builder;
-    status = shard_->tables().Lookup(lookup, &builder);
-    if (status.ok()) builder.Finish(response);
+  if (status.ok() && shard_->tables().LookupWaits(lookup)) {
+    auto* waiter = new LookupWaiter(this, start, PullDeadline(context, start),
+                                    request->Length(), std::move(lookup), response);
+    {
+      // Checked again under mu_, which the push that applies the step takes
+      // before it wakes the waiters: the wake-up cannot be missed.
+      absl::MutexLock lock(&mu_);
+      if (shard_->tables().LookupWaits(waiter->request_)) {
+        lookup_waiters_.push_back(waiter);
+        return waiter;
+      }
+    }
+    AnswerLookup(waiter);
+    return waiter;
   }
+  if (status.ok()) status = AnswerLookup(lookup, response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   FinishRaw(reactor, "Lookup", status, start, request->Length(), *response);
   return reactor;
+}
+
+absl::Status ParameterServerService::AnswerLookup(const LookupRequest& request,
+                                                  grpc::ByteBuffer* response) {
+  wire::LookupResponseBuilder builder;
+  RETURN_IF_ERROR(shard_->tables().Lookup(request, &builder));
+  builder.Finish(response);
+  return absl::OkStatus();
+}
+
+void ParameterServerService::AnswerLookup(LookupWaiter* waiter) {
+  FinishRaw(waiter, "Lookup", AnswerLookup(waiter->request_, waiter->response_),
+            waiter->start_, waiter->request_bytes_, *waiter->response_);
+}
+
+void ParameterServerService::WakeLookups() {
+  std::vector<LookupWaiter*> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = lookup_waiters_.begin(); it != lookup_waiters_.end();) {
+      if (shard_->tables().LookupWaits((*it)->request_)) {
+        ++it;
+      } else {
+        ready.push_back(*it);
+        it = lookup_waiters_.erase(it);
+      }
+    }
+  }
+  for (LookupWaiter* waiter : ready) AnswerLookup(waiter);
+}
+
+void ParameterServerService::OnLookupCancelled(LookupWaiter* waiter) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find(lookup_waiters_.begin(), lookup_waiters_.end(), waiter);
+    if (it == lookup_waiters_.end()) return;  // already answered
+    lookup_waiters_.erase(it);
+  }
+  FinishRaw(waiter, "Lookup", absl::CancelledError("the client went away"), waiter->start_,
+            waiter->request_bytes_, *waiter->response_);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
@@ -392,8 +468,10 @@ grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
     PushSparseResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, "PushSparse", shard_->tables().PushSparse(*request, response), start,
-         *request, *response);
+  bool step_applied = false;
+  const absl::Status status = shard_->tables().PushSparse(*request, response, &step_applied);
+  if (step_applied) WakeLookups();
+  Finish(reactor, "PushSparse", status, start, *request, *response);
   return reactor;
 }
 
@@ -608,8 +686,17 @@ void ParameterServerService::WakeWaiters() {
 void ParameterServerService::ExpireWaiters(absl::Time now) {
   if (push_order_ != nullptr) push_order_->Tick(now);
   std::vector<WaitingReactor*> expired;
+  std::vector<LookupWaiter*> expired_lookups;
   {
     absl::MutexLock lock(&mu_);
+    for (auto it = lookup_waiters_.begin(); it != lookup_waiters_.end();) {
+      if ((*it)->deadline_ <= now) {
+        expired_lookups.push_back(*it);
+        it = lookup_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if ((*it)->deadline_ <= now) {
         expired.push_back(*it);
@@ -621,6 +708,15 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
     if (!expired.empty()) {
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
     }
+  }
+  for (LookupWaiter* waiter : expired_lookups) {
+    FinishRaw(waiter, "Lookup",
+              absl::DeadlineExceededError(absl::StrFormat(
+                  "lookup of sync table \"%s\" by worker %d waited %s for the other workers' "
+                  "pushes of the step",
+                  waiter->request_.table(), waiter->request_.worker(),
+                  absl::FormatDuration(now - waiter->start_))),
+              waiter->start_, waiter->request_bytes_, *waiter->response_);
   }
   for (WaitingReactor* waiter : expired) {
     const std::string why =
@@ -653,10 +749,16 @@ void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
 void ParameterServerService::CancelAllWaiters() {
   if (push_order_ != nullptr) push_order_->CancelAll();
   std::list<WaitingReactor*> all;
+  std::list<LookupWaiter*> lookups;
   {
     absl::MutexLock lock(&mu_);
     all.swap(waiters_);
+    lookups.swap(lookup_waiters_);
     shard_metrics_->waiting_pulls().Set(0);
+  }
+  for (LookupWaiter* waiter : lookups) {
+    FinishRaw(waiter, "Lookup", absl::UnavailableError("shard is shutting down"),
+              waiter->start_, waiter->request_bytes_, *waiter->response_);
   }
   for (WaitingReactor* waiter : all) {
     FinishWaiter(waiter, grpc::Status(grpc::StatusCode::UNAVAILABLE,

@@ -14,7 +14,9 @@
 // callback re-checks parked pulls and answers those now ready. A parked pull
 // ends with DEADLINE_EXCEEDED at the client's deadline or the server's
 // max_pull_wait, with CANCELLED if the client goes away, or with UNAVAILABLE
-// at shutdown. Thread-safe.
+// at shutdown. A training Lookup of a sync table that must wait for its
+// step (SparseTables::LookupWaits) is parked the same way and answered by
+// the PushSparse that applies the step. Thread-safe.
 #ifndef SHARDTRAIN_SERVER_SERVICE_H_
 #define SHARDTRAIN_SERVER_SERVICE_H_
 
@@ -122,6 +124,16 @@ class ParameterServerService final : public ParameterServerBase {
  private:
   class WaitingReactor;
   friend class WaitingReactor;
+  class LookupWaiter;
+  friend class LookupWaiter;
+
+  // The rows of `request` into `response`.
+  absl::Status AnswerLookup(const LookupRequest& request, grpc::ByteBuffer* response);
+  // Answers a parked (or about to be parked) lookup and finishes it.
+  void AnswerLookup(LookupWaiter* waiter);
+  // Answers the parked lookups whose step has been applied.
+  void WakeLookups();
+  void OnLookupCancelled(LookupWaiter* waiter);
 
   // Answers `request` now if it is ready, else parks it as a waiter. For a
   // PushPull, `push` is the push half's response; null for a Pull.
@@ -199,6 +211,7 @@ class ParameterServerService final : public ParameterServerBase {
 
   absl::Mutex mu_;
   std::list<WaitingReactor*> waiters_ ABSL_GUARDED_BY(mu_);
+  std::list<LookupWaiter*> lookup_waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardtrain::server

@@ -72,6 +72,10 @@ absl::Status SparseTables::AddTable(const TableSpec& spec) {
                    sparse::EmbeddingTable::Create(config, TableLimitsOf(options_.limits)));
   auto table = std::make_unique<Table>();
   table->spec = spec;
+  if (spec.sync()) {
+    absl::MutexLock lock(&table->mu);
+    table->step = std::make_unique<sparse::StepGradients>(spec.dim(), options_.num_workers);
+  }
   if (metrics_ != nullptr) {
     table->metrics = metrics_->tables().ForTable(spec.name());
     table->metrics.capacity->Set(static_cast<double>(rows->capacity()));
@@ -186,6 +190,11 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
         "%d rows of %d bytes would exceed the %d-byte response limit (--max_message_mb)",
         ids.size(), row_bytes, options_.limits.max_response_bytes));
   }
+  if (request.train() && table->spec.sync() &&
+      request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
+  }
   float* out = reinterpret_cast<float*>(response->Rows(ids.size() * row_bytes));
   response->set_incarnation(incarnation_);
   if (request.train()) {
@@ -201,8 +210,43 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
   return absl::OkStatus();
 }
 
+bool SparseTables::LookupWaits(const LookupRequest& request) const {
+  if (!request.train() || request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
+    return false;
+  }
+  absl::StatusOr<Table*> table = Find(request.table());
+  if (!table.ok() || !(*table)->spec.sync()) return false;
+  absl::ReaderMutexLock lock(&(*table)->mu);
+  return (*table)->step->arrived(static_cast<int>(request.worker()));
+}
+
+absl::StatusOr<int64_t> SparseTables::ApplyPush(Table& table, uint32_t worker,
+                                                absl::Span<const uint64_t> ids,
+                                                const float* grads, uint32_t now,
+                                                bool* step_applied) {
+  if (table.step == nullptr) {
+    return static_cast<int64_t>(ids.size()) - table.rows->Apply(ids, grads, now, 1.0f);
+  }
+  sparse::StepGradients& step = *table.step;
+  if (step.arrived(static_cast<int>(worker))) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %d pushed sync table \"%s\" twice in step %d (%d of %d workers are in): a "
+        "sync worker pushes once per step, after its lookup",
+        worker, table.spec.name(), table.steps, step.arrivals(), step.num_workers()));
+  }
+  step.Add(static_cast<int>(worker), ids, grads);
+  if (!step.complete()) return 0;
+  std::vector<uint64_t> step_ids;
+  std::vector<float> step_grads;
+  step.TakeMean(&step_ids, &step_grads);
+  ++table.steps;
+  if (step_applied != nullptr) *step_applied = true;
+  return static_cast<int64_t>(step_ids.size()) -
+         table.rows->Apply(step_ids, step_grads.data(), now, 1.0f);
+}
+
 absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
-                                      PushSparseResponse* response) {
+                                      PushSparseResponse* response, bool* step_applied) {
   RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
   if (request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -249,8 +293,9 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   }
   absl::MutexLock lock(&table->mu);
   const uint32_t now = Now(*table, request.clock());
-  const int64_t applied = table->rows->Apply(ids, grads.data(), now, 1.0f);
-  response->set_dropped(static_cast<int64_t>(ids.size()) - applied);
+  ASSIGN_OR_RETURN(const int64_t dropped,
+                   ApplyPush(*table, request.worker(), ids, grads.data(), now, step_applied));
+  response->set_dropped(dropped);
   if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
   table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
   if (table->metrics.unique_ids != nullptr) {
@@ -277,6 +322,8 @@ void SparseTables::FillStatus(StatusResponse* response) const {
     state->set_rows(table->rows->rows());
     state->set_capacity(table->rows->capacity());
     state->set_bytes(table->rows->bytes());
+    state->set_sync(table->spec.sync());
+    state->set_steps(table->steps);
   }
 }
 
@@ -295,11 +342,13 @@ void SparseTables::Snapshot(int64_t max_record_bytes,
   for (const Table* table : tables) {
     std::string rows, filter;
     int32_t record_bytes;
+    int64_t steps;
     {
       absl::ReaderMutexLock lock(&table->mu);
       table->rows->ExportRecords(&rows);
       table->rows->ExportFilter(&filter);
       record_bytes = table->rows->record_bytes();
+      steps = table->steps;
     }
     // Whole rows per checkpoint record; one record for an empty table, so
     // that its registration survives.
@@ -309,7 +358,10 @@ void SparseTables::Snapshot(int64_t max_record_bytes,
     do {
       CheckpointRecord& record = records->emplace_back();
       *record.mutable_table() = table->spec;
-      if (offset == 0) record.set_table_filter(std::move(filter));
+      if (offset == 0) {
+        record.set_table_filter(std::move(filter));
+        record.set_table_steps(steps);
+      }
       const size_t take = std::min(per_record, rows.size() - offset);
       record.set_table_rows(rows.substr(offset, take));
       offset += take;
@@ -338,10 +390,15 @@ absl::Status SparseTables::Restore(const CheckpointRecord& record) {
         "checkpoint table \"", record.table().name(), "\" has an admission filter of ",
         record.table_filter().size(), " bytes that its spec does not give"));
   }
+  if (record.table_steps() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint table \"", record.table().name(), "\" is at step ", record.table_steps()));
+  }
   RETURN_IF_ERROR(table->rows->ImportRecords(record.table_rows()));
   if (!record.table_filter().empty()) {
     RETURN_IF_ERROR(table->rows->ImportFilter(record.table_filter()));
   }
+  if (record.table_steps() > 0) table->steps = record.table_steps();
   AfterChange(*table, table->swept);
   return absl::OkStatus();
 }

@@ -5,11 +5,17 @@
 // worker_incarnation, sequence), TTL sweeps as the table's clock advances,
 // and each table's rows in checkpoints as whole records.
 //
-// Tables are async (a push is applied on arrival) whatever the shard's mode,
-// so a sync shard trains its dense tensors in steps and its tables as they
-// come (PERSIA's hybrid). They are not replicated yet: RegisterTables is
-// refused (FAILED_PRECONDITION) with --replicas > 1, whose chains do not
-// carry table rows.
+// A table's consistency is its own (TableSpec.sync), whatever the shard's
+// mode, so a sync shard can train its dense tensors in steps and its
+// tables as pushes come (PERSIA's hybrid), or both in steps. An async
+// table applies a push on arrival. A sync table collects a step's pushes,
+// one per worker, in sparse::StepGradients and applies their mean when the
+// last is in; a worker's training lookup waits (LookupWaits) until the
+// step it pushed is applied, and a second push from a worker in the same
+// step is refused (FAILED_PRECONDITION): a sync worker looks up before
+// each push. Tables are not replicated yet: RegisterTables is refused
+// (FAILED_PRECONDITION) with --replicas > 1, whose chains do not carry
+// table rows.
 //
 // Thread-safe. Each table has its own lock; lookups of one table run one
 // at a time (a training lookup creates rows), so a shard serves tables in
@@ -31,6 +37,7 @@
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
 #include "sparse/embedding_table.h"
+#include "sparse/step_gradients.h"
 #include "wire/message_encoder.h"
 
 namespace shardtrain::server {
@@ -46,7 +53,14 @@ class SparseTables {
   // The rows go straight into the response's memory (REQUIRES: response
   // fresh).
   absl::Status Lookup(const LookupRequest& request, wire::LookupResponseBuilder* response);
-  absl::Status PushSparse(const PushSparseRequest& request, PushSparseResponse* response);
+  // *step_applied (if not null) is set when the push completed a sync
+  // table's step, so that lookups waiting for it can be answered.
+  absl::Status PushSparse(const PushSparseRequest& request, PushSparseResponse* response,
+                          bool* step_applied = nullptr);
+  // Whether a Lookup must wait before it is answered: a training lookup of a
+  // sync table by a worker whose push of the table's open step is in while
+  // another worker's is not. False for a request Lookup refuses.
+  bool LookupWaits(const LookupRequest& request) const;
 
   void FillStatus(StatusResponse* response) const;
 
@@ -72,6 +86,10 @@ class SparseTables {
     int64_t newest_clock ABSL_GUARDED_BY(mu) = 0;
     // What counters() said when last exported to the metrics.
     sparse::TableCounters exported ABSL_GUARDED_BY(mu);
+    // Sync tables: the steps applied, and the open step's pushes (null for
+    // an async table).
+    int64_t steps ABSL_GUARDED_BY(mu) = 0;
+    std::unique_ptr<sparse::StepGradients> step ABSL_GUARDED_BY(mu);
     TableMetrics::Series metrics{};
   };
 
@@ -87,6 +105,14 @@ class SparseTables {
   // seconds for a TTL in seconds.
   static uint32_t Now(const Table& table, int64_t clock);
   void AfterChange(Table& table, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // Applies a checked push to `table` (async: now; sync: into its step, and
+  // the step's mean once complete). Returns the gradients dropped (of ids
+  // without a row; a sync step's, by the push that completes it), or an
+  // error with nothing changed.
+  absl::StatusOr<int64_t> ApplyPush(Table& table, uint32_t worker,
+                                    absl::Span<const uint64_t> ids, const float* grads,
+                                    uint32_t now, bool* step_applied)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
   absl::Status AddTable(const TableSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardOptions options_;

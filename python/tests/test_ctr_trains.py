@@ -1,8 +1,9 @@
 """examples/torch_ctr.py through shardtrain-run: the DLRM-style model with
 its embeddings in a sparse table learns the synthetic Criteo-shaped stream
-with 2 workers on 2 shards, async, and sync (hybrid: dense layers in
-synchronous steps, the table async), and the chief writes its results
-file."""
+with 2 workers on 2 shards, async, sync with an async table (PERSIA's
+hybrid: dense layers in synchronous steps, the embeddings as pushes come)
+and sync throughout (the table applying each step's mean), and the chief
+writes its results file."""
 
 import json
 import os
@@ -22,12 +23,14 @@ EXAMPLE = os.path.join(REPO, "examples", "torch_ctr.py")
 MIN_AUC = 0.66
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_ctr_trains(tmp_path, mode):
+@pytest.mark.parametrize("mode,table_mode",
+                         [("async", "async"), ("sync", "async"), ("sync", "sync")])
+def test_ctr_trains(tmp_path, mode, table_mode):
     results = tmp_path / "results.json"
     run = LauncherRun(tmp_path, ["--shards", "2", "--workers", "2", "--mode", mode, "--",
                                  sys.executable, EXAMPLE, "--epochs", "2", "--samples", "20000",
-                                 "--test", "10000", "--results", str(results)])
+                                 "--test", "10000", "--table_mode", table_mode,
+                                 "--results", str(results)])
     try:
         assert run.wait(timeout=150) == 0, run.output()
     finally:
@@ -37,6 +40,7 @@ def test_ctr_trains(tmp_path, mode):
     report = json.loads(results.read_text())
     epochs = report["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2]
+    assert f"{table_mode} table" in report["where"], report["where"]
     assert 0.8 < report["teacher_auc"] < 0.95
     assert epochs[-1]["auc"] >= MIN_AUC, out
     assert epochs[-1]["auc"] <= report["teacher_auc"] + 0.01, out

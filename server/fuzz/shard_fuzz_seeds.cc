@@ -209,9 +209,11 @@ class SeedBuilder {
     return *this;
   }
 
-  // A table (dim 4, the given optimizer, count admission, a capacity), a
-  // training lookup of ids 1..8, a push for them, the same push again.
-  SeedBuilder& Tables(const char* optimizer) {
+  // A table (dim 4, the given optimizer, count admission, a capacity, sync
+  // or not), a training lookup of ids 1..8, a push for them by worker 0,
+  // the same push again, and a second push by worker 0 (a sync table's
+  // step then waits for the other workers).
+  SeedBuilder& Tables(const char* optimizer, bool sync = false) {
     RegisterTablesRequest reg;
     TableSpec* spec = reg.add_tables();
     spec->set_name("t");
@@ -223,6 +225,7 @@ class SeedBuilder {
     spec->set_admission_filter_counters(1024);
     spec->set_capacity(64);
     spec->set_ttl(3);
+    spec->set_sync(sync);
     AppendOp(Op::kRegisterTables, reg.SerializeAsString(), &input_);
     std::string ids;
     for (uint64_t id = 1; id <= 8; ++id) ids.append(reinterpret_cast<const char*>(&id), 8);
@@ -241,6 +244,9 @@ class SeedBuilder {
     push.set_clock(2);
     AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
     AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
+    push.set_sequence(2);
+    AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
+    AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
     lookup.set_train(false);
     AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
     return *this;
@@ -359,6 +365,7 @@ int Main(const std::string& dir) {
   add("tables_rowwise_adagrad", Flags(false, 0), Layout(1, 0)).Tables("rowwise_adagrad");
   add("tables_adam_two_shards", Flags(false, 0), Layout(1, 0, 1)).Tables("adam").Status();
   add("tables_ftrl", Flags(false, 0), Layout(1, 0)).Tables("ftrl");
+  add("tables_sync_two_workers", Flags(false, 0), Layout(2, 0)).Tables("adam", true);
   for (const auto& [name, seed] : seeds) {
     if (!Write(dir, name, seed.input())) return 1;
   }
