@@ -13,6 +13,9 @@
 //   echo pull   raw gRPC Echo (a `wire_bench --serve_echo` process): 8 bytes
 //               per id out, batch x dim x 4 bytes back
 //   echo push   raw gRPC Echo: 8 + dim x 4 bytes per id out, nothing back
+// With --wire_dtype bf16 (or f16) the table's rows and gradients travel
+// in 2 bytes a value, and so do the dense path's (PsClientOptions::
+// wire_dtype) and the echo's.
 // Figures: unique rows per second (wall time, median over rounds) and CPU
 // ms per MB of row bytes (this process + the server process, over all
 // rounds), and per-round ratios to the dense path and the echo.
@@ -36,6 +39,7 @@
 #include "bench/bench_util.h"
 #include "client/ps_client.h"
 #include "client/table_client.h"
+#include "common/payload.h"
 #include "common/status_macros.h"
 
 ABSL_FLAG(int64_t, rows, 1'000'000, "Rows in the table");
@@ -46,6 +50,9 @@ ABSL_FLAG(int, rounds, 5, "Rounds (medians reported)");
 ABSL_FLAG(int, calls, 10, "Calls of each operation per round");
 ABSL_FLAG(std::string, bin_dir, "", "Where ps-server and wire_bench are (default: beside this)");
 ABSL_FLAG(std::string, out, "", "Also write the table to this file");
+ABSL_FLAG(std::string, wire_dtype, "f32",
+          "Rows and gradients on the wire: f32, bf16 or f16 (the dense path and the echo "
+          "move the same bytes)");
 
 namespace shardtrain::bench {
 namespace {
@@ -84,7 +91,10 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   ASSIGN_OR_RETURN(const int echo_port, WaitForPort(children, echo, dir + "/echo.port", echo_log,
                                                     absl::Seconds(30)));
 
+  ASSIGN_OR_RETURN(const DType wire, common::ParseDTypeName(absl::GetFlag(FLAGS_wire_dtype)));
+  const int width = common::DTypeSize(wire);
   client::PsClientOptions options;
+  options.wire_dtype = wire;
   options.servers = {absl::StrCat("127.0.0.1:", shard_port)};
   options.max_message_bytes = kMaxMessageBytes;
   ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> ps, client::PsClient::Create(options, nullptr));
@@ -95,6 +105,7 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   spec.set_optimizer(absl::GetFlag(FLAGS_optimizer));
   spec.set_learning_rate(0.01f);
   RETURN_IF_ERROR(tables.Register({spec}));
+  RETURN_IF_ERROR(tables.SetWireDType("t", wire));
   const int64_t elements = int64_t{batch} * dim;
   TensorSpec tensor;
   tensor.set_name("dense");
@@ -118,7 +129,7 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   std::vector<uint64_t> all(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) all[r] = static_cast<uint64_t>(r);
 
-  const double row_bytes = static_cast<double>(elements) * sizeof(float);
+  const double row_bytes = static_cast<double>(elements) * width;
   EchoRequest pull_request, push_request;
   pull_request.set_payload(std::string(static_cast<size_t>(batch) * 8, 'i'));
   pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
@@ -177,9 +188,10 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   };
   std::string text = absl::StrCat(
       CommonHeader(command_line),
-      absl::StrFormat("# 1 worker, 1 ps-server process; table of %d rows, dim %d f32, %s; "
-                      "%d unique ids per call (%s of rows); %d rounds of %d calls\n",
-                      rows, dim, absl::GetFlag(FLAGS_optimizer), batch,
+      absl::StrFormat("# 1 worker, 1 ps-server process; table of %d rows, dim %d f32 (%s on "
+                      "the wire), %s; %d unique ids per call (%s of rows); %d rounds of %d "
+                      "calls\n",
+                      rows, dim, common::DTypeName(wire), absl::GetFlag(FLAGS_optimizer), batch,
                       SizeName(static_cast<int64_t>(row_bytes)), rounds, calls),
       absl::StrFormat("%-12s %12s %12s %12s %10s %10s\n", "operation", "M rows/s", "MB/s",
                       "CPU ms/MB", "x dense", "x echo"));
@@ -188,7 +200,7 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     const std::string vs_dense = o < 2 ? absl::StrFormat("%.2f", ratio(o, o + 2)) : "-";
     const std::string vs_echo = o < 4 ? absl::StrFormat("%.2f", ratio(o, 4 + o % 2)) : "-";
     absl::StrAppendFormat(&text, "%-12s %12.2f %12.1f %12.2f %10s %10s\n", ops[o].first,
-                          rate / 1e6, rate * dim * 4 / 1e6,
+                          rate / 1e6, rate * dim * width / 1e6,
                           1e3 * figures[o].cpu_s / (figures[o].row_bytes / 1e6), vs_dense,
                           vs_echo);
   }

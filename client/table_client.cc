@@ -14,6 +14,7 @@
 #include "client/shard_channel.h"
 #include "common/grpc_status.h"
 #include "common/metrics.h"
+#include "common/payload.h"
 #include "common/status_macros.h"
 #include "sparse/id_hash.h"
 
@@ -33,6 +34,24 @@ std::string IdBytes(const std::vector<uint64_t>& unique, const std::vector<uint3
 }  // namespace
 
 TableClient::TableClient(PsClient* client) : client_(client) {}
+
+absl::Status TableClient::SetWireDType(const std::string& table, DType dtype) {
+  if (dim(table) == 0) {
+    return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
+  }
+  if (common::DTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table \"", table, "\": wire dtype ", common::DTypeName(dtype),
+        " is not one of f32, bf16, f16"));
+  }
+  wire_[table] = dtype;
+  return absl::OkStatus();
+}
+
+DType TableClient::wire_dtype(const std::string& table) const {
+  auto it = wire_.find(table);
+  return it == wire_.end() ? DTYPE_F32 : it->second;
+}
 
 int32_t TableClient::dim(const std::string& table) const {
   auto it = dims_.find(table);
@@ -173,6 +192,7 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   // A sync table's training lookup waits on every shard for the step its
   // last push ended.
   const bool waits = train && sync_.contains(table);
+  const DType wire = wire_dtype(table);
   Batch batch;
   Dedup(ids, waits, &batch);
   const std::vector<Part>& parts = batch.parts;
@@ -184,14 +204,15 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
     requests[p].set_train(train);
     requests[p].set_worker(static_cast<uint32_t>(client_->options().worker_index));
     requests[p].set_clock(clock);
+    requests[p].set_dtype(wire);
   }
   RETURN_IF_ERROR(CallTable(
       table, "Lookup", parts,
       Send(&ParameterServer::Stub::async::Lookup, parts, requests, responses),
       waits ? client_->options().pull_timeout : client_->options().rpc_timeout));
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
+  const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
   // Where each unique id's row is in the responses: the rows are copied
-  // once, from there into out.
+  // (or converted to f32) once, from there into out.
   std::vector<const char*> row_of(batch.unique.size());
   for (size_t p = 0; p < parts.size(); ++p) {
     const std::string& rows = responses[p].rows();
@@ -204,8 +225,15 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
       row_of[parts[p].unique[k]] = rows.data() + k * row_bytes;
     }
   }
-  for (size_t i = 0; i < ids.size(); ++i) {
-    std::memcpy(out + i * d, row_of[batch.inverse[i]], row_bytes);
+  if (wire == DTYPE_F32) {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::memcpy(out + i * d, row_of[batch.inverse[i]], row_bytes);
+    }
+  } else {
+    // The sizes were checked above.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      common::DecodeDenseFrom(wire, row_of[batch.inverse[i]], absl::MakeSpan(out + i * d, d));
+    }
   }
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());
@@ -229,7 +257,8 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     const float* g = grads + i * d;
     for (int32_t j = 0; j < d; ++j) row[j] += g[j];
   }
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(d);
+  const DType wire = wire_dtype(table);
+  const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
   const std::vector<Part>& parts = batch.parts;
   std::vector<PushSparseRequest> requests(parts.size());
   std::vector<PushSparseResponse> responses(parts.size());
@@ -241,11 +270,13 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     r.set_clock(clock);
     r.set_table(table);
     r.set_ids(IdBytes(batch.unique, parts[p].unique));
+    r.set_dtype(wire);
     std::string* g = r.mutable_grads();
     g->resize(parts[p].unique.size() * row_bytes);
     for (size_t k = 0; k < parts[p].unique.size(); ++k) {
-      std::memcpy(g->data() + k * row_bytes,
-                  &summed[static_cast<size_t>(parts[p].unique[k]) * d], row_bytes);
+      common::EncodeDenseInto(
+          absl::MakeConstSpan(&summed[static_cast<size_t>(parts[p].unique[k]) * d], d), wire,
+          g->data() + k * row_bytes);
     }
   }
   RETURN_IF_ERROR(CallTable(

@@ -69,6 +69,13 @@ class TableClient {
   absl::Status Push(const std::string& table, absl::Span<const uint64_t> ids,
                     const float* grads, int64_t clock, TableCallStats* stats = nullptr);
 
+  // Rows and gradients of `table` travel as `dtype`: DTYPE_F32 (the
+  // default), DTYPE_BF16 or DTYPE_F16, half the bytes (the shards store
+  // f32; rows read are rounded to nearest even, gradients are rounded
+  // before they are sent). NOT_FOUND for a table not registered here.
+  absl::Status SetWireDType(const std::string& table, DType dtype);
+  DType wire_dtype(const std::string& table) const;
+
   // A table's dim, or 0 when not registered through this client.
   int32_t dim(const std::string& table) const;
 
@@ -119,6 +126,7 @@ class TableClient {
   std::vector<TableSpec> specs_;
   absl::flat_hash_map<std::string, int32_t> dims_;
   absl::flat_hash_set<std::string> sync_;  // the sync tables
+  absl::flat_hash_map<std::string, DType> wire_;  // tables not sent as f32
 };
 
 }  // namespace shardtrain::client

@@ -110,13 +110,55 @@ void EncodeDense(absl::Span<const float> values, DType dtype, std::string* out) 
     return;
   }
   out->resize(n * static_cast<size_t>(DTypeSize(dtype)));
-  char* dst = out->data();
-  uint16_t* __restrict half = reinterpret_cast<uint16_t*>(dst);
+  EncodeDenseInto(values, dtype, out->data());
+}
+
+void EncodeDenseInto(absl::Span<const float> values, DType dtype, char* out) {
+  const size_t n = values.size();
+  if (dtype == DTYPE_F32) {
+    if (n > 0) std::memcpy(out, values.data(), n * sizeof(float));
+    return;
+  }
   const float* __restrict src = values.data();
   if (dtype == DTYPE_F16) {
-    for (size_t i = 0; i < n; ++i) half[i] = FloatToHalf(src[i]);
-  } else {
-    for (size_t i = 0; i < n; ++i) half[i] = FloatToBfloat16(src[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t half = FloatToHalf(src[i]);
+      std::memcpy(out + 2 * i, &half, sizeof(half));
+    }
+    return;
+  }
+  // FloatToBfloat16, branch-free and inline so that the loop vectorizes.
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, src + i, sizeof(x));
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (x >> 16) | 0x40u;
+    const uint16_t b =
+        static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    std::memcpy(out + 2 * i, &b, sizeof(b));
+  }
+}
+
+void DecodeDenseFrom(DType dtype, const char* data, absl::Span<float> out) {
+  float* __restrict dst = out.data();
+  const size_t n = out.size();
+  if (dtype == DTYPE_F32) {
+    if (n > 0) std::memcpy(dst, data, n * sizeof(float));
+    return;
+  }
+  if (dtype == DTYPE_F16) {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t raw;
+      std::memcpy(&raw, data + 2 * i, sizeof(raw));
+      dst[i] = HalfToFloat(raw);
+    }
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t raw;
+    std::memcpy(&raw, data + 2 * i, sizeof(raw));
+    const uint32_t bits = static_cast<uint32_t>(raw) << 16;
+    std::memcpy(dst + i, &bits, sizeof(bits));
   }
 }
 
@@ -133,17 +175,7 @@ absl::Status DecodeDense(int dtype, absl::string_view data,
         "payload has %d bytes; %d elements of %s need %d", data.size(),
         out.size(), DTypeName(dtype), expected));
   }
-  float* __restrict dst = out.data();
-  const size_t n = out.size();
-  if (dtype == DTYPE_F32) {
-    std::memcpy(dst, data.data(), expected);
-    return absl::OkStatus();
-  }
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t raw;
-    std::memcpy(&raw, data.data() + 2 * i, sizeof(raw));
-    dst[i] = dtype == DTYPE_F16 ? HalfToFloat(raw) : Bfloat16ToFloat(raw);
-  }
+  DecodeDenseFrom(static_cast<DType>(dtype), data.data(), out);
   return absl::OkStatus();
 }
 

@@ -38,9 +38,16 @@ absl::StatusOr<DType> ParseDTypeName(absl::string_view name);
 // REQUIRES: DTypeSize(dtype) > 0.
 void EncodeDense(absl::Span<const float> values, DType dtype, std::string* out);
 
+// The same into out[0, values.size() * DTypeSize(dtype)) (any alignment).
+// REQUIRES: DTypeSize(dtype) > 0.
+void EncodeDenseInto(absl::Span<const float> values, DType dtype, char* out);
+
 // Decodes a dense payload of exactly out.size() elements into `out`.
 absl::Status DecodeDense(int dtype, absl::string_view data,
                          absl::Span<float> out);
+// The same, unchecked: data (any alignment) holds out.size() values of
+// dtype. REQUIRES: DTypeSize(dtype) > 0.
+void DecodeDenseFrom(DType dtype, const char* data, absl::Span<float> out);
 
 // Decodes `payload` (dense or sparse) into `out`, which must be the full
 // partition; elements a sparse payload does not name become zero. Fails

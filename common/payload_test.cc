@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -47,6 +48,37 @@ TEST(PayloadTest, HalfConversionsOfSpecialValues) {
   EXPECT_EQ(HalfToFloat(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(FloatToBfloat16(1.0f), 0x3f80);
   EXPECT_EQ(Bfloat16ToFloat(0xc000), -2.0f);
+}
+
+// EncodeDenseInto's inlined loops give exactly FloatToBfloat16 and
+// FloatToHalf, at any alignment, for values across the range, ties, NaNs
+// and infinities; DecodeDenseFrom inverts them as the scalar functions do.
+TEST(PayloadTest, BufferConversionsMatchTheScalarOnes) {
+  std::vector<float> values;
+  for (uint32_t bits = 0; bits < 0xffffffffu - 0x10001u; bits += 0x10001u) {
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    values.push_back(f);
+  }
+  values.push_back(std::numeric_limits<float>::quiet_NaN());
+  values.push_back(-std::numeric_limits<float>::infinity());
+  values.push_back(1.0f + 1.0f / 256);  // a tie: rounds to even (1.0)
+  values.push_back(1.0f + 3.0f / 256);  // a tie: rounds to even (up)
+  for (DType dtype : {DTYPE_BF16, DTYPE_F16}) {
+    std::string buffer(values.size() * 2 + 1, '\0');
+    EncodeDenseInto(values, dtype, buffer.data() + 1);  // unaligned
+    std::vector<float> back(values.size());
+    DecodeDenseFrom(dtype, buffer.data() + 1, absl::MakeSpan(back));
+    for (size_t i = 0; i < values.size(); ++i) {
+      uint16_t got;
+      std::memcpy(&got, buffer.data() + 1 + 2 * i, sizeof(got));
+      const uint16_t want =
+          dtype == DTYPE_BF16 ? FloatToBfloat16(values[i]) : FloatToHalf(values[i]);
+      ASSERT_EQ(got, want) << DTypeName(dtype) << " value " << i << " = " << values[i];
+      const float decoded = dtype == DTYPE_BF16 ? Bfloat16ToFloat(want) : HalfToFloat(want);
+      ASSERT_TRUE(std::memcmp(&back[i], &decoded, sizeof(float)) == 0) << i;
+    }
+  }
 }
 
 TEST(PayloadTest, RejectsWrongSizeAndUnknownDtype) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/payload.h"
 #include "common/status_macros.h"
 #include "server/table_spec.h"
 #include "sparse/id_hash.h"
@@ -153,6 +154,15 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
   return view;
 }
 
+absl::StatusOr<DType> SparseTables::WireDType(int dtype, const char* what) {
+  if (dtype == DTYPE_UNSPECIFIED) return DTYPE_F32;
+  if (common::DTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s dtype %d is not one of DTYPE_F32, DTYPE_BF16, DTYPE_F16", what, dtype));
+  }
+  return static_cast<DType>(dtype);
+}
+
 int64_t SparseTables::StepOf(int64_t clock) { return std::clamp<int64_t>(clock, 0, UINT32_MAX); }
 
 uint32_t SparseTables::Now(const Table& table, int64_t clock) {
@@ -184,7 +194,9 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
   ASSIGN_OR_RETURN(Table * table, Find(request.table()));
   std::vector<uint64_t> storage;
   ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(table->spec.dim());
+  ASSIGN_OR_RETURN(const DType dtype, WireDType(request.dtype(), "rows"));
+  const size_t dim = static_cast<size_t>(table->spec.dim());
+  const size_t row_bytes = static_cast<size_t>(common::DTypeSize(dtype)) * dim;
   if (ids.size() * row_bytes > static_cast<size_t>(options_.limits.max_response_bytes)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%d rows of %d bytes would exceed the %d-byte response limit (--max_message_mb)",
@@ -195,8 +207,15 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
     return absl::InvalidArgumentError(absl::StrFormat(
         "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
   }
-  float* out = reinterpret_cast<float*>(response->Rows(ids.size() * row_bytes));
+  char* rows = response->Rows(ids.size() * row_bytes);
   response->set_incarnation(incarnation_);
+  // f32 rows are written where they are sent; others through f32 scratch.
+  thread_local std::vector<float> scratch;
+  float* out = reinterpret_cast<float*>(rows);
+  if (dtype != DTYPE_F32) {
+    scratch.resize(ids.size() * dim);
+    out = scratch.data();
+  }
   if (request.train()) {
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
@@ -206,6 +225,9 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
   } else {
     absl::ReaderMutexLock lock(&table->mu);
     table->rows->LookupReadOnly(ids, out);
+  }
+  if (dtype != DTYPE_F32) {
+    common::EncodeDenseInto(absl::MakeConstSpan(scratch.data(), ids.size() * dim), dtype, rows);
   }
   return absl::OkStatus();
 }
@@ -256,14 +278,23 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   std::vector<uint64_t> storage;
   ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
   const size_t dim = static_cast<size_t>(table->spec.dim());
-  if (request.grads().size() != ids.size() * dim * sizeof(float)) {
+  ASSIGN_OR_RETURN(const DType dtype, WireDType(request.dtype(), "grads"));
+  const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
+  if (request.grads().size() != ids.size() * dim * width) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "table \"%s\" has dim %d: %d ids need %d bytes of f32 gradients, got %d",
-        request.table(), dim, ids.size(), ids.size() * dim * sizeof(float),
+        "table \"%s\" has dim %d: %d ids need %d bytes of %s gradients, got %d",
+        request.table(), dim, ids.size(), ids.size() * dim * width, common::DTypeName(dtype),
         request.grads().size()));
   }
   std::vector<float> grads_storage;
-  const absl::Span<const float> grads = ViewOf<float>(request.grads(), &grads_storage);
+  absl::Span<const float> grads;
+  if (dtype == DTYPE_F32) {
+    grads = ViewOf<float>(request.grads(), &grads_storage);
+  } else {
+    grads_storage.resize(ids.size() * dim);
+    RETURN_IF_ERROR(common::DecodeDense(dtype, request.grads(), absl::MakeSpan(grads_storage)));
+    grads = absl::MakeConstSpan(grads_storage);
+  }
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!std::isfinite(grads[i])) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -99,6 +99,9 @@ class SparseTables {
   absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const std::string& ids,
                                                       std::vector<uint64_t>* storage) const;
   absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
+  // The dtype of a request's rows or grads (`what`): unspecified is f32;
+  // INVALID_ARGUMENT for one that is not f32, bf16 or f16.
+  static absl::StatusOr<DType> WireDType(int dtype, const char* what);
   // A request's worker clock as a step in [0, 2^32).
   static int64_t StepOf(int64_t clock);
   // The table's clock for a request at worker clock `clock`: steps, or Unix

@@ -32,6 +32,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "client/ps_client.h"
+#include "common/payload.h"
 #include "client/table_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -613,6 +614,73 @@ TEST_F(SparseBadInput, PushesAreRefusedAndChangeNothing) {
   push = Push(own_);
   push.set_worker(1);
   ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "worker 1");
+  // bf16 gradients: 2 bytes each, so f32-sized grads are the wrong size; an
+  // unknown dtype; a bf16 NaN (0x7fc0) and an f16 Inf (0x7c00).
+  push = Push(own_);
+  push.set_dtype(DTYPE_BF16);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "bytes of bf16 gradients");
+  push = Push(own_);
+  push.set_dtype(static_cast<DType>(99));
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "grads dtype 99");
+  push = Push(own_);
+  push.set_dtype(DTYPE_BF16);
+  push.set_grads(std::string(own_.size() * 4 * 2, '\0'));
+  std::memcpy(push.mutable_grads()->data() + 6, "\xc0\x7f", 2);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "NaN or Inf");
+  push.set_dtype(DTYPE_F16);
+  push.set_grads(std::string(own_.size() * 4 * 2, '\0'));
+  std::memcpy(push.mutable_grads()->data() + 6, "\x00\x7c", 2);
+  ExpectRefused(push, grpc::StatusCode::INVALID_ARGUMENT, "NaN or Inf");
+}
+
+// Rows and gradients in bf16 on the wire: a lookup answers 2 bytes per
+// value, each the stored f32 rounded to nearest even; a bf16 push applies
+// exactly the gradient an f32 push of the same values applies.
+TEST_F(SparseBadInput, Bf16RowsAndGradientsOnTheWire) {
+  LookupRequest lookup;
+  lookup.set_table("t");
+  lookup.set_ids(Bytes(own_));
+  lookup.set_dtype(DTYPE_BF16);
+  LookupResponse response;
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response).ok());
+  ASSERT_EQ(response.rows().size(), own_.size() * 4 * 2);
+  const std::string f32 = Rows();
+  for (size_t i = 0; i < own_.size() * 4; ++i) {
+    float x;
+    uint16_t b;
+    std::memcpy(&x, f32.data() + 4 * i, 4);
+    std::memcpy(&b, response.rows().data() + 2 * i, 2);
+    ASSERT_EQ(b, common::FloatToBfloat16(x)) << "value " << i;
+  }
+  lookup.set_dtype(static_cast<DType>(42));
+  EXPECT_EQ(shard_.Call(&ParameterServer::Stub::Lookup, lookup, &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+
+  // 0.5 in bf16 is 0x3f00; the same push in f32 to a copy of the table.
+  RegisterTablesRequest copy;
+  *copy.add_tables() = Spec("u", 4, "adagrad", 0.1f);
+  ASSERT_EQ(Register(copy).error_code(), grpc::StatusCode::OK);
+  LookupRequest touch;
+  touch.set_table("u");
+  touch.set_ids(Bytes(own_));
+  touch.set_train(true);
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Lookup, touch, &response).ok());
+  PushSparseRequest half = Push(own_);
+  half.set_dtype(DTYPE_BF16);
+  half.set_grads(std::string(own_.size() * 4 * 2, '\0'));
+  for (size_t i = 0; i < own_.size() * 4; ++i) {
+    std::memcpy(half.mutable_grads()->data() + 2 * i, "\x00\x3f", 2);
+  }
+  PushSparseResponse pushed;
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::PushSparse, half, &pushed).ok());
+  PushSparseRequest full = Push(own_);
+  full.set_table("u");
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::PushSparse, full, &pushed).ok());
+  touch.set_train(false);
+  ASSERT_TRUE(shard_.Call(&ParameterServer::Stub::Lookup, touch, &response).ok());
+  // Both tables start from the same zeros (Spec's init) and took the same step.
+  EXPECT_EQ(Rows(), response.rows());
+  EXPECT_NE(Rows(), before_);
 }
 
 TEST_F(SparseBadInput, APushIsAppliedOnceHoweverOftenItIsSent) {

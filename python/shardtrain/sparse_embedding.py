@@ -33,15 +33,17 @@ class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, *, mode: str = "mean",
                  optimizer: str = "rowwise_adagrad", learning_rate: float = 0.01,
                  init: str = "uniform", init_scale: float = 0.01, seed: int = 0,
-                 client=None, **table_options):
+                 wire_dtype: str = "f32", client=None, **table_options):
         """`name`: the table's name on the shards (the same on every worker).
         `mode`: "sum" or "mean" pooling per bag. `optimizer`: "sgd",
         "adagrad", "rowwise_adagrad", "adam" or "ftrl", with `learning_rate`.
         `init`: "uniform" (U(-init_scale, init_scale)), "normal" (N(0,
         init_scale²)) or "zeros"; a row's start is a function of (seed, name,
-        id) only. `table_options`: further TableSpec fields (eps, beta1,
-        admission="count", admission_count=3, capacity=..., eviction="lfu",
-        ttl=..., ...)."""
+        id) only. `wire_dtype`: "f32", or "bf16" / "f16" to send rows and
+        gradients in half the bytes (the shards store f32). `table_options`:
+        further TableSpec fields (eps, beta1, admission="count",
+        admission_count=3, capacity=..., eviction="lfu", ttl=..., sync=True,
+        ...)."""
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ValueError(f"mode={mode!r} is not 'sum' or 'mean'")
@@ -50,6 +52,9 @@ class SparseEmbedding(torch.nn.Module):
         inits = {"uniform": "INIT_UNIFORM", "normal": "INIT_NORMAL", "zeros": "INIT_ZEROS"}
         if init not in inits:
             raise ValueError(f"init={init!r} is not one of {sorted(inits)}")
+        if wire_dtype not in ("f32", "bf16", "f16"):
+            raise ValueError(f"wire_dtype={wire_dtype!r} is not 'f32', 'bf16' or 'f16'")
+        self.wire_dtype = wire_dtype
         self.name = name
         self.dim = int(dim)
         self.mode = mode
@@ -67,6 +72,8 @@ class SparseEmbedding(torch.nn.Module):
     def attach(self, client):
         """Registers the table through `client` (idempotent) and uses it."""
         client.register_tables([self.spec])
+        if self.wire_dtype != "f32":
+            client.set_table_wire_dtype(self.name, self.wire_dtype)
         self._client = client
 
     @property

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/payload.h"
 #include "python/src/errors.h"
 #include "python/src/proto_dict.h"
 
@@ -411,6 +412,15 @@ void PyClient::RegisterTables(py::handle specs) {
     status = tables_->Register(tables);
   }
   ThrowIfError(status);
+}
+
+void PyClient::SetTableWireDType(const std::string& table, const std::string& dtype) {
+  absl::StatusOr<DType> parsed = common::ParseDTypeName(dtype);
+  if (!parsed.ok()) throw py::value_error(std::string(parsed.status().message()));
+  DataCall call(this);
+  if (client_ == nullptr) Refuse("set_table_wire_dtype() on a closed client");
+  if (tables_ == nullptr) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+  ThrowIfError(tables_->SetWireDType(table, *parsed));
 }
 
 int64_t PyClient::TableDim(const std::string& table) {

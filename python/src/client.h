@@ -69,6 +69,7 @@ class PyClient {
                             pybind11::handle grads, int64_t clock);
   // A registered table's dim (0: not registered through this client).
   int64_t TableDim(const std::string& table);
+  void SetTableWireDType(const std::string& table, const std::string& dtype);
   void RecordStep(const StepRecord& step);
   void RecordEpoch(int64_t epoch, double test_accuracy, double samples_per_second);
   // Finishes any exchange under way (its error is dropped), disconnects and

@@ -189,6 +189,11 @@ PYBIND11_MODULE(_core, m) {
            "push_sparse(table, ids, grads, clock=0) -> dict(ids, unique_ids, dropped, "
            "duplicates): applies row gradients (float32, len(ids) * dim; a repeated id's "
            "are summed), at most once however often the call is retried.")
+      .def("set_table_wire_dtype", &PyClient::SetTableWireDType, py::arg("table"),
+           py::arg("dtype"),
+           "set_table_wire_dtype(table, dtype): rows and gradients of a registered table "
+           "travel as 'f32' (the default), 'bf16' or 'f16' (half the bytes; the shards "
+           "store f32).")
       .def("table_dim", &PyClient::TableDim, py::arg("table"),
            "table_dim(table) -> int: the dim of a table registered through this client, "
            "or 0.")

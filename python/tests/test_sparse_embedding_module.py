@@ -1,7 +1,8 @@
 """shardtrain.torch.SparseEmbedding against torch's own nn.EmbeddingBag on
 the same rows, over two real shards: the forward pools alike, and the rows
 the shards hold after backward() equal torch's sparse optimizer's (SGD,
-Adagrad, SparseAdam) or an independent row-wise Adagrad; evaluation stores nothing;
+Adagrad, SparseAdam) or an independent row-wise Adagrad; rows and gradients
+sent as bf16 are rounded as torch rounds them; evaluation stores nothing;
 misuse raises before anything is sent."""
 
 import numpy as np
@@ -130,3 +131,33 @@ def test_misuse_raises_before_sending(client):
     assert error.value.code == "FAILED_PRECONDITION"
     with pytest.raises(ValueError, match="unknown table spec field"):
         client.register_tables([dict(name="x", dim=4, colour="red")])
+
+
+def bf16(x):
+    """x (float32) rounded to bfloat16 and back, as torch rounds it."""
+    return torch.as_tensor(x).to(torch.bfloat16).to(torch.float32)
+
+
+def test_bf16_on_the_wire_rounds_rows_and_gradients(start_shards):
+    cluster = start_shards(2)
+    spec = dict(optimizer="sgd", learning_rate=1.0, init="normal", init_scale=0.3, seed=4)
+    ids = torch.unique(IDS)
+    # Two clients of one table: one reads f32 rows (exactly what the shards
+    # store), the other sends and receives bf16.
+    with shardtrain.Client(cluster.addresses, worker=0, num_workers=1) as exact, \
+            shardtrain.Client(cluster.addresses, worker=0, num_workers=1) as half:
+        SparseEmbedding("w", DIM, client=exact, **spec)
+        emb = SparseEmbedding("w", DIM, wire_dtype="bf16", client=half, **spec)
+        stored = shard_rows(exact, "w", ids)
+        out = emb(ids.reshape(-1, 1))
+        # Rows read through bf16 are the stored f32 rounded to nearest even.
+        assert torch.equal(out, bf16(stored))
+        assert not torch.equal(out, stored)
+        assert torch.equal(shard_rows(half, "w", ids), bf16(stored))
+        # A gradient is rounded before it is sent: 1 + 2^-10 arrives as 1.
+        out.backward(torch.full_like(out, 1.0 + 2.0 ** -10))
+        assert torch.equal(shard_rows(exact, "w", ids), stored - 1.0)
+        with pytest.raises(ValueError, match="wire_dtype"):
+            SparseEmbedding("w8", DIM, wire_dtype="int8")
+        with pytest.raises(ValueError, match="f32, f16 or bf16"):
+            half.set_table_wire_dtype("w", "f64")
