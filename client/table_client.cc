@@ -17,6 +17,7 @@
 #include "common/payload.h"
 #include "common/status_macros.h"
 #include "sparse/id_hash.h"
+#include "sparse/id_positions.h"
 
 namespace shardtrain::client {
 namespace {
@@ -152,20 +153,19 @@ absl::Status TableClient::Reregister(const std::string& table, const absl::Statu
   return Register(specs);
 }
 
-void TableClient::Dedup(absl::Span<const uint64_t> ids, bool every_shard_once,
-                        Batch* batch) const {
-  absl::flat_hash_map<uint64_t, uint32_t> position;
-  position.reserve(ids.size());
+void TableClient::Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch) {
+  positions_.Reset(ids.size());
   batch->inverse.resize(ids.size());
   batch->unique.clear();
   std::vector<std::vector<uint32_t>> by_shard(static_cast<size_t>(client_->num_shards()));
   for (size_t i = 0; i < ids.size(); ++i) {
-    auto [it, fresh] = position.try_emplace(ids[i], static_cast<uint32_t>(batch->unique.size()));
+    auto [first, fresh] =
+        positions_.Insert(ids[i], static_cast<uint32_t>(batch->unique.size()));
     if (fresh) {
       batch->unique.push_back(ids[i]);
-      by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(it->second);
+      by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(first);
     }
-    batch->inverse[i] = it->second;
+    batch->inverse[i] = first;
   }
   batch->parts.clear();
   for (int s = 0; s < client_->num_shards(); ++s) {
@@ -250,12 +250,18 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
   }
   Batch batch;
   Dedup(ids, sync_.contains(table), &batch);
-  // Duplicate ids' gradients summed into one row each.
-  std::vector<float> summed(batch.unique.size() * d, 0.0f);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    float* row = &summed[static_cast<size_t>(batch.inverse[i]) * d];
-    const float* g = grads + i * d;
-    for (int32_t j = 0; j < d; ++j) row[j] += g[j];
+  // Duplicate ids' gradients summed into one row each. Without repeats,
+  // unique id u is ids[u] and its gradient is the caller's row u.
+  std::vector<float> summed;
+  const float* rows = grads;
+  if (batch.unique.size() != ids.size()) {
+    summed.assign(batch.unique.size() * d, 0.0f);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      float* row = &summed[static_cast<size_t>(batch.inverse[i]) * d];
+      const float* g = grads + i * d;
+      for (int32_t j = 0; j < d; ++j) row[j] += g[j];
+    }
+    rows = summed.data();
   }
   const DType wire = wire_dtype(table);
   const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
@@ -275,7 +281,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     g->resize(parts[p].unique.size() * row_bytes);
     for (size_t k = 0; k < parts[p].unique.size(); ++k) {
       common::EncodeDenseInto(
-          absl::MakeConstSpan(&summed[static_cast<size_t>(parts[p].unique[k]) * d], d), wire,
+          absl::MakeConstSpan(rows + static_cast<size_t>(parts[p].unique[k]) * d, d), wire,
           g->data() + k * row_bytes);
     }
   }

@@ -39,6 +39,7 @@
 #include "absl/types/span.h"
 #include "client/ps_client.h"
 #include "proto/shardtrain.pb.h"
+#include "sparse/id_positions.h"
 
 namespace shardtrain::client {
 
@@ -97,7 +98,7 @@ class TableClient {
     std::vector<Part> parts;
   };
   // every_shard_once: one part per shard, empty where no id is its.
-  void Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch) const;
+  void Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch);
   using StartFn = std::function<void(size_t part, grpc::ClientContext*,
                                      std::function<void(grpc::Status)>)>;
   // Runs call p of `parts` (start(p, ...)) on its shard's channel, all at
@@ -127,6 +128,7 @@ class TableClient {
   absl::flat_hash_map<std::string, int32_t> dims_;
   absl::flat_hash_set<std::string> sync_;  // the sync tables
   absl::flat_hash_map<std::string, DType> wire_;  // tables not sent as f32
+  sparse::IdPositions positions_;  // Dedup's, kept from batch to batch
 };
 
 }  // namespace shardtrain::client

@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "server/table_spec.h"
 #include "sparse/id_hash.h"
+#include "sparse/id_positions.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "table ids and rows travel little-endian and are used in place");
@@ -302,12 +303,13 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
     }
   }
   {
-    std::vector<uint64_t> sorted(ids.begin(), ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-    if (dup != sorted.end()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "id %d appears twice in one push: sum its gradients into one row", *dup));
+    thread_local sparse::IdPositions seen;
+    seen.Reset(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (!seen.Insert(ids[i], static_cast<uint32_t>(i)).second) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "id %d appears twice in one push: sum its gradients into one row", ids[i]));
+      }
     }
   }
   response->set_incarnation(incarnation_);

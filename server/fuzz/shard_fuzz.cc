@@ -174,8 +174,12 @@ class Session {
           if (!response.ParseFromString(bytes)) Fail("Lookup's response does not parse", status);
         }
         const size_t ids = request.ids().size() / 8;
-        if (status.ok() && (response.rows().size() % 4 != 0 ||
-                            (ids > 0 && response.rows().size() % (4 * ids) != 0))) {
+        // Values of the request's dtype (2 or 4 bytes; unspecified is f32).
+        const size_t width = request.dtype() == DTYPE_UNSPECIFIED
+                                 ? 4
+                                 : static_cast<size_t>(common::DTypeSize(request.dtype()));
+        if (status.ok() && (width == 0 || response.rows().size() % width != 0 ||
+                            (ids > 0 && response.rows().size() % (width * ids) != 0))) {
           Fail("Lookup answered rows of a wrong size", status);
         }
         return;

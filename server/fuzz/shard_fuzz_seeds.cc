@@ -249,6 +249,12 @@ class SeedBuilder {
     AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
     lookup.set_train(false);
     AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
+    lookup.set_dtype(DTYPE_BF16);
+    AppendOp(Op::kLookup, lookup.SerializeAsString(), &input_);
+    push.set_sequence(3);
+    push.set_dtype(DTYPE_BF16);
+    push.set_grads(std::string(8 * 4 * 2, '\x01'));
+    AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
     return *this;
   }
 
