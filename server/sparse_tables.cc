@@ -183,6 +183,10 @@ void SparseTables::AfterChange(Table& table, uint32_t now) {
   }
   if (metrics_ == nullptr) return;
   Export(table.rows->counters(), table.exported, table.metrics);
+  if (table.step != nullptr) {
+    table.metrics.sync_steps->Set(static_cast<double>(table.steps));
+    table.metrics.step_arrivals->Set(table.step->arrivals());
+  }
   const int64_t rows = table.rows->rows();
   table.metrics.rows->Set(static_cast<double>(rows));
   table.metrics.bytes_per_row->Set(

@@ -48,7 +48,17 @@ TableMetrics::TableMetrics(prometheus::Registry& registry)
                      .Help("Steps a PushSparse request's clock is behind the newest clock "
                            "the table has seen from any worker (lookups and pushes): how "
                            "far the others went on while its rows were in flight")
-                     .Register(registry)) {}
+                     .Register(registry)),
+      sync_steps_(prometheus::BuildGauge()
+                      .Name("shardtrain_table_sync_steps")
+                      .Help("Steps a sync table has applied on this shard (each the mean "
+                            "of every worker's push)")
+                      .Register(registry)),
+      step_arrivals_(prometheus::BuildGauge()
+                         .Name("shardtrain_table_step_arrivals")
+                         .Help("Workers whose push of a sync table's open step this shard "
+                               "has; the step is applied when all have pushed")
+                         .Register(registry)) {}
 
 TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
   Series s;
@@ -68,6 +78,8 @@ TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
       prometheus::Histogram::BucketBoundaries{64, 256, 1024, 4096, 16384, 65536, 262144, 1048576});
   s.staleness = &staleness_.Add(
       {{"table", table}}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
+  s.sync_steps = &sync_steps_.Add({{"table", table}});
+  s.step_arrivals = &step_arrivals_.Add({{"table", table}});
   return s;
 }
 

@@ -32,6 +32,10 @@ class TableMetrics {
     // Per PushSparse request: the newest clock the table has seen from any
     // worker minus the request's clock.
     prometheus::Histogram* staleness;
+    // Sync tables: steps applied, and workers whose push of the open step
+    // is in (a step stuck at N-1 waits for the last worker).
+    prometheus::Gauge* sync_steps;
+    prometheus::Gauge* step_arrivals;
   };
 
   // Registers the families in `registry`, which must outlive this.
@@ -50,6 +54,8 @@ class TableMetrics {
   prometheus::Family<prometheus::Counter>& gradients_;
   prometheus::Family<prometheus::Histogram>& unique_ids_;
   prometheus::Family<prometheus::Histogram>& staleness_;
+  prometheus::Family<prometheus::Gauge>& sync_steps_;
+  prometheus::Family<prometheus::Gauge>& step_arrivals_;
 };
 
 }  // namespace shardtrain::server

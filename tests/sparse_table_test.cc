@@ -406,6 +406,13 @@ TEST(SparseTables, SparseSyncEquivalence) {
   EXPECT_THAT(twice.message(), HasSubstr("twice in step"));
   ASSERT_TRUE(tables.Lookup("sync", ids, false, 0, after.data()).ok());
   EXPECT_EQ(before, after) << "a step was applied without worker 1's push";
+  // The metrics say so: every shard applied kSteps steps and has worker
+  // 0's push of the next one (an empty one where it had no ids).
+  for (int s = 0; s < kShards; ++s) {
+    std::map<std::string, double> m = job.Metrics(s);
+    EXPECT_EQ(m["shardtrain_table_sync_steps"], SyncWorkload::kSteps) << "shard " << s;
+    EXPECT_EQ(m["shardtrain_table_step_arrivals"], 1) << "shard " << s;
+  }
 }
 
 TEST(SparseTables, SparseCheckpointResume) {
