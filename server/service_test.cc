@@ -2,7 +2,8 @@
 // (the generated stub): gradients of every dtype are applied as the shard
 // applies them, pulls of every dtype carry the shard's parameters, and a
 // pull waiting for a sync step is answered when the step completes or
-// ends at its deadline.
+// ends at its deadline, and so is a sync table's lookup waiting for its
+// step.
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -217,6 +218,56 @@ TEST_F(ServiceTest, APullWaitsForTheSyncStepOrItsDeadline) {
   ExpectParts(response.pull(), DTYPE_BF16, 1, [&](int p, int i) {
     return Stepped((Grad(0, p, i) + Grad(1, p, i)) * 0.5f);
   });
+}
+
+// A sync table's training lookup by a worker whose push of the open step is
+// in is parked until the last worker's push applies the step: one that
+// runs out of time ends with DEADLINE_EXCEEDED and changes nothing, the
+// next is answered with the step's rows as soon as worker 1 pushes.
+TEST_F(ServiceTest, ASyncTableLookupWaitsForItsStep) {
+  Start(ConsistencyMode::kAsync, 2);
+  RegisterTablesRequest tables;
+  TableSpec* spec = tables.add_tables();
+  spec->set_name("t");
+  spec->set_dim(1);
+  spec->set_optimizer("sgd");
+  spec->set_learning_rate(1.0f);
+  spec->set_init(TableSpec::INIT_ZEROS);
+  spec->set_sync(true);
+  RegisterTablesResponse registered;
+  ASSERT_TRUE(stub_->RegisterTables(Context().get(), tables, &registered).ok());
+  const uint64_t id = 5;
+  LookupRequest lookup;
+  lookup.set_table("t");
+  lookup.set_ids(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  lookup.set_train(true);
+  LookupResponse rows;
+  ASSERT_TRUE(stub_->Lookup(Context().get(), lookup, &rows).ok());
+  auto push = [&](uint32_t worker, float grad) {
+    PushSparseRequest request;
+    request.set_worker(worker);
+    request.set_sequence(1);
+    request.set_table("t");
+    request.set_ids(lookup.ids());
+    request.set_grads(std::string(reinterpret_cast<const char*>(&grad), sizeof(grad)));
+    PushSparseResponse response;
+    return stub_->PushSparse(Context().get(), request, &response);
+  };
+  ASSERT_TRUE(push(0, -2.0f).ok());
+  const grpc::Status expired = stub_->Lookup(Context(300).get(), lookup, &rows);
+  EXPECT_EQ(expired.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  grpc::Status status;
+  LookupResponse waited;
+  std::thread waiting([&] { status = stub_->Lookup(Context().get(), lookup, &waited); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(push(1, -4.0f).ok());
+  waiting.join();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  float row;
+  ASSERT_EQ(waited.rows().size(), sizeof(row));
+  std::memcpy(&row, waited.rows().data(), sizeof(row));
+  EXPECT_EQ(row, 3.0f);  // SGD, lr 1: minus the mean of -2 and -4
 }
 
 }  // namespace
