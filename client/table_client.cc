@@ -36,27 +36,33 @@ std::string IdBytes(const std::vector<uint64_t>& unique, const std::vector<uint3
 
 TableClient::TableClient(PsClient* client) : client_(client) {}
 
-absl::Status TableClient::SetWireDType(const std::string& table, DType dtype) {
-  if (dim(table) == 0) {
+absl::StatusOr<TableClient::Registered*> TableClient::Find(const std::string& table) {
+  auto it = tables_.find(table);
+  if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
   }
+  return &it->second;
+}
+
+absl::Status TableClient::SetWireDType(const std::string& table, DType dtype) {
+  ASSIGN_OR_RETURN(Registered * registered, Find(table));
   if (common::DTypeSize(dtype) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "table \"", table, "\": wire dtype ", common::DTypeName(dtype),
         " is not one of f32, bf16, f16"));
   }
-  wire_[table] = dtype;
+  registered->wire = dtype;
   return absl::OkStatus();
 }
 
 DType TableClient::wire_dtype(const std::string& table) const {
-  auto it = wire_.find(table);
-  return it == wire_.end() ? DTYPE_F32 : it->second;
+  auto it = tables_.find(table);
+  return it == tables_.end() ? DTYPE_F32 : it->second.wire;
 }
 
 int32_t TableClient::dim(const std::string& table) const {
-  auto it = dims_.find(table);
-  return it == dims_.end() ? 0 : it->second;
+  auto it = tables_.find(table);
+  return it == tables_.end() ? 0 : it->second.dim;
 }
 
 absl::Status TableClient::CallParts(const char* method, const std::vector<Part>& parts,
@@ -133,13 +139,10 @@ absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
       },
       client_->options().rpc_timeout));
   for (const TableSpec& spec : tables) {
-    if (!dims_.contains(spec.name())) specs_.push_back(spec);
-    dims_[spec.name()] = spec.dim();
-    if (spec.sync()) {
-      sync_.insert(spec.name());
-    } else {
-      sync_.erase(spec.name());
-    }
+    auto [it, fresh] = tables_.try_emplace(spec.name());
+    if (fresh) specs_.push_back(spec);
+    it->second.dim = spec.dim();
+    it->second.sync = spec.sync();
   }
   return absl::OkStatus();
 }
@@ -185,14 +188,12 @@ void TableClient::Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, B
 
 absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint64_t> ids,
                                  bool train, int64_t clock, float* out, TableCallStats* stats) {
-  const int32_t d = dim(table);
-  if (d == 0) {
-    return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
-  }
+  ASSIGN_OR_RETURN(const Registered* registered, Find(table));
+  const int32_t d = registered->dim;
+  const DType wire = registered->wire;
   // A sync table's training lookup waits on every shard for the step its
   // last push ended.
-  const bool waits = train && sync_.contains(table);
-  const DType wire = wire_dtype(table);
+  const bool waits = train && registered->sync;
   Batch batch;
   Dedup(ids, waits, &batch);
   const std::vector<Part>& parts = batch.parts;
@@ -244,12 +245,11 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
 
 absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64_t> ids,
                                const float* grads, int64_t clock, TableCallStats* stats) {
-  const int32_t d = dim(table);
-  if (d == 0) {
-    return absl::NotFoundError(absl::StrCat("table \"", table, "\" is not registered"));
-  }
+  ASSIGN_OR_RETURN(const Registered* registered, Find(table));
+  const int32_t d = registered->dim;
+  const DType wire = registered->wire;
   Batch batch;
-  Dedup(ids, sync_.contains(table), &batch);
+  Dedup(ids, registered->sync, &batch);
   // Duplicate ids' gradients summed into one row each. Without repeats,
   // unique id u is ids[u] and its gradient is the caller's row u.
   std::vector<float> summed;
@@ -263,7 +263,6 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     }
     rows = summed.data();
   }
-  const DType wire = wire_dtype(table);
   const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
   const std::vector<Part>& parts = batch.parts;
   std::vector<PushSparseRequest> requests(parts.size());

@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/ps_client.h"
 #include "proto/shardtrain.pb.h"
@@ -124,10 +124,17 @@ class TableClient {
   absl::Status Reregister(const std::string& table, const absl::Status& why);
 
   PsClient* const client_;
-  std::vector<TableSpec> specs_;
-  absl::flat_hash_map<std::string, int32_t> dims_;
-  absl::flat_hash_set<std::string> sync_;  // the sync tables
-  absl::flat_hash_map<std::string, DType> wire_;  // tables not sent as f32
+  // What a call needs of a table registered here.
+  struct Registered {
+    int32_t dim = 0;
+    bool sync = false;
+    DType wire = DTYPE_F32;
+  };
+  // NOT_FOUND for a table not registered here.
+  absl::StatusOr<Registered*> Find(const std::string& table);
+
+  std::vector<TableSpec> specs_;  // as first registered, to register again
+  absl::flat_hash_map<std::string, Registered> tables_;
   sparse::IdPositions positions_;  // Dedup's, kept from batch to batch
 };
 

@@ -28,6 +28,12 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 // Bytes per element, or 0 for an unknown or unspecified dtype.
 int DTypeSize(int dtype);
+
+// A request's dtype field as its payload's dtype: unspecified (0) is f32;
+// others as they are (DTypeSize says whether they are known).
+inline DType PayloadDType(int dtype) {
+  return dtype == DTYPE_UNSPECIFIED ? DTYPE_F32 : static_cast<DType>(dtype);
+}
 const char* DTypeName(int dtype);
 
 // The dtype named "f32", "f16" or "bf16" (as DTypeName names them);

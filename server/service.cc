@@ -68,6 +68,21 @@ wire::PushPullView& ThreadPushPullView() {
   return view;
 }
 
+// Moves the waiters of `list` that `take` picks out of it, in order.
+template <typename Waiter, typename Take>
+std::vector<Waiter*> TakeIf(std::list<Waiter*>& list, Take take) {
+  std::vector<Waiter*> taken;
+  for (auto it = list.begin(); it != list.end();) {
+    if (take(*it)) {
+      taken.push_back(*it);
+      it = list.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return taken;
+}
+
 }  // namespace
 
 // A pull that may have to wait. Owned by gRPC from the handler's return
@@ -440,14 +455,9 @@ void ParameterServerService::WakeLookups() {
   std::vector<LookupWaiter*> ready;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = lookup_waiters_.begin(); it != lookup_waiters_.end();) {
-      if (shard_->tables().LookupWaits((*it)->request_)) {
-        ++it;
-      } else {
-        ready.push_back(*it);
-        it = lookup_waiters_.erase(it);
-      }
-    }
+    ready = TakeIf(lookup_waiters_, [this](const LookupWaiter* waiter) {
+      return !shard_->tables().LookupWaits(waiter->request_);
+    });
   }
   for (LookupWaiter* waiter : ready) AnswerLookup(waiter);
 }
@@ -689,22 +699,9 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
   std::vector<LookupWaiter*> expired_lookups;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = lookup_waiters_.begin(); it != lookup_waiters_.end();) {
-      if ((*it)->deadline_ <= now) {
-        expired_lookups.push_back(*it);
-        it = lookup_waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if ((*it)->deadline_ <= now) {
-        expired.push_back(*it);
-        it = waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    auto past = [now](const auto* waiter) { return waiter->deadline_ <= now; };
+    expired_lookups = TakeIf(lookup_waiters_, past);
+    expired = TakeIf(waiters_, past);
     if (!expired.empty()) {
       shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
     }

@@ -393,8 +393,7 @@ absl::Status Shard::ValidatePull(const PullRequest& request) const {
     return absl::InvalidArgumentError(absl::StrFormat(
         "pull clock and min_version must be in [0, %d]", kMaxClock));
   }
-  const int64_t width = common::DTypeSize(
-      request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype());
+  const int64_t width = common::DTypeSize(common::PayloadDType(request.dtype()));
   std::vector<const Partition*> found;
   found.reserve(request.parts_size());
   int64_t response_bytes = 0;
@@ -456,8 +455,7 @@ void Shard::FillPull(const PullRequest& request, wire::PullResponseBuilder* buil
                      std::vector<int64_t>* versions) const {
   if (versions != nullptr) versions->assign(request.parts_size(), 0);
   int index = 0;
-  const DType dtype =
-      request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype();
+  const DType dtype = common::PayloadDType(request.dtype());
   const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
   for (const PartitionKey& key : request.parts()) {
     absl::StatusOr<Partition*> found = store_.Find(key);

@@ -156,12 +156,11 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
 }
 
 absl::StatusOr<DType> SparseTables::WireDType(int dtype, const char* what) {
-  if (dtype == DTYPE_UNSPECIFIED) return DTYPE_F32;
-  if (common::DTypeSize(dtype) == 0) {
+  if (common::DTypeSize(common::PayloadDType(dtype)) == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s dtype %d is not one of DTYPE_F32, DTYPE_BF16, DTYPE_F16", what, dtype));
   }
-  return static_cast<DType>(dtype);
+  return common::PayloadDType(dtype);
 }
 
 int64_t SparseTables::StepOf(int64_t clock) { return std::clamp<int64_t>(clock, 0, UINT32_MAX); }

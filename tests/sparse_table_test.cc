@@ -148,6 +148,21 @@ class TableJob {
   std::vector<pid_t> pids_;
 };
 
+// An in-process table with Adam's usual betas and eps, as a shard makes one
+// from a TableSpec with those fields unset: the reference tests compare the
+// shards' rows with.
+std::unique_ptr<sparse::EmbeddingTable> AdamTable(const std::string& name, int dim,
+                                                  sparse::RowInit init, float lr) {
+  sparse::TableConfig config;
+  config.name = name;
+  config.dim = dim;
+  config.init = init;
+  config.optimizer.kind = sparse::SparseOptimizerKind::kAdam;
+  config.optimizer.learning_rate = lr;
+  config.optimizer.eps = 1e-8f;
+  return *sparse::EmbeddingTable::Create(config, {});
+}
+
 TableSpec Spec(const std::string& name, int dim, const std::string& optimizer, float lr) {
   TableSpec spec;
   spec.set_name(name);
@@ -271,14 +286,7 @@ struct SyncWorkload {
   // their gradients (each worker's repeated ids summed first, in order, as
   // TableClient sums them), applied once per row.
   static std::unique_ptr<sparse::EmbeddingTable> Reference(const std::string& name, int steps) {
-    sparse::TableConfig config;
-    config.name = name;
-    config.dim = kDim;
-    config.init = {sparse::RowInit::Kind::kUniform, 0.5f, 7};
-    config.optimizer.kind = sparse::SparseOptimizerKind::kAdam;
-    config.optimizer.learning_rate = 0.05f;
-    config.optimizer.eps = 1e-8f;
-    auto table = *sparse::EmbeddingTable::Create(config, {});
+    auto table = AdamTable(name, kDim, {sparse::RowInit::Kind::kUniform, 0.5f, 7}, 0.05f);
     for (int t = 0; t < steps; ++t) {
       std::map<uint64_t, std::vector<float>> sum;
       for (int w = 0; w < 2; ++w) {
@@ -425,14 +433,7 @@ TEST(SparseTables, SparseCheckpointResume) {
   spec.set_seed(3);
   // The reference: one in-process table given the same operations (rows are
   // independent, so one table stands for both shards).
-  sparse::TableConfig config;
-  config.name = "items";
-  config.dim = kDim;
-  config.init = {sparse::RowInit::Kind::kNormal, 0.1f, 3};
-  config.optimizer.kind = sparse::SparseOptimizerKind::kAdam;
-  config.optimizer.learning_rate = 0.01f;
-  config.optimizer.eps = 1e-8f;
-  auto reference = *sparse::EmbeddingTable::Create(config, {});
+  auto reference = AdamTable("items", kDim, {sparse::RowInit::Kind::kNormal, 0.1f, 3}, 0.01f);
 
   std::vector<uint64_t> ids;
   for (uint64_t i = 0; i < 300; ++i) ids.push_back(sparse::Mix64(i));

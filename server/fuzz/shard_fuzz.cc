@@ -175,9 +175,8 @@ class Session {
         }
         const size_t ids = request.ids().size() / 8;
         // Values of the request's dtype (2 or 4 bytes; unspecified is f32).
-        const size_t width = request.dtype() == DTYPE_UNSPECIFIED
-                                 ? 4
-                                 : static_cast<size_t>(common::DTypeSize(request.dtype()));
+        const size_t width =
+            static_cast<size_t>(common::DTypeSize(common::PayloadDType(request.dtype())));
         if (status.ok() && (width == 0 || response.rows().size() % width != 0 ||
                             (ids > 0 && response.rows().size() % (width * ids) != 0))) {
           Fail("Lookup answered rows of a wrong size", status);
@@ -265,8 +264,7 @@ class Session {
     if (response.parts_size() != request.parts_size()) {
       Fail("FillPull answered a different number of parts", absl::OkStatus());
     }
-    const int width = common::DTypeSize(
-        request.dtype() == DTYPE_UNSPECIFIED ? DTYPE_F32 : request.dtype());
+    const int width = common::DTypeSize(common::PayloadDType(request.dtype()));
     for (const ParameterPart& part : response.parts()) {
       auto it = sizes_.find(Key(part.key().tensor(), part.key().partition()));
       if (it == sizes_.end()) Fail("FillPull answered an unregistered partition", absl::OkStatus());
