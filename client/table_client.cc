@@ -73,12 +73,14 @@ absl::Status TableClient::CallParts(const char* method, const std::vector<Part>&
   for (size_t p = 0; p < n; ++p) {
     ShardRpc rpc;
     rpc.method = method;
+    // To the head of the part's group when the shards are replicated.
+    rpc.role = ChainRole::kHead;
     rpc.attempt_timeout = attempt_timeout;
     rpc.reconnect_timeout = client_->options().reconnect_timeout;
     rpc.start = [&start, p, method, this](const ShardAttempt& attempt,
                                            std::function<void(grpc::Status)> done) {
       const absl::Time begin = absl::Now();
-      start(p, attempt.context,
+      start(p, attempt,
             [this, method, begin, done = std::move(done)](grpc::Status status) {
               if (client_->rpc_metrics() != nullptr) {
                 client_->rpc_metrics()->Record(method, status.error_code(), 0, 0,
@@ -104,12 +106,13 @@ template <typename Request, typename Response>
 TableClient::StartFn TableClient::Send(
     void (ParameterServer::Stub::async::*method)(grpc::ClientContext*, const Request*,
                                                  Response*, std::function<void(grpc::Status)>),
-    const std::vector<Part>& parts, const std::vector<Request>& requests,
-    std::vector<Response>& responses) {
-  return [this, method, &parts, &requests, &responses](size_t p, grpc::ClientContext* context,
-                                                       std::function<void(grpc::Status)> done) {
-    (client_->channel(parts[p].shard)->stub()->async()->*method)(context, &requests[p],
-                                                                 &responses[p], std::move(done));
+    std::vector<Request>& requests, std::vector<Response>& responses) {
+  return [method, &requests, &responses](size_t p, const ShardAttempt& attempt,
+                                         std::function<void(grpc::Status)> done) {
+    // One attempt at a time per part: the epoch is the routed chain's.
+    requests[p].set_chain_epoch(attempt.chain_epoch);
+    (attempt.target->stub()->async()->*method)(attempt.context, &requests[p], &responses[p],
+                                               std::move(done));
   };
 }
 
@@ -130,12 +133,12 @@ absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
   std::vector<RegisterTablesResponse> responses(all.size());
   RETURN_IF_ERROR(CallParts(
       "RegisterTables", all,
-      [this, &request, &responses](size_t s, grpc::ClientContext* context,
+      [this, &request, &responses](size_t s, const ShardAttempt& attempt,
                                    std::function<void(grpc::Status)> done) {
         client_->channel(static_cast<int>(s))
             ->stub()
             ->async()
-            ->RegisterTables(context, &request, &responses[s], std::move(done));
+            ->RegisterTables(attempt.context, &request, &responses[s], std::move(done));
       },
       client_->options().rpc_timeout));
   for (const TableSpec& spec : tables) {
@@ -206,10 +209,11 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
     requests[p].set_worker(static_cast<uint32_t>(client_->options().worker_index));
     requests[p].set_clock(clock);
     requests[p].set_dtype(wire);
+    requests[p].set_group(parts[p].shard);
   }
   RETURN_IF_ERROR(CallTable(
       table, "Lookup", parts,
-      Send(&ParameterServer::Stub::async::Lookup, parts, requests, responses),
+      Send(&ParameterServer::Stub::async::Lookup, requests, responses),
       waits ? client_->options().pull_timeout : client_->options().rpc_timeout));
   const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
   // Where each unique id's row is in the responses: the rows are copied
@@ -276,6 +280,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
     r.set_table(table);
     r.set_ids(IdBytes(batch.unique, parts[p].unique));
     r.set_dtype(wire);
+    r.set_group(parts[p].shard);
     std::string* g = r.mutable_grads();
     g->resize(parts[p].unique.size() * row_bytes);
     for (size_t k = 0; k < parts[p].unique.size(); ++k) {
@@ -286,7 +291,7 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
   }
   RETURN_IF_ERROR(CallTable(
       table, "PushSparse", parts,
-      Send(&ParameterServer::Stub::async::PushSparse, parts, requests, responses),
+      Send(&ParameterServer::Stub::async::PushSparse, requests, responses),
       client_->options().rpc_timeout));
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());

@@ -3,7 +3,9 @@
 // and an inverse index), so every shard is asked for a row once however
 // often the batch names its id, and a push sums the gradients of repeated
 // ids into one row gradient before sending. Ids go to the shard of their
-// slot (sparse/id_hash.h: ShardOfId), all shards at once; every call has a
+// slot (sparse/id_hash.h: ShardOfId), or with replicated shards to the
+// chain head of that replica group (retried there across a failover), all
+// shards at once; every call has a
 // deadline and is retried through the shard's channel (reconnects, backoff)
 // with the same request, so a retried push carries the same (worker,
 // worker_incarnation, sequence) and is applied at most once (sequences come
@@ -38,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/ps_client.h"
+#include "client/shard_channel.h"
 #include "proto/shardtrain.pb.h"
 #include "sparse/id_positions.h"
 
@@ -99,21 +102,22 @@ class TableClient {
   };
   // every_shard_once: one part per shard, empty where no id is its.
   void Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch);
-  using StartFn = std::function<void(size_t part, grpc::ClientContext*,
+  using StartFn = std::function<void(size_t part, const ShardAttempt&,
                                      std::function<void(grpc::Status)>)>;
-  // Runs call p of `parts` (start(p, ...)) on its shard's channel, all at
-  // once, each attempt given attempt_timeout, and waits for all; the first
-  // error.
+  // Runs call p of `parts` (start(p, ...)) on its shard's channel, routed
+  // to the head of the shard's replica group when the shards are
+  // replicated, all at once, each attempt given attempt_timeout, and waits
+  // for all; the first error.
   absl::Status CallParts(const char* method, const std::vector<Part>& parts,
                          const StartFn& start, absl::Duration attempt_timeout);
-  // A StartFn that sends requests[p] to part p's shard with `method` (a
-  // ParameterServer async stub method), its answer into responses[p].
+  // A StartFn that sends requests[p], stamped with the attempt's chain
+  // epoch, to the attempt's target with `method` (a ParameterServer async
+  // stub method), its answer into responses[p].
   template <typename Request, typename Response>
   StartFn Send(void (ParameterServer::Stub::async::*method)(
                    grpc::ClientContext*, const Request*, Response*,
                    std::function<void(grpc::Status)>),
-               const std::vector<Part>& parts, const std::vector<Request>& requests,
-               std::vector<Response>& responses);
+               std::vector<Request>& requests, std::vector<Response>& responses);
   // CallParts for a call on `table`; when a shard answers NOT_FOUND (it
   // lost the table), registers the tables again and runs the calls once
   // more (a push keeps its sequences, so no part is applied twice).

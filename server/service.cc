@@ -432,23 +432,41 @@ grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerCon
     AnswerLookup(waiter);
     return waiter;
   }
-  if (status.ok()) status = AnswerLookup(lookup, response);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  FinishRaw(reactor, "Lookup", status, start, request->Length(), *response);
+  if (!status.ok()) {
+    FinishRaw(reactor, "Lookup", status, start, request->Length(), *response);
+    return reactor;
+  }
+  AnswerLookup(reactor, lookup, response, start, request->Length());
   return reactor;
 }
 
-absl::Status ParameterServerService::AnswerLookup(const LookupRequest& request,
-                                                  grpc::ByteBuffer* response) {
+void ParameterServerService::AnswerLookup(grpc::ServerUnaryReactor* reactor,
+                                          const LookupRequest& request,
+                                          grpc::ByteBuffer* response, absl::Time start,
+                                          size_t request_bytes) {
   wire::LookupResponseBuilder builder;
-  RETURN_IF_ERROR(shard_->tables().Lookup(request, &builder));
-  builder.Finish(response);
-  return absl::OkStatus();
+  if (replicator_ == nullptr || !request.train()) {
+    absl::Status status = shard_->tables().Lookup(request, &builder);
+    if (status.ok()) builder.Finish(response);
+    FinishRaw(reactor, "Lookup", status, start, request_bytes, *response);
+    return;
+  }
+  replicator_->Sparse(
+      request.group(), request.chain_epoch(), request.worker(), 0, 0,
+      [this, &request, &builder, response](SparseOp* op, bool*) {
+        RETURN_IF_ERROR(shard_->tables().Lookup(request, &builder, op));
+        builder.Finish(response);
+        return absl::OkStatus();
+      },
+      [this, reactor, start, request_bytes, response](absl::Status status) {
+        FinishRaw(reactor, "Lookup", status, start, request_bytes, *response);
+      });
 }
 
 void ParameterServerService::AnswerLookup(LookupWaiter* waiter) {
-  FinishRaw(waiter, "Lookup", AnswerLookup(waiter->request_, waiter->response_),
-            waiter->start_, waiter->request_bytes_, *waiter->response_);
+  AnswerLookup(waiter, waiter->request_, waiter->response_, waiter->start_,
+               waiter->request_bytes_);
 }
 
 void ParameterServerService::WakeLookups() {
@@ -479,9 +497,24 @@ grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   bool step_applied = false;
-  const absl::Status status = shard_->tables().PushSparse(*request, response, &step_applied);
+  if (replicator_ == nullptr) {
+    const absl::Status status = shard_->tables().PushSparse(*request, response, &step_applied);
+    if (step_applied) WakeLookups();
+    Finish(reactor, "PushSparse", status, start, *request, *response);
+    return reactor;
+  }
+  replicator_->Sparse(
+      request->group(), request->chain_epoch(), request->worker(),
+      request->worker_incarnation(), request->sequence(),
+      [this, request, response, &step_applied](SparseOp* op, bool* duplicate) {
+        RETURN_IF_ERROR(shard_->tables().PushSparse(*request, response, &step_applied, op));
+        *duplicate = response->duplicate();
+        return absl::OkStatus();
+      },
+      [this, reactor, start, request, response](absl::Status status) {
+        Finish(reactor, "PushSparse", status, start, *request, *response);
+      });
   if (step_applied) WakeLookups();
-  Finish(reactor, "PushSparse", status, start, *request, *response);
   return reactor;
 }
 

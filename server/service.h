@@ -128,7 +128,10 @@ class ParameterServerService final : public ParameterServerBase {
   friend class LookupWaiter;
 
   // The rows of `request` into `response`.
-  absl::Status AnswerLookup(const LookupRequest& request, grpc::ByteBuffer* response);
+  // Answers `request` on `reactor`, its rows into *response: at once, or
+  // (a replicated training lookup) once the group's tail has its changes.
+  void AnswerLookup(grpc::ServerUnaryReactor* reactor, const LookupRequest& request,
+                    grpc::ByteBuffer* response, absl::Time start, size_t request_bytes);
   // Answers a parked (or about to be parked) lookup and finishes it.
   void AnswerLookup(LookupWaiter* waiter);
   // Answers the parked lookups whose step has been applied.

@@ -121,8 +121,8 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
              }(),
              options.num_workers),
       membership_(options.num_workers, options.heartbeat_timeout,
-                  options.join_timeout, start_time_) {
-  groups_ = GroupsHeld(options);
+                  options.join_timeout, start_time_),
+      groups_(GroupsHeld(options)) {
   group_slot_.assign(options.partitioning.num_shards, -1);
   for (size_t slot = 0; slot < groups_.size(); ++slot) {
     group_slot_[groups_[slot]] = static_cast<int>(slot);

@@ -355,7 +355,7 @@ class Shard {
 
   // Filled by MaybeFinishStep; emptied by the checkpoint writer.
   StepSnapshot step_snapshot_{options_.checkpoint_every_steps};
-  SparseTables tables_{options_, incarnation_, metrics_};
+  SparseTables tables_{options_, groups_, incarnation_, metrics_};
 };
 
 }  // namespace shardtrain::server

@@ -187,6 +187,7 @@ GroupStateResponse Shard::ExportGroup(int group) const {
     out.set_worker(static_cast<uint32_t>(w));
     *state.add_push_logs() = std::move(out);
   }
+  tables_.ExportGroup(group, &state);
   return state;
 }
 
@@ -196,7 +197,9 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
     return absl::InvalidArgumentError(
         absl::StrFormat("shard %d does not hold group %d", options_.shard_index, group));
   }
+  RETURN_IF_ERROR(tables_.ImportGroup(group, state));
   for (const CheckpointRecord& record : state.records()) {
+    if (record.has_table()) continue;
     RETURN_IF_ERROR(store_.Register(record.spec()).status());
     ASSIGN_OR_RETURN(Partition * found,
                      store_.Find(record.spec().name(), record.partition()));
@@ -237,7 +240,7 @@ int64_t Shard::GroupOps(int group) const {
     absl::ReaderMutexLock lock(&part->mu);
     ops += part->ops;
   }
-  return ops;
+  return ops + tables_.GroupOps(group);
 }
 
 }  // namespace shardtrain::server

@@ -20,6 +20,9 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace shardtrain::server {
 namespace {
 
+// Rows per record of a group's state for a joining member.
+constexpr int64_t kMaxGroupRecordBytes = int64_t{32} << 20;
+
 // bytes (little-endian Ts, a whole number of them) as Ts: in place where
 // they are aligned for T, as protobuf's heap strings are, else copied into
 // storage.
@@ -52,12 +55,19 @@ void Export(const sparse::TableCounters& now, sparse::TableCounters& last,
 
 }  // namespace
 
-SparseTables::SparseTables(const ShardOptions& options, uint64_t incarnation,
-                           ShardMetrics* metrics)
+SparseTables::SparseTables(const ShardOptions& options, std::vector<int> groups,
+                           uint64_t incarnation, ShardMetrics* metrics)
     : options_(options),
+      groups_(std::move(groups)),
       incarnation_(incarnation),
       metrics_(metrics),
-      push_logs_(static_cast<size_t>(options.num_workers)) {}
+      push_logs_(groups_.size() * static_cast<size_t>(options.num_workers)) {
+  for (size_t slot = 0; slot < groups_.size(); ++slot) {
+    const int group = groups_[slot];
+    if (group >= static_cast<int>(group_slot_.size())) group_slot_.resize(group + 1, -1);
+    group_slot_[group] = static_cast<int>(slot);
+  }
+}
 
 absl::Status SparseTables::CheckIncarnation(uint64_t shard_incarnation) const {
   if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
@@ -68,33 +78,56 @@ absl::Status SparseTables::CheckIncarnation(uint64_t shard_incarnation) const {
   return absl::OkStatus();
 }
 
-absl::Status SparseTables::AddTable(const TableSpec& spec) {
+absl::StatusOr<std::unique_ptr<SparseTables::Table>> SparseTables::NewTable(
+    const TableSpec& spec, int group, TableSet* set) const {
   ASSIGN_OR_RETURN(sparse::TableConfig config, TableConfigFromSpec(spec, options_.limits));
   ASSIGN_OR_RETURN(std::unique_ptr<sparse::EmbeddingTable> rows,
                    sparse::EmbeddingTable::Create(config, TableLimitsOf(options_.limits)));
   auto table = std::make_unique<Table>();
   table->spec = spec;
+  table->group = group;
+  table->set = set;
+  table->capacity.store(rows->capacity());
+  absl::MutexLock lock(&table->mu);
   if (spec.sync()) {
-    absl::MutexLock lock(&table->mu);
     table->step = std::make_unique<sparse::StepGradients>(spec.dim(), options_.num_workers);
   }
-  if (metrics_ != nullptr) {
-    table->metrics = metrics_->tables().ForTable(spec.name());
-    table->metrics.capacity->Set(static_cast<double>(rows->capacity()));
+  table->rows = std::move(rows);
+  return table;
+}
+
+absl::Status SparseTables::AddTable(const TableSpec& spec) {
+  auto set = std::make_unique<TableSet>();
+  set->spec = spec;
+  if (metrics_ != nullptr) set->metrics = metrics_->tables().ForTable(spec.name());
+  int64_t capacity = 0;
+  for (int group : groups_) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Table> table, NewTable(spec, group, set.get()));
+    capacity += table->capacity.load();
+    set->groups.push_back(std::move(table));
   }
-  {
-    absl::MutexLock lock(&table->mu);
-    table->rows = std::move(rows);
+  if (set->metrics.capacity != nullptr) {
+    set->metrics.capacity->Set(static_cast<double>(capacity));
   }
-  tables_[spec.name()] = std::move(table);
+  tables_[spec.name()] = std::move(set);
   return absl::OkStatus();
 }
 
-absl::Status SparseTables::Register(const RegisterTablesRequest& request) {
-  if (options_.replicas != 1) {
+absl::StatusOr<SparseTables::TableSet*> SparseTables::FindOrAdd(const TableSpec& spec,
+                                                                const char* what) {
+  absl::MutexLock lock(&mu_);
+  auto it = tables_.find(spec.name());
+  if (it == tables_.end()) {
+    RETURN_IF_ERROR(AddTable(spec));
+    it = tables_.find(spec.name());
+  } else if (it->second->spec.SerializeAsString() != spec.SerializeAsString()) {
     return absl::FailedPreconditionError(
-        "sparse tables are not replicated yet: run the shards with --replicas=1");
+        absl::StrCat(what, " table \"", spec.name(), "\" has two different specs"));
   }
+  return it->second.get();
+}
+
+absl::Status SparseTables::Register(const RegisterTablesRequest& request) {
   absl::MutexLock lock(&mu_);
   int64_t fresh = 0;
   for (const TableSpec& spec : request.tables()) {
@@ -120,18 +153,27 @@ absl::Status SparseTables::Register(const RegisterTablesRequest& request) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<SparseTables::Table*> SparseTables::Find(const std::string& name) const {
+absl::StatusOr<SparseTables::Table*> SparseTables::Find(const std::string& name,
+                                                        int group) const {
+  int slot = 0;
+  if (options_.replicas > 1) {
+    slot = SlotOf(group);
+    if (slot < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "shard %d does not hold replica group %d", options_.shard_index, group));
+    }
+  }
   absl::MutexLock lock(&mu_);
   auto it = tables_.find(name);
   if (it == tables_.end()) {
     return absl::NotFoundError(absl::StrCat("no table \"", name, "\" on shard ",
                                             options_.shard_index, ": register it first"));
   }
-  return it->second.get();
+  return it->second->groups[static_cast<size_t>(slot)].get();
 }
 
 absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
-    const std::string& ids, std::vector<uint64_t>* storage) const {
+    const Table& table, const std::string& ids, std::vector<uint64_t>* storage) const {
   if (ids.size() % 8 != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(ids.size(), " bytes of ids is not a whole number of uint64"));
@@ -146,10 +188,13 @@ absl::StatusOr<absl::Span<const uint64_t>> SparseTables::CheckIds(
   const int num_shards = options_.partitioning.num_shards;
   for (uint64_t id : view) {
     const int owner = sparse::ShardOfId(id, num_shards);
-    if (owner != options_.shard_index) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "id %d belongs to shard %d of %d, not shard %d", id, owner, num_shards,
-          options_.shard_index));
+    if (owner != table.group) {
+      return absl::InvalidArgumentError(
+          options_.replicas > 1
+              ? absl::StrFormat("id %d belongs to replica group %d of %d, not group %d", id,
+                                owner, num_shards, table.group)
+              : absl::StrFormat("id %d belongs to shard %d of %d, not shard %d", id, owner,
+                                num_shards, options_.shard_index));
     }
   }
   return view;
@@ -180,24 +225,40 @@ void SparseTables::AfterChange(Table& table, uint32_t now) {
     table.rows->EvictExpired(now);
     table.swept = now;
   }
+  table.rows_now.store(table.rows->rows(), std::memory_order_relaxed);
+  table.bytes_now.store(table.rows->bytes(), std::memory_order_relaxed);
   if (metrics_ == nullptr) return;
-  Export(table.rows->counters(), table.exported, table.metrics);
-  if (table.step != nullptr) {
-    table.metrics.sync_steps->Set(static_cast<double>(table.steps));
-    table.metrics.step_arrivals->Set(table.step->arrivals());
+  const TableMetrics::Series& m = table.set->metrics;
+  Export(table.rows->counters(), table.exported, m);
+  // The shard's own group's step (the first held).
+  if (table.step != nullptr && table.group == groups_.front()) {
+    m.sync_steps->Set(static_cast<double>(table.steps));
+    m.step_arrivals->Set(table.step->arrivals());
   }
-  const int64_t rows = table.rows->rows();
-  table.metrics.rows->Set(static_cast<double>(rows));
-  table.metrics.bytes_per_row->Set(
-      rows == 0 ? 0.0 : static_cast<double>(table.rows->bytes()) / static_cast<double>(rows));
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  for (const std::unique_ptr<Table>& group : table.set->groups) {
+    rows += group->rows_now.load(std::memory_order_relaxed);
+    bytes += group->bytes_now.load(std::memory_order_relaxed);
+  }
+  m.rows->Set(static_cast<double>(rows));
+  m.bytes_per_row->Set(rows == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(rows));
+}
+
+void SparseTables::TrainLookup(Table& table, absl::Span<const uint64_t> ids, int64_t clock,
+                               uint32_t now, float* out) {
+  table.newest_clock = std::max(table.newest_clock, StepOf(clock));
+  table.rows->LookupForTraining(ids, now, out);
+  ++table.ops;
+  AfterChange(table, now);
 }
 
 absl::Status SparseTables::Lookup(const LookupRequest& request,
-                                  wire::LookupResponseBuilder* response) {
+                                  wire::LookupResponseBuilder* response, SparseOp* op) {
   RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
-  ASSIGN_OR_RETURN(Table * table, Find(request.table()));
+  ASSIGN_OR_RETURN(Table * table, Find(request.table(), request.group()));
   std::vector<uint64_t> storage;
-  ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
+  ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(*table, request.ids(), &storage));
   ASSIGN_OR_RETURN(const DType dtype, WireDType(request.dtype(), "rows"));
   const size_t dim = static_cast<size_t>(table->spec.dim());
   const size_t row_bytes = static_cast<size_t>(common::DTypeSize(dtype)) * dim;
@@ -223,9 +284,19 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
   if (request.train()) {
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
-    table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
-    table->rows->LookupForTraining(ids, now, out);
-    AfterChange(*table, now);
+    if (op != nullptr) {
+      op->set_group(table->group);
+      op->set_op(table->ops);
+      op->set_now(now);
+      LookupRequest& forwarded = *op->mutable_lookup();
+      forwarded.set_table(request.table());
+      forwarded.set_ids(request.ids());
+      forwarded.set_train(true);
+      forwarded.set_worker(request.worker());
+      forwarded.set_clock(request.clock());
+      forwarded.set_group(table->group);
+    }
+    TrainLookup(*table, ids, request.clock(), now, out);
   } else {
     absl::ReaderMutexLock lock(&table->mu);
     table->rows->LookupReadOnly(ids, out);
@@ -240,7 +311,7 @@ bool SparseTables::LookupWaits(const LookupRequest& request) const {
   if (!request.train() || request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
     return false;
   }
-  absl::StatusOr<Table*> table = Find(request.table());
+  absl::StatusOr<Table*> table = Find(request.table(), request.group());
   if (!table.ok() || !(*table)->spec.sync()) return false;
   absl::ReaderMutexLock lock(&(*table)->mu);
   return (*table)->step->arrived(static_cast<int>(request.worker()));
@@ -271,17 +342,16 @@ absl::StatusOr<int64_t> SparseTables::ApplyPush(Table& table, uint32_t worker,
          table.rows->Apply(step_ids, step_grads.data(), now, 1.0f);
 }
 
-absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
-                                      PushSparseResponse* response, bool* step_applied) {
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+absl::Status SparseTables::CheckPush(const PushSparseRequest& request,
+                                     CheckedPush* push) const {
   if (request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
   }
-  ASSIGN_OR_RETURN(Table * table, Find(request.table()));
-  std::vector<uint64_t> storage;
-  ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(request.ids(), &storage));
-  const size_t dim = static_cast<size_t>(table->spec.dim());
+  ASSIGN_OR_RETURN(push->table, Find(request.table(), request.group()));
+  ASSIGN_OR_RETURN(push->ids, CheckIds(*push->table, request.ids(), &push->id_storage));
+  const absl::Span<const uint64_t> ids = push->ids;
+  const size_t dim = static_cast<size_t>(push->table->spec.dim());
   ASSIGN_OR_RETURN(const DType dtype, WireDType(request.dtype(), "grads"));
   const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
   if (request.grads().size() != ids.size() * dim * width) {
@@ -290,33 +360,42 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
         request.table(), dim, ids.size(), ids.size() * dim * width, common::DTypeName(dtype),
         request.grads().size()));
   }
-  std::vector<float> grads_storage;
-  absl::Span<const float> grads;
   if (dtype == DTYPE_F32) {
-    grads = ViewOf<float>(request.grads(), &grads_storage);
+    push->grads = ViewOf<float>(request.grads(), &push->grad_storage);
   } else {
-    grads_storage.resize(ids.size() * dim);
-    RETURN_IF_ERROR(common::DecodeDense(dtype, request.grads(), absl::MakeSpan(grads_storage)));
-    grads = absl::MakeConstSpan(grads_storage);
+    push->grad_storage.resize(ids.size() * dim);
+    RETURN_IF_ERROR(
+        common::DecodeDense(dtype, request.grads(), absl::MakeSpan(push->grad_storage)));
+    push->grads = absl::MakeConstSpan(push->grad_storage);
   }
+  const absl::Span<const float> grads = push->grads;
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!std::isfinite(grads[i])) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "the gradient of id %d holds a NaN or Inf", ids[i / dim]));
     }
   }
-  {
-    thread_local sparse::IdPositions seen;
-    seen.Reset(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (!seen.Insert(ids[i], static_cast<uint32_t>(i)).second) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "id %d appears twice in one push: sum its gradients into one row", ids[i]));
-      }
+  thread_local sparse::IdPositions seen;
+  seen.Reset(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!seen.Insert(ids[i], static_cast<uint32_t>(i)).second) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "id %d appears twice in one push: sum its gradients into one row", ids[i]));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
+                                      PushSparseResponse* response, bool* step_applied,
+                                      SparseOp* op) {
+  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  CheckedPush push;
+  RETURN_IF_ERROR(CheckPush(request, &push));
+  Table* const table = push.table;
   response->set_incarnation(incarnation_);
-  PushLog& log = push_logs_[request.worker()];
+  absl::MutexLock lock(&table->mu);
+  PushLog& log = LogOf(SlotOf(table->group), request.worker());
   absl::MutexLock log_lock(&log.mu());
   if (request.sequence() != 0) {
     ASSIGN_OR_RETURN(std::optional<int64_t> seen,
@@ -327,39 +406,232 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
       return absl::OkStatus();
     }
   }
-  absl::MutexLock lock(&table->mu);
   const uint32_t now = Now(*table, request.clock());
-  ASSIGN_OR_RETURN(const int64_t dropped,
-                   ApplyPush(*table, request.worker(), ids, grads.data(), now, step_applied));
+  ASSIGN_OR_RETURN(const int64_t dropped, ApplyPush(*table, request.worker(), push.ids,
+                                                    push.grads.data(), now, step_applied));
   response->set_dropped(dropped);
+  if (op != nullptr) {
+    op->set_group(table->group);
+    op->set_op(table->ops);
+    op->set_now(now);
+    PushSparseRequest& forwarded = *op->mutable_push();
+    forwarded = request;
+    forwarded.set_group(table->group);
+    forwarded.clear_shard_incarnation();
+    forwarded.clear_chain_epoch();
+  }
+  ++table->ops;
   if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
   table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
-  if (table->metrics.unique_ids != nullptr) {
-    table->metrics.unique_ids->Observe(static_cast<double>(ids.size()));
-    table->metrics.staleness->Observe(
+  if (table->set->metrics.unique_ids != nullptr) {
+    table->set->metrics.unique_ids->Observe(static_cast<double>(push.ids.size()));
+    table->set->metrics.staleness->Observe(
         static_cast<double>(table->newest_clock - StepOf(request.clock())));
   }
   AfterChange(*table, now);
   return absl::OkStatus();
 }
 
+namespace {
+
+struct TableOpWait {
+  const int64_t* ops;
+  int64_t op;
+};
+
+// Read under the table's mutex by absl::Condition.
+bool ReachedTableOp(TableOpWait* wait) { return *wait->ops >= wait->op; }
+
+}  // namespace
+
+bool SparseTables::AwaitOp(Table& table, int64_t op, absl::Duration wait,
+                           const std::function<bool()>& still_valid) {
+  const absl::Time deadline = absl::Now() + wait;
+  TableOpWait condition{&table.ops, op};
+  while (!ReachedTableOp(&condition)) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration() || !still_valid()) return false;
+    table.mu.AwaitWithTimeout(absl::Condition(&ReachedTableOp, &condition),
+                              std::min(left, absl::Milliseconds(20)));
+  }
+  return true;
+}
+
+absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wait,
+                                           const std::function<bool()>& still_valid,
+                                           bool* step_applied) {
+  if (options_.replicas <= 1) {
+    return absl::FailedPreconditionError("this shard is not replicated");
+  }
+  const bool is_push = op.has_push();
+  if (is_push == op.has_lookup() || op.op() < 0) {
+    return absl::InvalidArgumentError(
+        "a forwarded table operation is one lookup or one push, at an operation >= 0");
+  }
+  CheckedPush push;
+  std::vector<uint64_t> id_storage;
+  absl::Span<const uint64_t> lookup_ids;
+  Table* table;
+  if (is_push) {
+    if (op.push().group() != op.group()) {
+      return absl::InvalidArgumentError("a forwarded push names two groups");
+    }
+    RETURN_IF_ERROR(CheckPush(op.push(), &push));
+    table = push.table;
+  } else {
+    if (op.lookup().group() != op.group() || !op.lookup().train()) {
+      return absl::InvalidArgumentError(
+          "a forwarded lookup is a training lookup of the op's group");
+    }
+    ASSIGN_OR_RETURN(table, Find(op.lookup().table(), op.group()));
+    ASSIGN_OR_RETURN(lookup_ids, CheckIds(*table, op.lookup().ids(), &id_storage));
+  }
+  absl::MutexLock lock(&table->mu);
+  if (!AwaitOp(*table, op.op(), wait, still_valid)) {
+    return absl::UnavailableError(absl::StrFormat(
+        "table \"%s\" group %d: operation %d is not next here (the chain changed, or an "
+        "earlier forward is missing); retry",
+        table->spec.name(), op.group(), op.op()));
+  }
+  if (table->ops > op.op()) return absl::OkStatus();  // an earlier copy applied it
+  if (!is_push) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(lookup_ids.size() * static_cast<size_t>(table->spec.dim()));
+    TrainLookup(*table, lookup_ids, op.lookup().clock(), op.now(), scratch.data());
+    return absl::OkStatus();
+  }
+  const PushSparseRequest& request = op.push();
+  PushLog& log = LogOf(SlotOf(table->group), request.worker());
+  absl::MutexLock log_lock(&log.mu());
+  absl::StatusOr<int64_t> dropped = ApplyPush(*table, request.worker(), push.ids,
+                                              push.grads.data(), op.now(), step_applied);
+  if (!dropped.ok()) {
+    return absl::InternalError(absl::StrCat("table \"", table->spec.name(), "\" group ",
+                                            op.group(), ": replica diverged: the head applied ",
+                                            "a push this replica refuses: ",
+                                            dropped.status().message()));
+  }
+  ++table->ops;
+  if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
+  table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
+  AfterChange(*table, op.now());
+  return absl::OkStatus();
+}
+
+int64_t SparseTables::GroupOps(int group) const {
+  const int slot = SlotOf(group);
+  if (slot < 0) return 0;
+  std::vector<const Table*> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, set] : tables_) tables.push_back(set->groups[slot].get());
+  }
+  int64_t ops = 0;
+  for (const Table* table : tables) {
+    absl::ReaderMutexLock lock(&table->mu);
+    ops += table->ops;
+  }
+  return ops;
+}
+
+void SparseTables::ExportGroup(int group, GroupStateResponse* state) const {
+  const int slot = SlotOf(group);
+  if (slot < 0) return;
+  std::vector<const Table*> tables;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [name, set] : tables_) tables.push_back(set->groups[slot].get());
+  }
+  std::vector<CheckpointRecord> records;
+  for (const Table* table : tables) {
+    WriteRecords(*table, kMaxGroupRecordBytes, /*replica=*/true, &records);
+  }
+  for (CheckpointRecord& record : records) *state->add_records() = std::move(record);
+  // After the tables: a push applied in between is in the log (and its
+  // forward, already applied, is skipped), never applied without its
+  // sequence.
+  for (int w = 0; w < options_.num_workers; ++w) {
+    PushLog& log = LogOf(slot, static_cast<uint32_t>(w));
+    absl::MutexLock lock(&log.mu());
+    PushLogState out;
+    if (!log.Export(&out)) continue;
+    out.set_worker(static_cast<uint32_t>(w));
+    *state->add_table_push_logs() = std::move(out);
+  }
+}
+
+absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& state) {
+  const int slot = SlotOf(group);
+  if (slot < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "shard %d does not hold replica group %d", options_.shard_index, group));
+  }
+  absl::flat_hash_map<std::string, bool> started;
+  for (const CheckpointRecord& record : state.records()) {
+    if (!record.has_table()) continue;
+    if (record.table_group() != group) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "group %d's state holds rows of table \"%s\" group %d", group,
+          record.table().name(), record.table_group()));
+    }
+    ASSIGN_OR_RETURN(TableSet * set, FindOrAdd(record.table(), "group state"));
+    Table& table = *set->groups[slot];
+    const bool first = started.emplace(record.table().name(), true).second;
+    if (first) {
+      // The joining member's copy starts from nothing but the head's.
+      ASSIGN_OR_RETURN(std::unique_ptr<Table> fresh, NewTable(set->spec, group, set));
+      absl::MutexLock lock(&table.mu);
+      absl::MutexLock fresh_lock(&fresh->mu);
+      table.rows = std::move(fresh->rows);
+      table.step = std::move(fresh->step);
+      table.ops = 0;
+      table.swept = 0;
+      table.newest_clock = 0;
+      table.steps = 0;
+    }
+    absl::MutexLock lock(&table.mu);
+    RETURN_IF_ERROR(ReadRecord(record, first, table));
+  }
+  for (const PushLogState& in : state.table_push_logs()) {
+    if (in.worker() >= static_cast<uint32_t>(options_.num_workers)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("table push log of worker %d in group state; the job has %d workers",
+                          in.worker(), options_.num_workers));
+    }
+    PushLog& log = LogOf(slot, in.worker());
+    absl::MutexLock lock(&log.mu());
+    RETURN_IF_ERROR(log.Import(in));
+  }
+  return absl::OkStatus();
+}
+
 void SparseTables::FillStatus(StatusResponse* response) const {
   absl::MutexLock lock(&mu_);
-  std::vector<const Table*> sorted;
-  for (const auto& [name, table] : tables_) sorted.push_back(table.get());
+  std::vector<const TableSet*> sorted;
+  for (const auto& [name, set] : tables_) sorted.push_back(set.get());
   std::sort(sorted.begin(), sorted.end(),
-            [](const Table* a, const Table* b) { return a->spec.name() < b->spec.name(); });
-  for (const Table* table : sorted) {
-    absl::ReaderMutexLock table_lock(&table->mu);
+            [](const TableSet* a, const TableSet* b) { return a->spec.name() < b->spec.name(); });
+  for (const TableSet* set : sorted) {
     TableState* state = response->add_tables();
-    state->set_name(table->spec.name());
-    state->set_dim(table->spec.dim());
-    state->set_optimizer(table->spec.optimizer().empty() ? "sgd" : table->spec.optimizer());
-    state->set_rows(table->rows->rows());
-    state->set_capacity(table->rows->capacity());
-    state->set_bytes(table->rows->bytes());
-    state->set_sync(table->spec.sync());
-    state->set_steps(table->steps);
+    state->set_name(set->spec.name());
+    state->set_dim(set->spec.dim());
+    state->set_optimizer(set->spec.optimizer().empty() ? "sgd" : set->spec.optimizer());
+    state->set_sync(set->spec.sync());
+    int64_t rows = 0, capacity = 0, bytes = 0;
+    for (const std::unique_ptr<Table>& table : set->groups) {
+      absl::ReaderMutexLock table_lock(&table->mu);
+      TableGroupRows* group = state->add_groups();
+      group->set_group(table->group);
+      group->set_rows(table->rows->rows());
+      rows += table->rows->rows();
+      capacity += table->rows->capacity();
+      bytes += table->rows->bytes();
+      // The shard's own group's steps.
+      if (table->group == groups_.front()) state->set_steps(table->steps);
+    }
+    state->set_rows(rows);
+    state->set_capacity(capacity);
+    state->set_bytes(bytes);
   }
 }
 
@@ -368,75 +640,116 @@ int64_t SparseTables::num_tables() const {
   return static_cast<int64_t>(tables_.size());
 }
 
+void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bool replica,
+                                std::vector<CheckpointRecord>* records) const {
+  std::string rows, filter, step;
+  std::vector<uint32_t> arrived;
+  int32_t record_bytes;
+  int64_t steps, ops, newest_clock;
+  uint32_t swept;
+  {
+    absl::ReaderMutexLock lock(&table.mu);
+    table.rows->ExportRecords(&rows);
+    table.rows->ExportFilter(&filter);
+    record_bytes = table.rows->record_bytes();
+    steps = table.steps;
+    ops = table.ops;
+    swept = table.swept;
+    newest_clock = table.newest_clock;
+    if (replica && table.step != nullptr) table.step->Export(&step, &arrived);
+  }
+  // Whole rows per record; one record for an empty table, so that its
+  // registration survives.
+  const size_t per_record = static_cast<size_t>(
+      std::max<int64_t>(1, max_record_bytes / record_bytes) * record_bytes);
+  size_t offset = 0;
+  do {
+    CheckpointRecord& record = records->emplace_back();
+    *record.mutable_table() = table.spec;
+    record.set_table_group(table.group);
+    if (offset == 0) {
+      record.set_table_filter(std::move(filter));
+      record.set_table_steps(steps);
+      record.set_table_swept(swept);
+      record.set_table_clock(newest_clock);
+      if (replica) {
+        record.set_ops(ops);
+        record.set_accum(std::move(step));
+        record.mutable_contributors()->Add(arrived.begin(), arrived.end());
+      }
+    }
+    const size_t take = std::min(per_record, rows.size() - offset);
+    record.set_table_rows(rows.substr(offset, take));
+    offset += take;
+  } while (offset < rows.size());
+}
+
+absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first,
+                                      Table& table) {
+  const std::string& name = record.table().name();
+  // Checked first, so that a bad record changes nothing.
+  if (!record.table_filter().empty() && !table.rows->FilterFits(record.table_filter())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table \"", name, "\" has an admission filter of ", record.table_filter().size(),
+        " bytes that its spec does not give"));
+  }
+  if (record.table_steps() < 0 || record.table_clock() < 0 || record.ops() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table \"", name, "\" is at step ",
+                                                   record.table_steps(), ", clock ",
+                                                   record.table_clock(), ", op ", record.ops()));
+  }
+  if (first && (!record.accum().empty() || record.contributors_size() > 0)) {
+    if (table.step == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("async table \"", name, "\" has a sync step in its record"));
+    }
+    RETURN_IF_ERROR(table.step->Import(record.accum(), record.contributors()));
+  }
+  RETURN_IF_ERROR(table.rows->ImportRecords(record.table_rows()));
+  if (!record.table_filter().empty()) {
+    RETURN_IF_ERROR(table.rows->ImportFilter(record.table_filter()));
+  }
+  if (first) {
+    if (record.table_steps() > 0) table.steps = record.table_steps();
+    if (record.ops() > 0) table.ops = record.ops();
+    table.swept = std::max(table.swept, record.table_swept());
+    table.newest_clock = std::max(table.newest_clock, record.table_clock());
+  }
+  AfterChange(table, table.swept);
+  return absl::OkStatus();
+}
+
 void SparseTables::Snapshot(int64_t max_record_bytes,
                             std::vector<CheckpointRecord>* records) const {
   std::vector<const Table*> tables;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, table] : tables_) tables.push_back(table.get());
+    for (const auto& [name, set] : tables_) {
+      for (const std::unique_ptr<Table>& table : set->groups) tables.push_back(table.get());
+    }
   }
   for (const Table* table : tables) {
-    std::string rows, filter;
-    int32_t record_bytes;
-    int64_t steps;
-    {
-      absl::ReaderMutexLock lock(&table->mu);
-      table->rows->ExportRecords(&rows);
-      table->rows->ExportFilter(&filter);
-      record_bytes = table->rows->record_bytes();
-      steps = table->steps;
-    }
-    // Whole rows per checkpoint record; one record for an empty table, so
-    // that its registration survives.
-    const size_t per_record = static_cast<size_t>(
-        std::max<int64_t>(1, max_record_bytes / record_bytes) * record_bytes);
-    size_t offset = 0;
-    do {
-      CheckpointRecord& record = records->emplace_back();
-      *record.mutable_table() = table->spec;
-      if (offset == 0) {
-        record.set_table_filter(std::move(filter));
-        record.set_table_steps(steps);
-      }
-      const size_t take = std::min(per_record, rows.size() - offset);
-      record.set_table_rows(rows.substr(offset, take));
-      offset += take;
-    } while (offset < rows.size());
+    WriteRecords(*table, max_record_bytes, /*replica=*/false, records);
   }
 }
 
 absl::Status SparseTables::Restore(const CheckpointRecord& record) {
-  Table* table;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = tables_.find(record.table().name());
-    if (it == tables_.end()) {
-      RETURN_IF_ERROR(AddTable(record.table()));
-      it = tables_.find(record.table().name());
-    } else if (it->second->spec.SerializeAsString() != record.table().SerializeAsString()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint table \"", record.table().name(), "\" has two different specs"));
+  ASSIGN_OR_RETURN(TableSet * set, FindOrAdd(record.table(), "checkpoint"));
+  int slot = 0;
+  if (options_.replicas > 1) {
+    slot = SlotOf(record.table_group());
+    if (slot < 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "checkpoint table \"%s\" holds rows of replica group %d, which shard %d does not "
+          "hold",
+          record.table().name(), record.table_group(), options_.shard_index));
     }
-    table = it->second.get();
   }
-  absl::MutexLock lock(&table->mu);
-  // Checked first, so that a bad record changes nothing.
-  if (!record.table_filter().empty() && !table->rows->FilterFits(record.table_filter())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint table \"", record.table().name(), "\" has an admission filter of ",
-        record.table_filter().size(), " bytes that its spec does not give"));
-  }
-  if (record.table_steps() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint table \"", record.table().name(), "\" is at step ", record.table_steps()));
-  }
-  RETURN_IF_ERROR(table->rows->ImportRecords(record.table_rows()));
-  if (!record.table_filter().empty()) {
-    RETURN_IF_ERROR(table->rows->ImportFilter(record.table_filter()));
-  }
-  if (record.table_steps() > 0) table->steps = record.table_steps();
-  AfterChange(*table, table->swept);
-  return absl::OkStatus();
+  Table& table = *set->groups[static_cast<size_t>(slot)];
+  absl::MutexLock lock(&table.mu);
+  // A checkpoint's records carry no sync step; their other fields only
+  // raise the table's.
+  return ReadRecord(record, /*first=*/true, table);
 }
 
 }  // namespace shardtrain::server

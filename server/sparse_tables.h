@@ -1,9 +1,9 @@
 // SparseTables: the sparse embedding tables a shard holds, behind the
 // RegisterTables, Lookup and PushSparse RPCs: every request checked (table
-// known, sizes, finite gradients, unique ids, ids of this shard, every
-// limit) before anything changes, pushes applied at most once per (worker,
-// worker_incarnation, sequence), TTL sweeps as the table's clock advances,
-// and each table's rows in checkpoints as whole records.
+// known, sizes, finite gradients, unique ids, ids of the request's replica
+// group, every limit) before anything changes, pushes applied at most once
+// per (worker, worker_incarnation, sequence), TTL sweeps as the table's
+// clock advances, and each table's rows in checkpoints as whole records.
 //
 // A table's consistency is its own (TableSpec.sync), whatever the shard's
 // mode, so a sync shard can train its dense tensors in steps and its
@@ -13,17 +13,31 @@
 // last is in; a worker's training lookup waits (LookupWaits) until the
 // step it pushed is applied, and a second push from a worker in the same
 // step is refused (FAILED_PRECONDITION): a sync worker looks up before
-// each push. Tables are not replicated yet: RegisterTables is refused
-// (FAILED_PRECONDITION) with --replicas > 1, whose chains do not carry
-// table rows.
+// each push.
 //
-// Thread-safe. Each table has its own lock; lookups of one table run one
-// at a time (a training lookup creates rows), so a shard serves tables in
-// parallel with each other and with dense pushes and pulls.
+// Replication: a table's rows are kept per replica group (an id's group is
+// its slot's, sparse/id_hash.h ShardOfId), one sparse::EmbeddingTable per
+// group this shard holds, each with a count of the operations (training
+// lookups and pushes) applied to it. At a chain's head, Lookup and
+// PushSparse describe what they did as a SparseOp (the request, the
+// group's operation count before it and the table clock used), which the
+// chain's members apply with ApplyReplicated in operation order: every
+// operation is deterministic in its inputs, so the members stay
+// bit-identical. ExportGroup / ImportGroup hand a group's tables (rows,
+// optimizer state, admission counters, open sync step, clocks, operation
+// counts, push logs) to a joining member. With --replicas 1 the shard
+// holds its own group only and a request's group is ignored.
+//
+// Thread-safe. Each (table, group) has its own lock; lookups of one run
+// one at a time (a training lookup creates rows), so a shard serves tables
+// in parallel with each other and with dense pushes and pulls. Lock order:
+// a table's, then a push log's.
 #ifndef SHARDTRAIN_SERVER_SPARSE_TABLES_H_
 #define SHARDTRAIN_SERVER_SPARSE_TABLES_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +46,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/shardtrain.pb.h"
 #include "server/push_log.h"
 #include "server/shard_metrics.h"
@@ -44,19 +60,41 @@ namespace shardtrain::server {
 
 class SparseTables {
  public:
-  // `metrics` may be null (tests); otherwise it must outlive this.
-  SparseTables(const ShardOptions& options, uint64_t incarnation, ShardMetrics* metrics);
+  // `groups`: the replica groups whose rows this shard holds (Shard::
+  // groups()). `metrics` may be null (tests); otherwise it must outlive this.
+  SparseTables(const ShardOptions& options, std::vector<int> groups, uint64_t incarnation,
+               ShardMetrics* metrics);
 
   // Registers each table (idempotent for an identical spec); nothing is
   // registered when one is refused.
   absl::Status Register(const RegisterTablesRequest& request);
   // The rows go straight into the response's memory (REQUIRES: response
-  // fresh).
-  absl::Status Lookup(const LookupRequest& request, wire::LookupResponseBuilder* response);
+  // fresh). A training lookup describes itself in *op (if not null) for
+  // the chain's other members.
+  absl::Status Lookup(const LookupRequest& request, wire::LookupResponseBuilder* response,
+                      SparseOp* op = nullptr);
   // *step_applied (if not null) is set when the push completed a sync
-  // table's step, so that lookups waiting for it can be answered.
+  // table's step, so that lookups waiting for it can be answered. A push
+  // applied now (not a duplicate) describes itself in *op (if not null).
   absl::Status PushSparse(const PushSparseRequest& request, PushSparseResponse* response,
-                          bool* step_applied = nullptr);
+                          bool* step_applied = nullptr, SparseOp* op = nullptr);
+  // Applies an operation of a chain's head (Lookup's or PushSparse's *op)
+  // once the group has applied every earlier one, waiting up to `wait`
+  // while still_valid() holds (UNAVAILABLE after that: the chain changed,
+  // or an earlier forward is missing); an operation applied before is
+  // skipped. The request is checked as at the head; INTERNAL when it is
+  // refused, since the head took it (the replica diverged).
+  absl::Status ApplyReplicated(const SparseOp& op, absl::Duration wait,
+                               const std::function<bool()>& still_valid,
+                               bool* step_applied = nullptr);
+  // Operations applied to `group`'s tables (the chain compares members by
+  // them).
+  int64_t GroupOps(int group) const;
+  // `group`'s tables and push logs, for a joining member.
+  void ExportGroup(int group, GroupStateResponse* state) const;
+  // Replaces `group`'s tables (those named in `state`) and push logs with
+  // ExportGroup's. An error when a record or log is malformed.
+  absl::Status ImportGroup(int group, const GroupStateResponse& state);
   // Whether a Lookup must wait before it is answered: a training lookup of a
   // sync table by a worker whose push of the table's open step is in while
   // another worker's is not. False for a request Lookup refuses.
@@ -64,22 +102,29 @@ class SparseTables {
 
   void FillStatus(StatusResponse* response) const;
 
-  // Checkpoint records of every table: its spec and whole rows, at most
-  // max_record_bytes of rows per record, and in the first its admission
-  // filter's counters. Each table's rows and counters are copied under its
-  // lock, so a record never mixes a row's value and state of different
-  // moments.
+  // Checkpoint records of every table and group: its spec and whole rows,
+  // at most max_record_bytes of rows per record, and in the first its
+  // admission filter's counters, steps and clocks. Each group's rows and
+  // counters are copied under its lock, so a record never mixes a row's
+  // value and state of different moments.
   void Snapshot(int64_t max_record_bytes, std::vector<CheckpointRecord>* records) const;
-  // Loads a record written by Snapshot (registering its table).
+  // Loads a record written by Snapshot (registering its table) into the
+  // record's group (with --replicas 1, the shard's own).
   absl::Status Restore(const CheckpointRecord& record);
 
   int64_t num_tables() const;
 
  private:
+  struct TableSet;
+  // One table's rows of one replica group.
   struct Table {
     TableSpec spec;
+    int group = 0;
+    TableSet* set = nullptr;  // the table's groups
     mutable absl::Mutex mu;
     std::unique_ptr<sparse::EmbeddingTable> rows ABSL_GUARDED_BY(mu);
+    // Operations (training lookups, pushes) applied.
+    int64_t ops ABSL_GUARDED_BY(mu) = 0;
     // The clock of the last TTL sweep.
     uint32_t swept ABSL_GUARDED_BY(mu) = 0;
     // The newest worker clock of a training lookup or push.
@@ -90,15 +135,39 @@ class SparseTables {
     // an async table).
     int64_t steps ABSL_GUARDED_BY(mu) = 0;
     std::unique_ptr<sparse::StepGradients> step ABSL_GUARDED_BY(mu);
+    // Rows and bytes as last exported, for the table's gauges (a sum over
+    // its groups).
+    std::atomic<int64_t> rows_now{0};
+    std::atomic<int64_t> bytes_now{0};
+    std::atomic<int64_t> capacity{0};
+  };
+  // A table: its spec, metrics and one Table per group held, by slot.
+  struct TableSet {
+    TableSpec spec;
     TableMetrics::Series metrics{};
+    std::vector<std::unique_ptr<Table>> groups;
+  };
+  // A push's checked ids and gradients (f32), as PushSparse and
+  // ApplyReplicated need them.
+  struct CheckedPush {
+    Table* table = nullptr;
+    absl::Span<const uint64_t> ids;
+    absl::Span<const float> grads;
+    std::vector<uint64_t> id_storage;
+    std::vector<float> grad_storage;
   };
 
-  absl::StatusOr<Table*> Find(const std::string& name) const;
+  // The table `name`'s rows of `group` (with --replicas 1, this shard's
+  // own whatever `group` says).
+  absl::StatusOr<Table*> Find(const std::string& name, int group) const;
   // The ids of a request, checked: a whole number, within the limit, and
-  // every one this shard's.
-  absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const std::string& ids,
+  // every one of `table`'s group.
+  absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const Table& table,
+                                                      const std::string& ids,
                                                       std::vector<uint64_t>* storage) const;
   absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
+  // Every check of a push but its incarnation and sequence.
+  absl::Status CheckPush(const PushSparseRequest& request, CheckedPush* push) const;
   // The dtype of a request's rows or grads (`what`): unspecified is f32;
   // INVALID_ARGUMENT for one that is not f32, bf16 or f16.
   static absl::StatusOr<DType> WireDType(int dtype, const char* what);
@@ -108,6 +177,9 @@ class SparseTables {
   // seconds for a TTL in seconds.
   static uint32_t Now(const Table& table, int64_t clock);
   void AfterChange(Table& table, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // A training lookup's changes to `table` at `now` (rows into out).
+  void TrainLookup(Table& table, absl::Span<const uint64_t> ids, int64_t clock, uint32_t now,
+                   float* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
   // Applies a checked push to `table` (async: now; sync: into its step, and
   // the step's mean once complete). Returns the gradients dropped (of ids
   // without a row; a sync step's, by the push that completes it), or an
@@ -116,17 +188,46 @@ class SparseTables {
                                     absl::Span<const uint64_t> ids, const float* grads,
                                     uint32_t now, bool* step_applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // Waits until the group has applied `op` operations (true), or returns
+  // false after `wait` or once still_valid() fails.
+  static bool AwaitOp(Table& table, int64_t op, absl::Duration wait,
+                      const std::function<bool()>& still_valid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // A fresh Table of `spec` for `group`.
+  absl::StatusOr<std::unique_ptr<Table>> NewTable(const TableSpec& spec, int group,
+                                                  TableSet* set) const;
   absl::Status AddTable(const TableSpec& spec) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The set of `spec`'s table, registered when new; an error when another
+  // spec has its name.
+  absl::StatusOr<TableSet*> FindOrAdd(const TableSpec& spec, const char* what);
+  // Whole-row records of `table` (at most max_record_bytes of rows each);
+  // with `replica`, also what a joining member needs (operations, the open
+  // sync step).
+  void WriteRecords(const Table& table, int64_t max_record_bytes, bool replica,
+                    std::vector<CheckpointRecord>* records) const;
+  // Reads one of WriteRecords' records into `table`; `first` for the first
+  // of the table's records.
+  absl::Status ReadRecord(const CheckpointRecord& record, bool first, Table& table)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  int SlotOf(int group) const {
+    return group >= 0 && group < static_cast<int>(group_slot_.size()) ? group_slot_[group] : -1;
+  }
+  PushLog& LogOf(int slot, uint32_t worker) const {
+    return push_logs_[static_cast<size_t>(slot) * static_cast<size_t>(options_.num_workers) +
+                      worker];
+  }
 
   const ShardOptions options_;
+  const std::vector<int> groups_;
+  std::vector<int> group_slot_;  // by group: its index in groups_, or -1
   const uint64_t incarnation_;
   ShardMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
-  // Tables are never removed: a Table* stays valid.
-  absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_ ABSL_GUARDED_BY(mu_);
-  // PushSparse sequences applied, per worker.
-  std::vector<PushLog> push_logs_;
+  // Tables are never removed: a TableSet* and its Table*s stay valid.
+  absl::flat_hash_map<std::string, std::unique_ptr<TableSet>> tables_ ABSL_GUARDED_BY(mu_);
+  // PushSparse sequences applied, per group slot and worker (LogOf).
+  mutable std::vector<PushLog> push_logs_;
 };
 
 }  // namespace shardtrain::server

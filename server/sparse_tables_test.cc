@@ -1,11 +1,17 @@
 #include "server/sparse_tables.h"
 
+#include <cmath>
 #include <cstring>
+#include <map>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "sparse/id_hash.h"
 
 namespace shardtrain::server {
 namespace {
@@ -20,7 +26,7 @@ std::string Bytes(const void* data, size_t size) {
 
 class SyncTableTest : public ::testing::Test {
  protected:
-  SyncTableTest() : tables_(Options(), /*incarnation=*/1, /*metrics=*/nullptr) {
+  SyncTableTest() : tables_(Options(), {0}, /*incarnation=*/1, /*metrics=*/nullptr) {
     RegisterTablesRequest request;
     TableSpec* spec = request.add_tables();
     spec->set_name("t");
@@ -134,7 +140,7 @@ TEST_F(SyncTableTest, CheckpointsCarryTheStepsApplied) {
   tables_.Snapshot(1 << 20, &records);
   ASSERT_EQ(records.size(), 1u);
   EXPECT_EQ(records[0].table_steps(), 3);
-  SparseTables restored(Options(), 2, nullptr);
+  SparseTables restored(Options(), {0}, 2, nullptr);
   ASSERT_TRUE(restored.Restore(records[0]).ok());
   StatusResponse status;
   restored.FillStatus(&status);
@@ -143,7 +149,7 @@ TEST_F(SyncTableTest, CheckpointsCarryTheStepsApplied) {
   EXPECT_EQ(status.tables(0).steps(), 3);
   EXPECT_EQ(status.tables(0).rows(), 1);
   records[0].set_table_steps(-1);
-  SparseTables bad(Options(), 3, nullptr);
+  SparseTables bad(Options(), {0}, 3, nullptr);
   EXPECT_EQ(bad.Restore(records[0]).code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -152,6 +158,229 @@ TEST_F(SyncTableTest, ALookupOfAWorkerOutsideTheJobIsRefused) {
   const absl::Status status = tables_.Lookup(Lookup(2, {1}), &builder);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   EXPECT_FALSE(tables_.LookupWaits(Lookup(2, {1})));
+}
+
+// Two members of a replica group (2 shards, R = 2: each holds both
+// groups): what the head does, the replica does from its SparseOps.
+class ReplicatedTableTest : public ::testing::Test {
+ protected:
+  static constexpr int kTableDim = 3;
+
+  ReplicatedTableTest()
+      : head_(Options(0), {0, 1}, /*incarnation=*/1, nullptr),
+        replica_(Options(1), {1, 0}, /*incarnation=*/2, nullptr) {
+    for (uint64_t id = 0; group0_.size() < 40; ++id) {
+      if (sparse::ShardOfId(id, 2) == 0) group0_.push_back(id);
+    }
+    RegisterTablesRequest request;
+    for (bool sync : {false, true}) {
+      TableSpec* spec = request.add_tables();
+      spec->set_name(sync ? "sync" : "async");
+      spec->set_dim(kTableDim);
+      spec->set_optimizer("adam");
+      spec->set_learning_rate(0.1f);
+      spec->set_init(TableSpec::INIT_NORMAL);
+      spec->set_init_scale(0.1f);
+      spec->set_seed(7);
+      spec->set_admission("count");
+      spec->set_admission_count(2);
+      spec->set_ttl(6);
+      spec->set_sync(sync);
+    }
+    EXPECT_TRUE(head_.Register(request).ok());
+    EXPECT_TRUE(replica_.Register(request).ok());
+  }
+
+  static ShardOptions Options(int shard) {
+    ShardOptions options;
+    options.num_workers = 2;
+    options.replicas = 2;
+    options.partitioning.num_shards = 2;
+    options.shard_index = shard;
+    return options;
+  }
+
+  // A training lookup of `ids` (of group 0) at the head: its op.
+  SparseOp HeadLookup(const std::string& table, uint32_t worker, int64_t clock,
+                      const std::vector<uint64_t>& ids) {
+    LookupRequest request;
+    request.set_table(table);
+    request.set_ids(Bytes(ids.data(), ids.size() * 8));
+    request.set_train(true);
+    request.set_worker(worker);
+    request.set_clock(clock);
+    request.set_group(0);
+    wire::LookupResponseBuilder builder;
+    SparseOp op;
+    EXPECT_TRUE(head_.Lookup(request, &builder, &op).ok());
+    return op;
+  }
+
+  PushSparseRequest PushRequestOf(const std::string& table, uint32_t worker, uint64_t sequence,
+                                  int64_t clock, const std::vector<uint64_t>& ids) {
+    PushSparseRequest request;
+    request.set_worker(worker);
+    request.set_worker_incarnation(1);
+    request.set_sequence(sequence);
+    request.set_clock(clock);
+    request.set_table(table);
+    request.set_group(0);
+    request.set_ids(Bytes(ids.data(), ids.size() * 8));
+    std::vector<float> grads(ids.size() * kTableDim);
+    for (float& g : grads) g = std::uniform_real_distribution<float>(-1, 1)(random_);
+    request.set_grads(Bytes(grads.data(), grads.size() * sizeof(float)));
+    return request;
+  }
+
+  // A push at the head: its op.
+  SparseOp HeadPush(const PushSparseRequest& request) {
+    PushSparseResponse response;
+    SparseOp op;
+    EXPECT_TRUE(head_.PushSparse(request, &response, nullptr, &op).ok());
+    EXPECT_FALSE(response.duplicate());
+    return op;
+  }
+
+  // Group 0's checkpoint records of `tables`, as bytes to compare.
+  static std::string GroupRecords(const SparseTables& tables) {
+    std::vector<CheckpointRecord> records;
+    tables.Snapshot(1 << 20, &records);
+    std::map<std::string, std::string> by_table;
+    for (const CheckpointRecord& record : records) {
+      if (record.table_group() != 0) continue;
+      CheckpointRecord copy = record;
+      copy.clear_table();
+      by_table[record.table().name()] += copy.SerializeAsString();
+    }
+    std::string all;
+    for (const auto& [name, bytes] : by_table) all += name + bytes;
+    return all;
+  }
+
+  // `steps` steps of both workers on both tables: each a training lookup
+  // of random ids of group 0, then a push of random gradients for them.
+  std::vector<SparseOp> Train(int first_step, int steps) {
+    std::vector<SparseOp> ops;
+    for (int step = first_step; step < first_step + steps; ++step) {
+      for (const std::string table : {"async", "sync"}) {
+        for (uint32_t w = 0; w < 2; ++w) {
+          std::vector<uint64_t> ids;
+          for (uint64_t id : group0_) {
+            if (std::bernoulli_distribution(0.3)(random_)) ids.push_back(id);
+          }
+          ops.push_back(HeadLookup(table, w, step, ids));
+          ops.push_back(HeadPush(
+              PushRequestOf(table, w, static_cast<uint64_t>(step) * 2 + 1 + (table == "sync"),
+                            step, ids)));
+        }
+      }
+    }
+    return ops;
+  }
+
+  static absl::Status Apply(SparseTables& tables, const SparseOp& op) {
+    return tables.ApplyReplicated(op, absl::Seconds(5), [] { return true; });
+  }
+
+  std::mt19937 random_{3};
+  std::vector<uint64_t> group0_;
+  SparseTables head_;
+  SparseTables replica_;
+};
+
+TEST_F(ReplicatedTableTest, AReplicaApplyingTheHeadsOperationsIsBitIdentical) {
+  const std::vector<SparseOp> ops = Train(1, 12);
+  ASSERT_EQ(head_.GroupOps(0), static_cast<int64_t>(ops.size()));
+  for (const SparseOp& op : ops) {
+    ASSERT_TRUE(Apply(replica_, op).ok());
+    // A forward sent again (the chain changed under it) is skipped.
+    ASSERT_TRUE(Apply(replica_, op).ok());
+  }
+  EXPECT_EQ(replica_.GroupOps(0), head_.GroupOps(0));
+  EXPECT_EQ(replica_.GroupOps(1), 0);
+  const std::string head = GroupRecords(head_);
+  EXPECT_GT(head.size(), 40u * 8);
+  EXPECT_EQ(GroupRecords(replica_), head) << "the replica's rows differ from the head's";
+  // Status: each table's rows by group, the same on both members.
+  StatusResponse head_status, replica_status;
+  head_.FillStatus(&head_status);
+  replica_.FillStatus(&replica_status);
+  ASSERT_EQ(replica_status.tables_size(), 2);
+  for (int t = 0; t < 2; ++t) {
+    const TableState& state = replica_status.tables(t);
+    ASSERT_EQ(state.groups_size(), 2);
+    EXPECT_EQ(state.groups(0).group(), 1) << "the shard's own group first";
+    EXPECT_EQ(state.groups(0).rows(), 0);
+    EXPECT_EQ(state.groups(1).group(), 0);
+    EXPECT_GT(state.groups(1).rows(), 0);
+    EXPECT_EQ(state.groups(1).rows(), head_status.tables(t).groups(0).rows());
+    EXPECT_EQ(state.rows(), state.groups(1).rows());
+  }
+}
+
+TEST_F(ReplicatedTableTest, AJoiningMemberTakesTheGroupInTheMiddleOfASyncStep) {
+  std::vector<SparseOp> ops = Train(1, 5);
+  // Worker 0 is in the sync table's next step, worker 1 is not.
+  ops.push_back(HeadLookup("sync", 0, 6, group0_));
+  const PushSparseRequest pushed = PushRequestOf("sync", 0, 99, 6, group0_);
+  ops.push_back(HeadPush(pushed));
+  GroupStateResponse state;
+  head_.ExportGroup(0, &state);
+  ASSERT_GT(state.table_push_logs_size(), 0);
+  ASSERT_TRUE(replica_.ImportGroup(0, state).ok());
+  EXPECT_EQ(replica_.GroupOps(0), head_.GroupOps(0));
+  // Forwards of operations the state holds are skipped; later ones apply.
+  for (const SparseOp& op : ops) ASSERT_TRUE(Apply(replica_, op).ok());
+  // Worker 1 completes the step the state held open, and training goes on.
+  ops = {HeadLookup("sync", 1, 6, group0_), HeadPush(PushRequestOf("sync", 1, 100, 6, group0_))};
+  for (const SparseOp& op : Train(7, 4)) ops.push_back(op);
+  for (const SparseOp& op : ops) ASSERT_TRUE(Apply(replica_, op).ok());
+  EXPECT_EQ(GroupRecords(replica_), GroupRecords(head_));
+  // The push log came along: worker 0's push is a duplicate at the joiner.
+  PushSparseResponse response;
+  ASSERT_TRUE(replica_.PushSparse(pushed, &response).ok());
+  EXPECT_TRUE(response.duplicate());
+}
+
+TEST_F(ReplicatedTableTest, AnOperationWaitsForTheOnesBeforeIt) {
+  const std::vector<SparseOp> ops = Train(1, 1);
+  ASSERT_GE(ops.size(), 2u);
+  // Nothing before it arrives: refused after the wait, nothing changed.
+  const absl::Status alone =
+      replica_.ApplyReplicated(ops[1], absl::Milliseconds(50), [] { return true; });
+  EXPECT_EQ(alone.code(), absl::StatusCode::kUnavailable) << alone;
+  EXPECT_EQ(replica_.GroupOps(0), 0);
+  absl::Status later;
+  std::thread waiting([&] { later = Apply(replica_, ops[1]); });
+  absl::SleepFor(absl::Milliseconds(50));
+  ASSERT_TRUE(Apply(replica_, ops[0]).ok());
+  waiting.join();
+  EXPECT_TRUE(later.ok()) << later;
+  EXPECT_EQ(replica_.GroupOps(0), 2);
+}
+
+TEST_F(ReplicatedTableTest, BadOperationsAreRefusedAndChangeNothing) {
+  const std::vector<SparseOp> ops = Train(1, 1);
+  SparseOp both = ops[0];
+  *both.mutable_push() = ops[1].push();
+  EXPECT_EQ(Apply(replica_, both).code(), absl::StatusCode::kInvalidArgument);
+  SparseOp neither = ops[0];
+  neither.clear_lookup();
+  EXPECT_EQ(Apply(replica_, neither).code(), absl::StatusCode::kInvalidArgument);
+  SparseOp other_group = ops[1];
+  other_group.set_group(1);
+  other_group.mutable_push()->set_group(1);
+  EXPECT_EQ(Apply(replica_, other_group).code(), absl::StatusCode::kInvalidArgument);
+  SparseOp nan = ops[1];
+  std::string grads = nan.push().grads();
+  const float bad = std::nanf("");
+  std::memcpy(grads.data(), &bad, sizeof(bad));
+  nan.mutable_push()->set_grads(grads);
+  EXPECT_EQ(Apply(replica_, nan).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(replica_.GroupOps(0), 0);
+  EXPECT_EQ(replica_.GroupOps(1), 0);
+  SparseTables unreplicated(ShardOptions(), {0}, 4, nullptr);
+  EXPECT_EQ(Apply(unreplicated, ops[0]).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -17,9 +17,12 @@
 #define SHARDTRAIN_SPARSE_STEP_GRADIENTS_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 
 namespace shardtrain::sparse {
@@ -47,6 +50,17 @@ class StepGradients {
 
   // Forgets the step's pushes.
   void Clear();
+
+  // The step so far, for a joining replica: its ids (8 bytes each) then
+  // their sums (dim floats each), little-endian, in the order they came,
+  // and the workers that pushed, increasing. Import of Export's output
+  // gives a step that sums on bit for bit.
+  void Export(std::string* ids_and_sums, std::vector<uint32_t>* arrived) const;
+  // Replaces the step with an exported one. INVALID_ARGUMENT, with nothing
+  // changed, for bytes that are not whole (id, sums) entries, a repeated
+  // id, a non-finite sum, or a worker outside [0, num_workers) or named
+  // twice.
+  absl::Status Import(absl::string_view ids_and_sums, absl::Span<const uint32_t> arrived);
 
  private:
   const int32_t dim_;

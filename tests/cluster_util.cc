@@ -20,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "chain/chain_reader.h"
 
 extern char** environ;
 
@@ -155,6 +157,22 @@ std::map<std::string, double> SumByName(const std::string& exposition) {
     sums[std::string(line.substr(0, name_end))] += value;
   }
   return sums;
+}
+
+bool WaitForChains(etcd::EtcdClient& etcd, const std::string& job, int num_groups,
+                   const std::function<bool(const chain::ChainConfig&)>& ok,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    bool all = true;
+    for (int g = 0; g < num_groups && all; ++g) {
+      absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(etcd, job, g);
+      all = chain.ok() && ok(*chain);
+    }
+    if (all) return true;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
 }
 
 }  // namespace shardtrain::testutil

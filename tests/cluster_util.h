@@ -1,11 +1,13 @@
 // Helpers for tests that run real shardtrain processes on 127.0.0.1:
 // starting binaries with their output in files, stopping them (always, in
-// the destructor), waiting for port files, and scraping /metrics.
+// the destructor), waiting for port files, scraping /metrics, and waiting
+// for a replicated job's chains in etcd to reach a state.
 #ifndef SHARDTRAIN_TESTS_CLUSTER_UTIL_H_
 #define SHARDTRAIN_TESTS_CLUSTER_UTIL_H_
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +15,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "chain/chain_config.h"
+#include "etcd/etcd_client.h"
 #include "testing/files.h"
 #include "testing/free_port.h"
 
@@ -56,6 +60,12 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 // (all label sets together).
 std::map<std::string, double> SumByName(const std::string& exposition);
 
+// Waits up to `timeout` until the chain of every replica group 0 ..
+// num_groups - 1 of `job` satisfies `ok` (read from etcd every 100 ms; a
+// chain that cannot be read does not); false when they do not by then.
+bool WaitForChains(etcd::EtcdClient& etcd, const std::string& job, int num_groups,
+                   const std::function<bool(const chain::ChainConfig&)>& ok,
+                   absl::Duration timeout);
 
 }  // namespace shardtrain::testutil
 

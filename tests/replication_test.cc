@@ -88,17 +88,7 @@ std::unique_ptr<etcd::EtcdClient> Connect(const std::string& etcd_endpoints) {
 bool WaitForChains(etcd::EtcdClient& client, const std::string& job,
                    const std::function<bool(const chain::ChainConfig&)>& ok,
                    absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    bool all = true;
-    for (int g = 0; g < kShards; ++g) {
-      absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(client, job, g);
-      all = all && chain.ok() && ok(*chain);
-    }
-    if (all) return true;
-    absl::SleepFor(absl::Milliseconds(100));
-  }
-  return false;
+  return testutil::WaitForChains(client, job, kShards, ok, timeout);
 }
 
 // Waits (30 s at most) until shard `shard`, dropped from its chains (epoch

@@ -13,6 +13,11 @@
 //  - ARestartedShardIsGivenItsTablesAgain: a shard SIGKILLed before any
 //    checkpoint comes back empty; the worker registers its tables again and
 //    goes on, that shard's rows starting over.
+//  - SparseReplicatedKill: the counting oracle on a replicated job (three
+//    shards, --replicas 2, a real etcd): the head of a group is SIGKILLed
+//    while two workers push, dropped from its chains, restarted and rejoins
+//    them; no update is lost, none applied twice, and every group's head
+//    and tail hold the same rows, bit for bit.
 //  - SparseBadInput: unknown tables, wrong sizes and dims, NaN gradients,
 //    duplicate ids, ids of another shard and every limit flag are refused
 //    with their status code and name, and nothing changes; a push sent
@@ -20,6 +25,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -30,10 +36,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "chain/chain_config.h"
+#include "chain/chain_reader.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "client/ps_client.h"
 #include "common/payload.h"
 #include "client/table_client.h"
+#include "ctl/chain_admin.h"
+#include "etcd/etcd_client.h"
+#include "etcd/testing/etcd_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sparse/embedding_table.h"
@@ -41,6 +53,7 @@
 #include "testing/files.h"
 #include "testing/free_port.h"
 #include "tests/cluster_util.h"
+#include "tests/local_cluster.h"
 #include "tests/shard_process.h"
 
 namespace shardtrain {
@@ -525,6 +538,400 @@ TEST(SparseTables, ARestartedShardIsGivenItsTablesAgain) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const float want = sparse::ShardOfId(ids[i], kShards) == 0 ? 2.0f : 1.0f;
     EXPECT_EQ(rows[i * kDim], want) << "id " << ids[i];
+  }
+}
+
+// SparseReplicatedKill: three shards with --replicas 2, so group g's chain
+// is shards [g, g + 1 mod 3] and every shard heads one group and tails
+// another.
+constexpr int kReplicatedShards = 3;
+constexpr int kReplicas = 2;
+
+// Workers in threads of the test, each with its own PsClient (replicated,
+// so every group's calls follow its chain) and TableClient: each step a
+// training lookup of every id of `ids`, then a push of -1 for each (SGD, lr
+// 1, rows from zeros: +1 per push in every coordinate), until stopped. A
+// worker stops at its first error. Not thread-safe: one test thread drives
+// it.
+class CountingWorkers {
+ public:
+  // What one worker did, complete after Stop.
+  struct Result {
+    absl::Status status;
+    int64_t pushes = 0;      // acknowledged
+    int64_t dropped = 0;     // row gradients the shards had no row for
+    int64_t duplicates = 0;  // shards that had applied a (retried) push already
+  };
+
+  // `clients` (one per worker, their worker_index in order) are not owned
+  // and must outlive this.
+  CountingWorkers(std::vector<client::PsClient*> clients, TableSpec spec,
+                  std::vector<uint64_t> ids)
+      : clients_(std::move(clients)),
+        spec_(std::move(spec)),
+        ids_(std::move(ids)),
+        results_(clients_.size()) {}
+  ~CountingWorkers() { Stop(); }
+
+  void Start() {
+    running_ = static_cast<int>(clients_.size());
+    for (size_t w = 0; w < clients_.size(); ++w) threads_.emplace_back([this, w] { Run(w); });
+  }
+
+  // Lets each worker finish its step and waits for them.
+  void Stop() {
+    stop_ = true;
+    for (std::thread& thread : threads_) {
+      if (thread.joinable()) thread.join();
+    }
+  }
+
+  // Pushes acknowledged so far, all workers together.
+  int64_t pushes() const { return pushes_; }
+  // Whether every worker is still pushing.
+  bool running() const { return running_ == static_cast<int>(clients_.size()); }
+
+  // Waits up to `timeout` until pushes() >= n; false when not by then or
+  // when a worker stopped first.
+  bool WaitForPushes(int64_t n, absl::Duration timeout) const {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (pushes() < n && running() && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return pushes() >= n;
+  }
+
+  // Complete once stopped.
+  const std::vector<Result>& results() const { return results_; }
+
+  // For a failure message: stops the workers and says what each did.
+  std::string StopAndDescribe() {
+    Stop();
+    std::string out;
+    for (size_t w = 0; w < results_.size(); ++w) {
+      absl::StrAppend(&out, "\n  worker ", w, ": ", results_[w].pushes, " pushes, ",
+                      results_[w].status.ToString());
+    }
+    return out;
+  }
+
+ private:
+  // Bounds a worker whatever the test thread does.
+  static constexpr absl::Duration kMaxRun = absl::Minutes(3);
+
+  void Run(size_t w) {
+    Result& result = results_[w];
+    client::TableClient tables(clients_[w]);
+    result.status = tables.Register({spec_});
+    const int dim = spec_.dim();
+    std::vector<float> rows(ids_.size() * dim);
+    const std::vector<float> grads(ids_.size() * dim, -1.0f);
+    const absl::Time deadline = absl::Now() + kMaxRun;
+    while (result.status.ok() && !stop_ && absl::Now() < deadline) {
+      const int64_t clock = result.pushes;
+      result.status = tables.Lookup(spec_.name(), ids_, /*train=*/true, clock, rows.data());
+      if (!result.status.ok()) break;
+      client::TableCallStats stats;
+      result.status = tables.Push(spec_.name(), ids_, grads.data(), clock + 1, &stats);
+      if (!result.status.ok()) break;
+      ++result.pushes;
+      result.dropped += stats.dropped;
+      result.duplicates += stats.duplicates;
+      ++pushes_;
+    }
+    if (result.status.ok() && !stop_) {
+      result.status = absl::DeadlineExceededError(
+          absl::StrCat("worker ", w, " still pushing after ", absl::FormatDuration(kMaxRun)));
+    }
+    --running_;
+  }
+
+  const std::vector<client::PsClient*> clients_;
+  const TableSpec spec_;
+  const std::vector<uint64_t> ids_;
+  std::vector<Result> results_;  // by worker; each written by its thread only
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> pushes_{0};
+  std::atomic<int> running_{0};
+};
+
+// The counting oracle's verdict on rows (dim floats per id of `ids`) that
+// should all be `want` in every coordinate.
+struct Tally {
+  int64_t lost = 0;     // row updates missing, summed over the rows
+  int64_t doubled = 0;  // row updates applied more than once
+  int64_t uneven = 0;   // rows whose coordinates differ
+  std::string first;    // the first rows off, for the message
+
+  Tally(const std::vector<uint64_t>& ids, const float* rows, int dim, int64_t want) {
+    int shown = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const float* row = rows + i * dim;
+      const int64_t got = static_cast<int64_t>(row[0]);
+      lost += std::max<int64_t>(0, want - got);
+      doubled += std::max<int64_t>(0, got - want);
+      bool even = static_cast<float>(got) == row[0];
+      for (int j = 1; j < dim; ++j) even = even && row[j] == row[0];
+      uneven += !even;
+      if ((got != want || !even) && shown++ < 5) {
+        absl::StrAppend(&first, " id ", ids[i], " (group ",
+                        sparse::ShardOfId(ids[i], kReplicatedShards), "): [");
+        for (int j = 0; j < dim; ++j) absl::StrAppend(&first, j ? " " : "", row[j]);
+        absl::StrAppend(&first, "];");
+      }
+    }
+  }
+  bool ok() const { return lost == 0 && doubled == 0 && uneven == 0; }
+  std::string Describe(int64_t want, size_t rows) const {
+    return absl::StrCat(lost, " row updates lost, ", doubled, " applied twice, ", uneven,
+                        " rows uneven (", rows, " rows, each should be ", want,
+                        " in every coordinate); first rows off:", first);
+  }
+};
+
+// The rows of `table` the shard at `address` holds for replica group
+// `group`, as it would hand them to a joining tail (FetchGroupState): id ->
+// its whole record (value, optimizer state, metadata), `record_bytes` each.
+absl::StatusOr<std::map<uint64_t, std::string>> GroupRows(const std::string& address, int group,
+                                                          const std::string& table,
+                                                          int record_bytes) {
+  auto stub = ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+  GroupStateRequest request;
+  request.set_group(group);
+  GroupStateResponse state;
+  const absl::Status status =
+      common::FromGrpcStatus(stub->FetchGroupState(&context, request, &state));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("FetchGroupState of group ", group,
+                                                    " from ", address, ": ", status.message()));
+  }
+  std::string records;
+  for (const CheckpointRecord& record : state.records()) {
+    if (record.has_table() && record.table().name() == table) records += record.table_rows();
+  }
+  if (records.size() % record_bytes != 0) {
+    return absl::DataLossError(absl::StrCat(address, " sent ", records.size(), " bytes of ",
+                                            table, "'s records, not a multiple of ",
+                                            record_bytes));
+  }
+  std::map<uint64_t, std::string> rows;
+  for (size_t at = 0; at < records.size(); at += record_bytes) {
+    uint64_t id;
+    std::memcpy(&id, records.data() + at, sizeof(id));
+    if (!rows.emplace(id, records.substr(at, record_bytes)).second) {
+      return absl::DataLossError(absl::StrCat(address, " sent id ", id, " twice"));
+    }
+  }
+  return rows;
+}
+
+// "Counting oracle (SGD, lr 1, every push adds exactly 1 to a row): SIGKILL
+// a head while 2 workers push: 0 lost and 0 double-applied updates; head
+// and tail bit-identical." The head of group 0 is SIGKILLed mid-run; the
+// workers go on once its chains drop it; it is restarted, rejoins them as a
+// tail (copying the rows of its groups while the workers push) and gets
+// group 0's head back. Every row ends at exactly the pushes acknowledged,
+// read by the workers' client and in each group's head and tail, which
+// hold the same records.
+TEST(SparseTables, SparseReplicatedKill) {
+  using etcd::testing::EtcdProcess;
+  if (!EtcdProcess::Available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
+  constexpr int kDim = 4;
+  constexpr int kIds = 96;
+  constexpr int kWorkers = 2;
+  constexpr int64_t kPushesPerPhase = 100;  // before the kill, without it, after it is back
+  const std::string job = "sparsekill";
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  etcd::EtcdClient::Options etcd_options;
+  etcd_options.endpoints = (*etcd)->endpoint();
+  absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> chains =
+      etcd::EtcdClient::Create(etcd_options);
+  ASSERT_TRUE(chains.ok()) << chains.status();
+  auto whole = [](const chain::ChainConfig& c) { return !ctl::Degraded(c); };
+  auto in_placement_order = [](const chain::ChainConfig& c) {
+    return !ctl::Degraded(c) && !ctl::OutOfPlacementOrder(c, kReplicatedShards);
+  };
+
+  testutil::ProcessGroup processes;
+  testutil::LocalClusterOptions options;
+  options.bin_dir = SHARDTRAIN_BIN_DIR;
+  options.mode = "async";
+  options.shards = kReplicatedShards;
+  options.workers = kWorkers;
+  options.start_workers = 0;   // the workers are threads of this test
+  options.fixed_ports = true;  // a restarted shard keeps its address
+  options.server_flags = {absl::StrCat("--replicas=", kReplicas),
+                          "--etcd_endpoints=" + (*etcd)->endpoint(), "--job=" + job,
+                          "--lease_ttl_s=1"};
+  absl::StatusOr<testutil::LocalCluster> cluster =
+      testutil::StartLocalCluster(processes, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE(
+      testutil::WaitForChains(**chains, job, kReplicatedShards, whole, absl::Seconds(10)))
+      << "the chains did not form with " << kReplicas << " members";
+
+  const TableSpec spec = Spec("count", kDim, "sgd", 1.0f);  // zeros, async, admits every id
+  std::vector<uint64_t> ids;
+  std::vector<int> ids_of_group(kReplicatedShards);
+  for (uint64_t x = 0; x < kIds; ++x) {
+    ids.push_back(x);
+    ++ids_of_group[sparse::ShardOfId(x, kReplicatedShards)];
+  }
+  for (int g = 0; g < kReplicatedShards; ++g) ASSERT_GT(ids_of_group[g], 0) << "group " << g;
+  std::vector<std::unique_ptr<client::PsClient>> clients;
+  for (int w = 0; w < kWorkers; ++w) {
+    client::PsClientOptions client_options;
+    client_options.servers = cluster->servers;
+    client_options.worker_index = w;
+    client_options.num_workers = kWorkers;
+    client_options.rpc_timeout = absl::Seconds(10);
+    client_options.reconnect_timeout = absl::Seconds(60);
+    client_options.replicas = kReplicas;
+    client_options.etcd_endpoints = (*etcd)->endpoint();
+    client_options.job = job;
+    absl::StatusOr<std::unique_ptr<client::PsClient>> client =
+        client::PsClient::Create(client_options, nullptr, nullptr);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(*std::move(client));
+  }
+  {
+    client::TableClient tables(clients[0].get());
+    const absl::Status registered = tables.Register({spec});
+    ASSERT_TRUE(registered.ok()) << "RegisterTables on a replicated job: " << registered;
+  }
+
+  CountingWorkers workers({clients[0].get(), clients[1].get()}, spec, ids);
+  workers.Start();
+  ASSERT_TRUE(workers.WaitForPushes(kPushesPerPhase, absl::Seconds(60)))
+      << "the workers did not start pushing:" << workers.StopAndDescribe();
+  absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(**chains, job, 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  const int victim = before->head().shard;
+  const absl::Time killed = absl::Now();
+  const int64_t at_kill = workers.pushes();
+  ASSERT_TRUE(processes.Signal(cluster->shards[victim], SIGKILL).ok());
+  (void)processes.Wait(cluster->shards[victim], absl::Seconds(10));
+  ASSERT_TRUE(testutil::WaitForChains(
+      **chains, job, kReplicatedShards,
+      [victim](const chain::ChainConfig& c) { return !c.Contains(victim); }, absl::Seconds(10)))
+      << "shard " << victim << " was not dropped from its chains";
+  const absl::Duration to_drop = absl::Now() - killed;
+  const int64_t at_drop = workers.pushes();
+  ASSERT_TRUE(workers.WaitForPushes(at_drop + kPushesPerPhase, absl::Seconds(30)))
+      << "the workers did not go on without shard " << victim << " (" << at_drop
+      << " pushes when it was dropped):" << workers.StopAndDescribe();
+
+  const absl::Time restarted = absl::Now();
+  const int64_t at_restart = workers.pushes();
+  const absl::Status restarted_status = testutil::RestartShard(processes, *cluster, victim);
+  ASSERT_TRUE(restarted_status.ok()) << restarted_status;
+  ASSERT_TRUE(
+      testutil::WaitForChains(**chains, job, kReplicatedShards, whole, absl::Seconds(30)))
+      << "shard " << victim << " did not rejoin its chains:\n"
+      << testutil::ReadFile(cluster->ShardLog(victim));
+  const absl::Duration to_rejoin = absl::Now() - restarted;
+  const int64_t at_rejoin = workers.pushes();
+  ASSERT_TRUE(workers.running()) << "a worker stopped before shard " << victim
+                                 << " rejoined:" << workers.StopAndDescribe();
+  ASSERT_TRUE(testutil::WaitForChains(**chains, job, kReplicatedShards, in_placement_order,
+                                      absl::Seconds(30)))
+      << "the heads did not go back to the placement's order";
+  const int64_t at_placed = workers.pushes();
+  ASSERT_TRUE(workers.WaitForPushes(at_placed + kPushesPerPhase, absl::Seconds(30)))
+      << "the workers did not go on after shard " << victim
+      << " rejoined:" << workers.StopAndDescribe();
+  workers.Stop();
+  int64_t pushes = 0, dropped = 0, duplicates = 0;
+  for (size_t w = 0; w < workers.results().size(); ++w) {
+    const CountingWorkers::Result& result = workers.results()[w];
+    EXPECT_TRUE(result.status.ok()) << "worker " << w << ": " << result.status;
+    pushes += result.pushes;
+    dropped += result.dropped;
+    duplicates += result.duplicates;
+  }
+  std::printf(
+      "SPARSE REPLICATED KILL: head shard %d of group 0 SIGKILLed at %lld pushes, dropped "
+      "from its chains %s later (%lld pushes), restarted at %lld pushes, rejoined %s later "
+      "(%lld pushes), heads back in placement order at %lld; %lld pushes in all, %lld row "
+      "gradients dropped, %lld retried pushes found applied already\n",
+      victim, static_cast<long long>(at_kill), absl::FormatDuration(to_drop).c_str(),
+      static_cast<long long>(at_drop), static_cast<long long>(at_restart),
+      absl::FormatDuration(to_rejoin).c_str(), static_cast<long long>(at_rejoin),
+      static_cast<long long>(at_placed), static_cast<long long>(pushes),
+      static_cast<long long>(dropped), static_cast<long long>(duplicates));
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(dropped, 0) << "pushes found rows missing";
+
+  // The oracle, through the workers' client: every row at `pushes`.
+  client::TableClient reader(clients[0].get());
+  ASSERT_TRUE(reader.Register({spec}).ok());
+  std::vector<float> rows(ids.size() * kDim);
+  const absl::Status read = reader.Lookup(spec.name(), ids, /*train=*/false, 0, rows.data());
+  ASSERT_TRUE(read.ok()) << read;
+  const Tally tally(ids, rows.data(), kDim, pushes);
+  EXPECT_TRUE(tally.ok()) << tally.Describe(pushes, ids.size());
+
+  // Each group's head and tail: the same records (value, optimizer state
+  // and metadata of every row), and the oracle's values.
+  sparse::TableConfig config;
+  config.name = spec.name();
+  config.dim = kDim;
+  config.init.kind = sparse::RowInit::Kind::kZeros;
+  config.optimizer.kind = sparse::SparseOptimizerKind::kSgd;
+  config.optimizer.learning_rate = 1.0f;
+  absl::StatusOr<std::unique_ptr<sparse::EmbeddingTable>> layout =
+      sparse::EmbeddingTable::Create(config, {});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  const int record_bytes = (*layout)->record_bytes();
+  for (int g = 0; g < kReplicatedShards; ++g) {
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(**chains, job, g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_EQ(chain->members.size(), static_cast<size_t>(kReplicas)) << "group " << g;
+    const int head = chain->head().shard, tail = chain->tail().shard;
+    absl::StatusOr<std::map<uint64_t, std::string>> head_rows =
+        GroupRows(cluster->servers[head], g, spec.name(), record_bytes);
+    absl::StatusOr<std::map<uint64_t, std::string>> tail_rows =
+        GroupRows(cluster->servers[tail], g, spec.name(), record_bytes);
+    ASSERT_TRUE(head_rows.ok()) << head_rows.status();
+    ASSERT_TRUE(tail_rows.ok()) << tail_rows.status();
+    EXPECT_EQ(head_rows->size(), static_cast<size_t>(ids_of_group[g]))
+        << "group " << g << "'s head, shard " << head;
+    int differing = 0, missing = 0;
+    std::string first;
+    for (const auto& [id, record] : *head_rows) {
+      EXPECT_EQ(sparse::ShardOfId(id, kReplicatedShards), g) << "id " << id << " in group " << g;
+      auto it = tail_rows->find(id);
+      if (it == tail_rows->end()) {
+        ++missing;
+      } else if (it->second != record) {
+        if (differing++ == 0) {
+          // Which part differs: the value, or the state and metadata after it.
+          const bool value = std::memcmp(it->second.data(), record.data(),
+                                         sizeof(uint64_t) + kDim * sizeof(float)) != 0;
+          first = absl::StrCat("; first: id ", id, ", in its ", value ? "value" : "metadata");
+        }
+      }
+    }
+    for (const auto& [id, record] : *tail_rows) missing += head_rows->count(id) == 0;
+    EXPECT_TRUE(differing == 0 && missing == 0)
+        << "group " << g << ": head shard " << head << " and tail shard " << tail << " differ: "
+        << differing << " rows differ, " << missing << " rows only on one of them" << first;
+    std::vector<uint64_t> tail_ids;
+    std::vector<float> tail_values;
+    for (const auto& [id, record] : *tail_rows) {
+      tail_ids.push_back(id);
+      tail_values.resize(tail_values.size() + kDim);
+      std::memcpy(tail_values.data() + tail_values.size() - kDim, record.data() + sizeof(id),
+                  kDim * sizeof(float));
+    }
+    const Tally stored(tail_ids, tail_values.data(), kDim, pushes);
+    EXPECT_TRUE(stored.ok()) << "group " << g << "'s tail, shard " << tail << ": "
+                             << stored.Describe(pushes, tail_ids.size());
   }
 }
 

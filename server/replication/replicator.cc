@@ -87,12 +87,54 @@ void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& vie
                    std::move(applied), std::move(response), std::move(done));
 }
 
+void Replicator::Sparse(int group, uint64_t epoch, uint32_t worker,
+                        uint64_t worker_incarnation, uint64_t sequence,
+                        const SparseApply& apply, std::function<void(absl::Status)> done) {
+  absl::Status status = table_->AdmitHead(group, epoch);
+  if (!status.ok()) {
+    done(status);
+    return;
+  }
+  PushRequest forward;
+  forward.set_worker(worker);
+  ReplicatedOp* op = forward.add_replicated();
+  bool duplicate = false;
+  status = apply(op->mutable_sparse(), &duplicate);
+  const PushKey key{-1 - group, worker, worker_incarnation, sequence};
+  if (status.ok() && duplicate) {
+    absl::MutexLock lock(&mu_);
+    if (in_flight_.count(key) > 0) {
+      status = absl::UnavailableError(absl::StrFormat(
+          "sparse push %d of worker %d is still being replicated; retry", sequence, worker));
+    }
+  }
+  if (!status.ok() || duplicate) {
+    table_->Release(group);
+    done(status);
+    return;
+  }
+  op->set_op(op->sparse().op());
+  std::optional<PushKey> tracked;
+  if (sequence != 0) tracked = key;
+  const std::string bytes = forward.SerializeAsString();
+  grpc::Slice slice(bytes);
+  ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), /*ops=*/1, tracked, /*admitted=*/true,
+                   absl::Now(), Shard::Applied(), PushResponse(),
+                   [done = std::move(done)](absl::Status status, const PushResponse&) {
+                     done(std::move(status));
+                   });
+}
+
 void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView& view,
                            Done done) {
   PushResponse response;
   int group = -1;
   absl::Status status;
-  if (!view.parts.empty()) {
+  const bool sparse = view.parts.empty() && view.replicated.size() == 1 &&
+                      view.replicated.front().has_sparse();
+  if (sparse) {
+    group = view.replicated.front().sparse().group();
+  } else if (!view.parts.empty()) {
     absl::StatusOr<int> found = shard_->GroupOf(view);
     status = found.status();
     if (found.ok()) group = *found;
@@ -104,7 +146,11 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
   const uint64_t epoch = view.chain_epoch;
   if (status.ok()) status = table_->Check(group, epoch, ChainTable::Role::kMember);
   Shard::Applied applied;
-  if (status.ok()) {
+  if (status.ok() && sparse) {
+    status = shard_->tables().ApplyReplicated(
+        view.replicated.front().sparse(), forward_timeout_ / 2,
+        [this, group, epoch] { return table_->MemberAt(group, epoch); });
+  } else if (status.ok()) {
     status = shard_->ApplyReplicated(
         view, forward_timeout_ / 2,
         [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response, &applied);

@@ -22,6 +22,14 @@
 //    are sent only once every version read is committed (Shard::
 //    MarkCommitted, as forwards are acknowledged; Shard::PullCommitted):
 //    what a worker sees is what the tail holds, as with a pull at the tail.
+//  - A sparse table's training lookup or push (SparseTables) goes to the
+//    head of its ids' group: admitted and applied there as a dense push
+//    is, described as a SparseOp (the request, the group's operation count
+//    before it, the table clock used) and forwarded alone; every member
+//    applies it in operation order (SparseTables::ApplyReplicated); the
+//    answer (rows, or the push's OK) goes out once the tail has it, so a
+//    row a worker read, or a push it was told is in, survives a head's
+//    death.
 //  - Sync steps the head closes outside a push (a worker departed) are
 //    forwarded as close ops (Shard::ReplicationHooks).
 //  - Every operation the head starts is admitted by the ChainTable and
@@ -63,6 +71,16 @@ class Replicator {
   // A worker's push (`view` parsed from `request`); `done` may run before
   // this returns. `view` is only read during the call.
   void Push(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
+  // A sparse table's training lookup or push at the head of `group`, the
+  // request naming chain `epoch`: `apply` runs it here, describing what it
+  // changed in *op or setting *duplicate (a push applied before); `done`
+  // gets its status once the tail has it. A push (`sequence` != 0, with
+  // its worker and incarnation) whose forward is still under way when
+  // retried is UNAVAILABLE, as a dense push's. `apply` runs before this
+  // returns; `done` may.
+  using SparseApply = std::function<absl::Status(SparseOp* op, bool* duplicate)>;
+  void Sparse(int group, uint64_t epoch, uint32_t worker, uint64_t worker_incarnation,
+              uint64_t sequence, const SparseApply& apply, std::function<void(absl::Status)> done);
   // A push forwarded by this shard's predecessor.
   void Replicate(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
   // OK when this shard may answer `pull` (the group's tail at its epoch).
@@ -81,6 +99,8 @@ class Replicator {
   ChainTable& table() { return *table_; }
 
  private:
+  // (group, worker, worker_incarnation, sequence); a sparse push's group
+  // is -1 - group (its sequences are a space of their own).
   using PushKey = std::tuple<int, uint32_t, uint64_t, uint64_t>;
   // Forwards `request` plus `ops` (if any) and calls `done` with `response`.
   // Once the successor acknowledges, what `committed` applied is marked
