@@ -273,7 +273,15 @@ def main(argv=None):
     def rows_stored():
         if not distributed:
             return args.local_rows  # all allocated up front
-        return sum(t["rows"] for s in opt.client.status() for t in s.get("tables", []))
+        # By (table, replica group): with replicated shards a row is on
+        # every member of its group's chain (and a dead member counts none).
+        rows = {}
+        for shard in opt.client.status():
+            for t in shard.get("tables", []):
+                for g in t["groups"]:
+                    key = (t["name"], g["group"])
+                    rows[key] = max(rows.get(key, 0), g["rows"])
+        return sum(rows.values())
 
     history = []
     where = (f"{workers} workers on shardtrain, {args.table_mode} table" if distributed else

@@ -1,7 +1,7 @@
 """shardtrain-run: starts a local shardtrain job and runs a training command.
 
     shardtrain-run [--shards N] [--workers N] [--mode sync|async]
-                   [--build-dir DIR] [--logs DIR] [--stop-timeout S]
+                   [--replicas R] [--build-dir DIR] [--logs DIR] [--stop-timeout S]
                    [ps-server flags ...] -- COMMAND [ARGS ...]
 
 Starts N ps-server shards from BUILD_DIR/bin on 127.0.0.1 (each binds a free
@@ -15,6 +15,8 @@ every shard serves), then runs --workers copies of COMMAND with
     SHARDTRAIN_METRICS_PORT 0 (each worker serves metrics on a free port)
     SHARDTRAIN_MAX_PARTITION_ELEMENTS  when --max_partition_elements is
                             among the ps-server flags: its value
+    SHARDTRAIN_REPLICAS, SHARDTRAIN_ETCD_ENDPOINTS, SHARDTRAIN_JOB
+                            with --replicas R > 1 (below)
     PYTHONPATH              BUILD_DIR/python (installed: the package's
                             directory) first, so `import shardtrain` works
     PYTHONUNBUFFERED        1, so output arrives line by line
@@ -25,6 +27,13 @@ the launcher's own environment). Every line a worker prints is forwarded with
 a "[worker I] " prefix (stdout to stdout, stderr to stderr); the shards'
 lines go to stderr with "[shard S] ". With --logs DIR each process's output
 is also written, unprefixed, to DIR/worker-I.log and DIR/shard-S.log.
+
+--replicas R (1-3, at most --shards; default 1) keeps every partition and
+every sparse table's rows on a chain of R shards: the launcher starts an
+etcd of its own (Debian's etcd-server; its log is in DIR/etcd.log with
+--logs) and gives the shards and workers its address and the job name
+"shardtrain-run". A shard that dies then does not end the job: its chains
+go on without it (the launcher says so and does not restart it).
 
 BUILD_DIR is --build-dir, else $BUILD_DIR, else build/ beside scripts/; an
 installed shardtrain-run uses the ps-server beside it and the installed
@@ -49,10 +58,11 @@ fill in what is not given.
 
 The launcher exits with the code of the first worker that fails (128 + N
 for one killed by signal N) after stopping the others, 0 when every worker
-succeeds, 1 when a shard dies or does not start (with its last lines), 2 on
+succeeds, 1 when a shard does not start or (without --replicas) dies, or
+etcd does not start (with its last lines), 2 on
 a usage error and 128 + N when stopped by signal N (SIGINT, SIGTERM). On
 every exit it stops what it started, by PID, workers first: SIGTERM, then
-SIGKILL after --stop-timeout seconds. Each child runs in its own process
+SIGKILL after --stop-timeout seconds (etcd last). Each child runs in its own process
 group, which gets the signals (so a worker's own subprocesses stop too, and
 a Ctrl-C reaches only the launcher, which stops the children in order), and
 gets SIGKILL if the launcher itself is killed (Linux parent-death signal).
@@ -69,17 +79,22 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import IO, List, Optional, Sequence
 
 USAGE = __doc__.split("\n\n")[1]
 # ps-server flags the launcher sets itself; passing them is a usage error.
 _OWN_SERVER_FLAGS = ("shard_index", "num_shards", "num_workers", "mode",
-                     "port_file", "listen")
+                     "port_file", "listen", "replicas", "etcd_endpoints", "job")
+# The job's name in the launcher's etcd (--replicas > 1).
+_JOB = "shardtrain-run"
+_ETCD_START_TIMEOUT_S = 30.0
 _DEFAULT_SERVER_FLAGS = ("--optimizer=adam", "--lr=0.001")
 _SHARD_START_TIMEOUT_S = 30.0
 # Bounds the check of the workers' interpreter (it imports shardtrain).
@@ -98,6 +113,7 @@ class Options:
         self.shards = 1
         self.workers = 1
         self.mode = "async"
+        self.replicas = 1
         self.build_dir = ""
         self.logs = ""
         self.stop_timeout = 10.0
@@ -126,7 +142,7 @@ def parse_args(argv: Sequence[str]) -> Options:
     while i < len(own):
         arg = own[i]
         name, has_value, value = arg.partition("=")
-        if name in ("--shards", "--workers", "--mode", "--build-dir", "--logs",
+        if name in ("--shards", "--workers", "--mode", "--replicas", "--build-dir", "--logs",
                     "--stop-timeout"):
             if not has_value:
                 if i + 1 >= len(own):
@@ -137,6 +153,10 @@ def parse_args(argv: Sequence[str]) -> Options:
                 if not value.isdigit() or int(value) < 1:
                     raise UsageError(f"{name} must be a positive integer, not {value!r}")
                 setattr(options, name[2:], int(value))
+            elif name == "--replicas":
+                if value not in ("1", "2", "3"):
+                    raise UsageError(f"--replicas must be 1, 2 or 3, not {value!r}")
+                options.replicas = int(value)
             elif name == "--mode":
                 if value not in ("sync", "async"):
                     raise UsageError(f"--mode must be sync or async, not {value!r}")
@@ -156,7 +176,7 @@ def parse_args(argv: Sequence[str]) -> Options:
             if _flag_name(arg) in _OWN_SERVER_FLAGS:
                 raise UsageError(
                     f"{arg}: the launcher sets --{_flag_name(arg)} itself "
-                    "(use --shards, --workers, --mode)")
+                    "(use --shards, --workers, --mode, --replicas)")
             options.server_flags.append(arg)
         else:
             # A value of the previous ps-server flag ("--lr 0.05").
@@ -164,6 +184,9 @@ def parse_args(argv: Sequence[str]) -> Options:
                 raise UsageError(f"unexpected argument {arg!r} before '--'")
             options.server_flags.append(arg)
         i += 1
+    if options.replicas > options.shards:
+        raise UsageError(f"--replicas {options.replicas} needs at least {options.replicas} "
+                         f"shards, not {options.shards}")
     given = {_flag_name(a) for a in options.server_flags if a.startswith("-")}
     if not given & {"optimizer", "lr"}:
         options.server_flags = list(_DEFAULT_SERVER_FLAGS) + options.server_flags
@@ -497,6 +520,8 @@ class Launcher:
         self.stop_signal: Optional[int] = None
         self.shards: List[Child] = []
         self.workers: List[Child] = []
+        self.etcd: Optional[Child] = None
+        self.etcd_endpoint = ""
         # --build-dir wins; an installed launcher passes its own layout.
         if options.build_dir or layout is None:
             layout = Layout.of_build(options.build_dir or default_build_dir())
@@ -634,6 +659,12 @@ class Launcher:
         if self.options.logs:
             os.makedirs(self.options.logs, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="shardtrain-run.") as run_dir:
+            if self.options.replicas > 1:
+                code = self._start_etcd(run_dir)
+                if code is not None:
+                    return code
+                if self.stop_signal is not None:
+                    return 0
             servers = self._start_shards(server, run_dir)
             if servers is None:
                 return 1
@@ -644,15 +675,61 @@ class Launcher:
                 return failed
             return self._wait()
 
+    def _start_etcd(self, run_dir: str) -> Optional[int]:
+        """Starts the job's etcd on free ports (tried again on others if it
+        cannot bind); an exit code when it cannot start."""
+        etcd = shutil.which("etcd") or ("/usr/bin/etcd" if os.access("/usr/bin/etcd", os.X_OK)
+                                        else None)
+        if etcd is None:
+            self.say(f"--replicas {self.options.replicas} needs etcd, which is not installed "
+                     "(Debian: apt-get install etcd-server)")
+            return 2
+        log = self._log_path("etcd") or os.path.join(run_dir, "etcd.log")
+        for attempt in range(5):
+            client, peer = _free_port(), _free_port()
+            if client == peer:
+                continue
+            data = os.path.join(run_dir, f"etcd{attempt}")
+            argv = [etcd, "--name=local", f"--data-dir={data}",
+                    f"--listen-client-urls=http://127.0.0.1:{client}",
+                    f"--advertise-client-urls=http://127.0.0.1:{client}",
+                    f"--listen-peer-urls=http://127.0.0.1:{peer}",
+                    f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+                    f"--initial-cluster=local=http://127.0.0.1:{peer}",
+                    "--heartbeat-interval=25", "--election-timeout=250"]
+            self.etcd = Child("etcd", argv, dict(os.environ), None, None, log, self.lock)
+            deadline = time.monotonic() + _ETCD_START_TIMEOUT_S
+            while self.etcd.poll() is None and self.stop_signal is None:
+                if _etcd_answers(client):
+                    self.etcd_endpoint = f"127.0.0.1:{client}"
+                    self.say(f"etcd on {self.etcd_endpoint} (pid {self.etcd.pid}); the chains: "
+                             f"psctl chains --etcd_endpoints={self.etcd_endpoint} --job={_JOB}")
+                    return None
+                if time.monotonic() > deadline:
+                    self._report(f"etcd did not answer on 127.0.0.1:{client} within "
+                                 f"{_ETCD_START_TIMEOUT_S:.0f} s", self.etcd)
+                    return 1
+                time.sleep(_POLL_S)
+            if self.stop_signal is not None:
+                return None
+            self.etcd.finish_output(1.0)  # it exited: a port taken meanwhile?
+        self._report("etcd did not start", self.etcd)
+        return 1
+
     def _start_shards(self, server: str, run_dir: str) -> Optional[List[str]]:
         o = self.options
         port_files = []
+        replication = []
+        if o.replicas > 1:
+            replication = [f"--replicas={o.replicas}", f"--etcd_endpoints={self.etcd_endpoint}",
+                           f"--job={_JOB}", "--lease_ttl_s=1"]
         for s in range(o.shards):
             port_file = os.path.join(run_dir, f"shard{s}.port")
             port_files.append(port_file)
             argv = [server, f"--shard_index={s}", f"--num_shards={o.shards}",
                     f"--num_workers={o.workers}", f"--mode={o.mode}",
-                    "--listen=127.0.0.1:0", f"--port_file={port_file}"] + o.server_flags
+                    "--listen=127.0.0.1:0", f"--port_file={port_file}"] + replication + \
+                o.server_flags
             self.shards.append(Child(f"shard {s}", argv, dict(os.environ), None, self.stderr,
                                      self._log_path(f"shard {s}"), self.lock))
         servers = []
@@ -683,7 +760,9 @@ class Launcher:
         """Starts the workers; an exit code if one cannot be started."""
         o = self.options
         flags = " ".join(o.server_flags)
-        self.say(f"{o.workers} workers, {o.shards} shards, {o.mode} mode, ps-server {flags}")
+        replicated = f" in chains of {o.replicas}" if o.replicas > 1 else ""
+        self.say(f"{o.workers} workers, {o.shards} shards{replicated}, {o.mode} mode, "
+                 f"ps-server {flags}")
         threads = max(1, (os.cpu_count() or 1) // o.workers)
         for w in range(o.workers):
             env = self._worker_env()
@@ -694,6 +773,12 @@ class Launcher:
                 "SHARDTRAIN_MODE": o.mode,
                 "PYTHONUNBUFFERED": "1",
             })
+            if o.replicas > 1:
+                env.update({
+                    "SHARDTRAIN_REPLICAS": str(o.replicas),
+                    "SHARDTRAIN_ETCD_ENDPOINTS": self.etcd_endpoint,
+                    "SHARDTRAIN_JOB": _JOB,
+                })
             env.setdefault("SHARDTRAIN_METRICS_PORT", "0")
             partition = _flag_value(o.server_flags, "max_partition_elements")
             if partition is not None:
@@ -711,12 +796,23 @@ class Launcher:
 
     def _wait(self) -> int:
         running = list(range(len(self.workers)))
+        dead_shards = set()
         while running and self.stop_signal is None:
             for s, shard in enumerate(self.shards):
                 code = shard.poll()
-                if code is not None:
+                if code is None or s in dead_shards:
+                    continue
+                if self.options.replicas == 1:
                     self._report_dead_shard(s, code, "died")
                     return 1
+                dead_shards.add(s)
+                shard.finish_output(1.0)
+                self.say(f"shard {s} died ({_describe_exit(code)}); with --replicas "
+                         f"{self.options.replicas} its chains go on without it")
+            if self.etcd is not None and self.etcd.poll() is not None:
+                self._report(f"etcd died ({_describe_exit(self.etcd.poll())}); stopping the job",
+                             self.etcd)
+                return 1
             for w in list(running):
                 code = self.workers[w].poll()
                 if code is None:
@@ -749,8 +845,10 @@ class Launcher:
     def stop_all(self):
         """SIGTERM to every child still running (workers first, then the
         shards they talk to), SIGKILL to any left after --stop-timeout."""
-        children = self.workers + self.shards
-        for group in (self.workers, self.shards):
+        etcd = [self.etcd] if self.etcd is not None else []
+        children = self.workers + self.shards + etcd
+        # etcd last: the shards do not see it go.
+        for group in (self.workers, self.shards, etcd):
             for child in group:
                 child.terminate()
             self._wait_exit(group, self.options.stop_timeout)
@@ -771,6 +869,23 @@ class Launcher:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(c.poll() is None for c in children):
             time.sleep(_POLL_S)
+
+
+def _free_port() -> int:
+    """A port of 127.0.0.1 free now (another process may take it before it
+    is used: the caller tries again)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _etcd_answers(port: int) -> bool:
+    """Whether the etcd on 127.0.0.1:port says it is healthy."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+            return json.loads(response.read().decode()).get("health") == "true"
+    except (OSError, ValueError):
+        return False
 
 
 def _read(path: str) -> str:

@@ -3,10 +3,12 @@ its embeddings in a sparse table learns the synthetic Criteo-shaped stream
 with 2 workers on 2 shards, async, sync with an async table (PERSIA's
 hybrid: dense layers in synchronous steps, the embeddings as pushes come)
 and sync throughout (the table applying each step's mean), and the chief
-writes its results file."""
+writes its results file; with --replicas 2 a shard SIGKILLed mid-run does
+not stop it."""
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -48,3 +50,33 @@ def test_ctr_trains(tmp_path, mode, table_mode):
     # Rows are created as ids arrive: the table grows, all on the shards.
     assert 0 < epochs[0]["rows_stored"] < epochs[1]["rows_stored"], out
     assert epochs[-1]["samples_per_second"] > 0
+
+
+def test_ctr_trains_through_a_shard_kill_with_replicas(tmp_path):
+    """--replicas 2 on 3 shards: the launcher starts an etcd for the chains,
+    and shard 1, SIGKILLed after the first epoch, does not stop the job: its
+    chains go on without it (the table's rows and the dense layers alike),
+    and the model reaches the bar."""
+    results = tmp_path / "results.json"
+    run = LauncherRun(tmp_path, ["--shards", "3", "--replicas", "2", "--workers", "2", "--",
+                                 sys.executable, EXAMPLE, "--epochs", "3", "--samples", "20000",
+                                 "--test", "10000", "--results", str(results)])
+    try:
+        run.wait_for(r"etcd on 127\.0\.0\.1:\d+ \(pid \d+\)", timeout=60)
+        [shard] = run.wait_for(r"shard 1 on \S+ \(metrics :\d+, pid (\d+)\)", timeout=60)
+        run.wait_for(r"\[worker 0\] epoch 1: loss ", timeout=150)
+        os.kill(int(shard.group(1)), signal.SIGKILL)
+        assert run.wait(timeout=240) == 0, run.output()
+    finally:
+        run.stop()
+    out = run.output()
+    assert "in chains of 2" in out, out
+    assert ("shard 1 died (killed by SIGKILL); with --replicas 2 its chains go on without it"
+            in out), out
+    report = json.loads(results.read_text())
+    epochs = report["epochs"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert epochs[-1]["auc"] >= MIN_AUC, out
+    assert epochs[-1]["loss"] < epochs[0]["loss"], out
+    # Rows counted once per replica group, whichever member answers.
+    assert 0 < epochs[0]["rows_stored"] < epochs[-1]["rows_stored"], out

@@ -131,6 +131,11 @@ def test_a_shard_that_cannot_start_is_reported(tmp_path, worker_script):
     (["--workers", "0", "--", "true"], "--workers must be a positive integer"),
     (["--mode", "eventual", "--", "true"], "--mode must be sync or async"),
     (["--num_workers=3", "--", "true"], "the launcher sets --num_workers itself"),
+    (["--replicas", "4", "--shards", "4", "--", "true"], "--replicas must be 1, 2 or 3"),
+    (["--shards", "2", "--replicas", "3", "--", "true"],
+     "--replicas 3 needs at least 3 shards, not 2"),
+    (["--etcd_endpoints=127.0.0.1:2379", "--", "true"],
+     "the launcher sets --etcd_endpoints itself"),
 ])
 def test_usage_errors(tmp_path, args, message):
     run = LauncherRun(tmp_path, args)
