@@ -1,5 +1,8 @@
 #include "sparse/step_gradients.h"
 
+#include <cmath>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -56,6 +59,60 @@ TEST(StepGradientsTest, AnEmptyPushCountsAsAnArrival) {
   EXPECT_EQ(step.rows(), 0);
   step.Clear();
   EXPECT_FALSE(step.arrived(1));
+}
+
+TEST(StepGradientsTest, AnExportedStepSumsOnBitForBit) {
+  StepGradients step(2, 3);
+  const std::vector<uint64_t> ids0 = {9, 4};
+  const std::vector<float> g0 = {0.1f, 0.2f, 0.3f, 0.4f};
+  step.Add(0, ids0, g0.data());
+  std::string bytes;
+  std::vector<uint32_t> arrived;
+  step.Export(&bytes, &arrived);
+  EXPECT_THAT(arrived, ElementsAre(0u));
+  StepGradients copy(2, 3);
+  ASSERT_TRUE(copy.Import(bytes, arrived).ok());
+  EXPECT_TRUE(copy.arrived(0));
+  EXPECT_EQ(copy.arrivals(), 1);
+  const std::vector<uint64_t> ids = {4, 7};
+  const std::vector<float> g = {1e-8f, 0.5f, 2.0f, 3.0f};
+  for (StepGradients* s : {&step, &copy}) {
+    s->Add(1, ids, g.data());
+    s->Add(2, ids0, g0.data());
+  }
+  std::vector<uint64_t> a_ids, b_ids;
+  std::vector<float> a, b;
+  step.TakeMean(&a_ids, &a);
+  copy.TakeMean(&b_ids, &b);
+  EXPECT_EQ(a_ids, b_ids);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(StepGradientsTest, ImportRefusesABadStepAndKeepsItsOwn) {
+  StepGradients step(1, 2);
+  const std::vector<uint64_t> ids = {5};
+  const float g = 1.0f;
+  step.Add(0, ids, &g);
+  std::string good;
+  std::vector<uint32_t> arrived;
+  step.Export(&good, &arrived);
+  StepGradients other(1, 2);
+  EXPECT_EQ(other.Import(good.substr(1), arrived).code(), absl::StatusCode::kInvalidArgument);
+  std::string repeated(2 * sizeof(uint64_t) + 2 * sizeof(float), '\0');
+  std::memcpy(repeated.data(), &ids[0], sizeof(uint64_t));
+  std::memcpy(repeated.data() + sizeof(uint64_t), &ids[0], sizeof(uint64_t));
+  EXPECT_EQ(other.Import(repeated, arrived).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<uint32_t> outside = {2};
+  EXPECT_EQ(other.Import(good, outside).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<uint32_t> twice = {1, 1};
+  EXPECT_EQ(other.Import(good, twice).code(), absl::StatusCode::kInvalidArgument);
+  std::string nan = good;
+  const float bad = std::nanf("");
+  std::memcpy(nan.data() + 8, &bad, sizeof(bad));
+  EXPECT_EQ(other.Import(nan, arrived).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(other.arrivals(), 0);
+  EXPECT_EQ(other.rows(), 0);
 }
 
 }  // namespace
