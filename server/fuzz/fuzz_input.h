@@ -36,8 +36,10 @@ enum class Op : uint8_t {
   kRegisterTables = 7,
   kLookup = 8,
   kPushSparse = 9,
+  // A SparseOp forwarded to a replica of the shard's tables.
+  kApplySparseOp = 10,
 };
-inline constexpr int kNumOps = 10;
+inline constexpr int kNumOps = 11;
 inline constexpr int kMaxOps = 32;
 inline constexpr size_t kHeaderBytes = 2;
 

@@ -47,6 +47,8 @@ std::unique_ptr<Message> NewRequest(uint8_t op) {
       return std::make_unique<LookupRequest>();
     case Op::kPushSparse:
       return std::make_unique<PushSparseRequest>();
+    case Op::kApplySparseOp:
+      return std::make_unique<SparseOp>();
   }
   return nullptr;
 }

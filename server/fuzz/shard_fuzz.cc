@@ -4,14 +4,18 @@
 // partitioning and staleness bound from its first two bytes) and sends it a
 // short sequence of requests parsed from binary protobuf (format in
 // server/fuzz/fuzz_input.h): Register, Push, Pull, PushPull (as the service
-// runs it), Heartbeat, Status and Tick. Besides the sanitizers it checks what
-// the shard promises:
+// runs it), Heartbeat, Status, Tick, the table requests, and SparseOps sent
+// to a replica of the shard's tables (SparseTables with --replicas 2).
+// Besides the sanitizers it checks what the shard promises:
 //  - a rejected request changes nothing: the partitions' checksum, the
 //    registered partitions and every worker's membership record are as
 //    before;
 //  - a pull changes nothing, valid or not, and answers every part it
 //    names with the partition's size in the asked dtype;
-//  - a PushPull whose pull was valid before the push is still valid after.
+//  - a PushPull whose pull was valid before the push is still valid after;
+//  - the replica applies every table operation the shard applied (its
+//    SparseOp) and then holds the same rows, bit for bit; a SparseOp it
+//    refuses changes nothing.
 // A broken promise aborts, which libFuzzer reports as a crash. Memory is
 // bounded by libFuzzer's -malloc_limit_mb / -rss_limit_mb (scripts/fuzz.sh)
 // and the shard's ResourceLimits (FuzzLimits()). server/fuzz/regressions/
@@ -63,6 +67,30 @@ struct Digest {
   bool operator!=(const Digest& other) const { return !(*this == other); }
 };
 
+// The records of `tables`' rows of `group`.
+std::string TableDigest(const SparseTables& tables, int group) {
+  std::vector<CheckpointRecord> records;
+  tables.Snapshot(int64_t{1} << 30, &records);
+  std::string digest;
+  for (const CheckpointRecord& record : records) {
+    if (record.table_group() == group) digest += record.SerializeAsString();
+  }
+  return digest;
+}
+
+// A replica of `options`' shard's tables: --replicas 2, holding the shard's
+// group and (with more shards) the next.
+ShardOptions ReplicaOptions(ShardOptions options) {
+  options.replicas = 2;
+  return options;
+}
+std::vector<int> ReplicaGroups(const ShardOptions& options) {
+  const int n = options.partitioning.num_shards;
+  const int own = options.shard_index;
+  if (n == 1) return {own};
+  return {own, (own + 1) % n};
+}
+
 Digest TakeDigest(const Shard& shard) {
   StatusRequest all;
   all.set_max_partitions(~0u);
@@ -87,7 +115,10 @@ Digest TakeDigest(const Shard& shard) {
 // One input's shard and what the fuzzer learnt about it.
 class Session {
  public:
-  explicit Session(std::unique_ptr<Shard> shard) : shard_(std::move(shard)) {}
+  explicit Session(std::unique_ptr<Shard> shard)
+      : shard_(std::move(shard)),
+        replica_(ReplicaOptions(shard_->options()), ReplicaGroups(shard_->options()),
+                 /*incarnation=*/7, /*metrics=*/nullptr) {}
 
   void Run(Op op, const uint8_t* data, size_t size) {
     switch (op) {
@@ -145,6 +176,9 @@ class Session {
         if (!status.ok() && TakeDigest(*shard_) != before) {
           Fail("a rejected RegisterTables changed the shard", status);
         }
+        if (status.ok() && !replica_.Register(request).ok()) {
+          Fail("the replica refused a RegisterTables the shard took", status);
+        }
         return;
       }
       case Op::kLookup: {
@@ -155,7 +189,9 @@ class Session {
         // anyway, as one woken by its step would be.
         (void)shard_->tables().LookupWaits(request);
         wire::LookupResponseBuilder builder;
-        const absl::Status status = shard_->tables().Lookup(request, &builder);
+        SparseOp op;
+        const absl::Status status = shard_->tables().Lookup(request, &builder, &op);
+        if (status.ok() && request.train()) Replicate(op);
         if ((!status.ok() || !request.train()) && TakeDigest(*shard_) != before) {
           Fail("a rejected or read-only Lookup changed the shard", status);
         }
@@ -189,11 +225,31 @@ class Session {
         const Digest before = TakeDigest(*shard_);
         PushSparseResponse response;
         bool step_applied = false;
-        const absl::Status status = shard_->tables().PushSparse(request, &response, &step_applied);
+        SparseOp op;
+        const absl::Status status =
+            shard_->tables().PushSparse(request, &response, &step_applied, &op);
         if ((!status.ok() || response.duplicate()) && TakeDigest(*shard_) != before) {
           Fail("a rejected or duplicate PushSparse changed the shard", status);
         }
         if (!status.ok() && step_applied) Fail("a rejected PushSparse applied a step", status);
+        if (status.ok() && !response.duplicate()) Replicate(op);
+        return;
+      }
+      case Op::kApplySparseOp: {
+        SparseOp op;
+        if (!op.ParseFromArray(data, static_cast<int>(size))) return;
+        std::string before[2];
+        for (int g = 0; g < 2; ++g) before[g] = TableDigest(replica_, g);
+        const absl::Status status =
+            replica_.ApplyReplicated(op, absl::ZeroDuration(), [] { return true; });
+        if (status.ok()) diverged_ = true;
+        if (!status.ok()) {
+          for (int g = 0; g < 2; ++g) {
+            if (TableDigest(replica_, g) != before[g]) {
+              Fail("a refused SparseOp changed the replica", status);
+            }
+          }
+        }
         return;
       }
     }
@@ -294,7 +350,32 @@ class Session {
     }
   }
 
+  // The replica applies the shard's operation `op`: it must take it, and
+  // then hold the shard's rows (unless fuzzed SparseOps put it elsewhere).
+  void Replicate(const SparseOp& op) {
+    if (diverged_) return;
+    const absl::Status status =
+        replica_.ApplyReplicated(op, absl::ZeroDuration(), [] { return true; });
+    if (!status.ok()) {
+      // Fuzzed SparseOps may have moved it on: only a replica in step
+      // with the shard must take it.
+      if (replica_.GroupOps(op.group()) != op.op()) {
+        diverged_ = true;
+        return;
+      }
+      Fail("the replica refused an operation the shard applied", status);
+    }
+    const int group = shard_->options().shard_index;
+    if (TableDigest(replica_, group) != TableDigest(shard_->tables(), group)) {
+      Fail("the replica's rows differ from the shard's after its operation", status);
+    }
+  }
+
   std::unique_ptr<Shard> shard_;
+  // The shard's tables at --replicas 2, fed the shard's operations.
+  SparseTables replica_;
+  // A fuzzed SparseOp was applied to the replica: it no longer follows.
+  bool diverged_ = false;
   // Size of every partition a Register answered.
   std::map<Key, int64_t> sizes_;
 };

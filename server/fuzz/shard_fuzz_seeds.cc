@@ -255,6 +255,22 @@ class SeedBuilder {
     push.set_dtype(DTYPE_BF16);
     push.set_grads(std::string(8 * 4 * 2, '\x01'));
     AppendOp(Op::kPushSparse, push.SerializeAsString(), &input_);
+    // Forwarded operations at the replica: one not next (refused), one
+    // that names its group twice, one that may be next.
+    SparseOp op;
+    op.set_op(100);
+    op.set_now(2);
+    lookup.set_train(true);
+    lookup.clear_dtype();
+    *op.mutable_lookup() = lookup;
+    AppendOp(Op::kApplySparseOp, op.SerializeAsString(), &input_);
+    op.set_group(1);
+    AppendOp(Op::kApplySparseOp, op.SerializeAsString(), &input_);
+    op.set_group(0);
+    op.set_op(6);
+    op.clear_lookup();
+    *op.mutable_push() = push;
+    AppendOp(Op::kApplySparseOp, op.SerializeAsString(), &input_);
     return *this;
   }
 
