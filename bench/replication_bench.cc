@@ -24,6 +24,13 @@
 //   retries      worker RPC attempts retried (client metrics), all rounds
 //   x R=1        median over rounds of MB/s / the R=1 MB/s of that round
 //
+// Tables (--table_ids > 0, after the dense ops, same clusters and rounds):
+// each worker's TableClient looks up (training) and pushes the row
+// gradients of --table_ids fixed ids (a 16-dim row-wise Adagrad table,
+// rows created by the first call), as one call each; rows/s is
+// --table_ids x calls/s, and x R=1 as above. A replicated lookup and push
+// go to each group's chain head and are answered once the tail has them.
+//
 // Part 2, failover. A fresh R=2 cluster (--lease_ttl_s, default 1: the
 // etcd runs with --heartbeat-interval 25 --election-timeout 250, so it
 // grants 1 s leases) and one worker pushing the model continuously. Repeat
@@ -53,6 +60,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,6 +87,7 @@
 #include "chain/replication_keys.h"
 #include "client/client_metrics.h"
 #include "client/shard_channel.h"
+#include "client/table_client.h"
 #include "common/status_macros.h"
 #include "etcd/etcd_client.h"
 #include "etcd/testing/etcd_process.h"
@@ -95,6 +104,8 @@ ABSL_FLAG(int, rounds, 7,
           "round");
 ABSL_FLAG(double, block_seconds, 0.5, "Length of one timed block");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
+ABSL_FLAG(int, table_ids, 0,
+          "If > 0: also time sparse-table Lookup and PushSparse of this many ids per call");
 ABSL_FLAG(int, throughput_lease_ttl_s, 2, "--lease_ttl_s of the throughput clusters");
 ABSL_FLAG(int, failover_repeats, 10, "Head kills in the failover part (0: skip it)");
 ABSL_FLAG(int, lease_ttl_s, 1, "--lease_ttl_s of the failover cluster");
@@ -124,6 +135,7 @@ struct BenchOptions {
   int rounds = 7;
   double block_seconds = 0.5;
   std::vector<Op> ops;
+  int table_ids = 0;
   int throughput_lease_ttl_s = 2;
   int failover_repeats = 10;
   int lease_ttl_s = 1;
@@ -189,6 +201,84 @@ absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
   c->total_calls += calls;
   c->server_cpu_seconds += cpu_after - *cpu_before;
   return absl::OkStatus();
+}
+
+// The tables part of RunThroughput (see the file comment) on its clusters
+// and workers; the figures' table.
+absl::StatusOr<std::string> TimeTables(
+    const BenchOptions& options, const std::vector<Cluster>& clusters,
+    const std::vector<std::vector<std::unique_ptr<Worker>>>& workers) {
+  constexpr int kDim = 16;
+  const int kR[kClusterShards] = {1, 2, 3};
+  TableSpec spec;
+  spec.set_name("bench");
+  spec.set_dim(kDim);
+  spec.set_optimizer("rowwise_adagrad");
+  spec.set_learning_rate(0.01f);
+  spec.set_init_scale(0.01f);
+  const size_t n = static_cast<size_t>(options.table_ids);
+  // What one worker's calls use; owned here, outliving the ops.
+  struct TableWorker {
+    std::unique_ptr<client::TableClient> tables;
+    std::vector<uint64_t> ids;
+    std::vector<float> rows;
+    std::vector<float> grads;
+  };
+  std::vector<std::vector<std::unique_ptr<TableWorker>>> table_workers(kClusterShards);
+  std::vector<std::vector<std::vector<OpFn>>> ops(2, std::vector<std::vector<OpFn>>(kClusterShards));
+  for (int i = 0; i < kClusterShards; ++i) {
+    for (size_t w = 0; w < workers[i].size(); ++w) {
+      auto worker = std::make_unique<TableWorker>();
+      worker->tables = std::make_unique<client::TableClient>(&workers[i][w]->client());
+      RETURN_IF_ERROR(worker->tables->Register({spec}));
+      std::mt19937_64 random(1000 + w);
+      for (size_t k = 0; k < n; ++k) worker->ids.push_back(random());
+      worker->rows.resize(n * kDim);
+      worker->grads.assign(n * kDim, 1e-3f);
+      TableWorker* t = worker.get();
+      ops[0][i].push_back([t] {
+        return t->tables->Lookup("bench", t->ids, /*train=*/true, 0, t->rows.data());
+      });
+      ops[1][i].push_back([t] { return t->tables->Push("bench", t->ids, t->grads.data(), 0); });
+      table_workers[i].push_back(std::move(worker));
+      for (int o = 0; o < 2; ++o) RETURN_IF_ERROR(WarmUp(ops[o][i].back()));
+    }
+  }
+  const char* const kNames[2] = {"lookup", "pushsparse"};
+  const double megabytes_per_call = static_cast<double>(n) * kDim * sizeof(float) / 1e6;
+  std::vector<std::vector<Case>> cases(2, std::vector<Case>(kClusterShards));
+  for (int round = 0; round < options.rounds; ++round) {
+    for (int o = 0; o < 2; ++o) {
+      for (int k = 0; k < kClusterShards; ++k) {
+        const int i = (k + round) % kClusterShards;
+        RETURN_IF_ERROR(TimeBlock(ops[o][i], options.block_seconds, megabytes_per_call,
+                                  clusters[i].pids, &cases[o][i]));
+      }
+      for (int i = 0; i < kClusterShards; ++i) {
+        cases[o][i].vs_r1.push_back(cases[o][i].rates.back() / cases[o][0].rates.back());
+      }
+    }
+    std::printf("table round %d of %d done\n", round + 1, options.rounds);
+    std::fflush(stdout);
+  }
+  std::string table = absl::StrFormat(
+      "sparse table \"bench\": dim %d, row-wise Adagrad, %d ids per call (one call: every "
+      "shard's share at once)\n%-10s %2s %11s %9s %8s %8s %8s %11s %7s\n",
+      kDim, options.table_ids, "op", "R", "rows/s", "calls/s", "p50 ms", "p99 ms", "max ms",
+      "srv ms/call", "x R=1");
+  for (int o = 0; o < 2; ++o) {
+    for (int i = 0; i < kClusterShards; ++i) {
+      const Case& c = cases[o][i];
+      const Timing timing = c.calls.Summary();
+      absl::StrAppendFormat(&table, "%-10s %2d %11.0f %9.1f %8.3f %8.3f %8.1f %11.3f %7.2f\n",
+                            kNames[o], kR[i], Median(c.call_rates) * static_cast<double>(n),
+                            Median(c.call_rates), 1e3 * timing.p50_seconds,
+                            1e3 * timing.p99_seconds, 1e3 * timing.max_seconds,
+                            1e3 * c.server_cpu_seconds / static_cast<double>(c.total_calls),
+                            Median(c.vs_r1));
+    }
+  }
+  return table;
 }
 
 absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions& options,
@@ -264,6 +354,10 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
                             1e3 * c.server_cpu_seconds / static_cast<double>(c.total_calls),
                             c.retries, Median(c.vs_r1));
     }
+  }
+  if (options.table_ids > 0) {
+    ASSIGN_OR_RETURN(const std::string tables, TimeTables(options, clusters, workers));
+    absl::StrAppend(&table, "\n", tables);
   }
   workers.clear();  // the clients go before their shards
   for (const Cluster& cluster : clusters) StopCluster(children, cluster);
@@ -676,6 +770,7 @@ absl::Status Validate(const BenchOptions& options) {
     return absl::InvalidArgumentError("--block_seconds must be positive");
   }
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be at least 1");
+  if (options.table_ids < 0) return absl::InvalidArgumentError("--table_ids must be >= 0");
   if (options.failover_repeats > 0 && options.model.groups_touched < kClusterShards) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "the model (%s) has partitions in %d of the %d replica groups; the failover part "
@@ -788,6 +883,7 @@ int main(int argc, char** argv) {
   options.workers = absl::GetFlag(FLAGS_workers);
   options.rounds = absl::GetFlag(FLAGS_rounds);
   options.block_seconds = absl::GetFlag(FLAGS_block_seconds);
+  options.table_ids = absl::GetFlag(FLAGS_table_ids);
   options.throughput_lease_ttl_s = absl::GetFlag(FLAGS_throughput_lease_ttl_s);
   options.failover_repeats = absl::GetFlag(FLAGS_failover_repeats);
   options.lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
