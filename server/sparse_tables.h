@@ -82,8 +82,10 @@ class SparseTables {
   // once the group has applied every earlier one, waiting up to `wait`
   // while still_valid() holds (UNAVAILABLE after that: the chain changed,
   // or an earlier forward is missing); an operation applied before is
-  // skipped. The request is checked as at the head; INTERNAL when it is
-  // refused, since the head took it (the replica diverged).
+  // skipped. The request is checked as at the head: a malformed operation
+  // is INVALID_ARGUMENT (FAILED_PRECONDITION on an unreplicated shard) and
+  // changes nothing; INTERNAL when the table refuses a well-formed push
+  // the head applied (the replica diverged).
   absl::Status ApplyReplicated(const SparseOp& op, absl::Duration wait,
                                const std::function<bool()>& still_valid,
                                bool* step_applied = nullptr);
