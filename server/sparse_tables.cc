@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -542,6 +543,8 @@ void SparseTables::ExportGroup(int group, GroupStateResponse* state) const {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, set] : tables_) tables.push_back(set->groups[slot].get());
   }
+  std::sort(tables.begin(), tables.end(),
+            [](const Table* a, const Table* b) { return a->spec.name() < b->spec.name(); });
   std::vector<CheckpointRecord> records;
   for (const Table* table : tables) {
     WriteRecords(*table, kMaxGroupRecordBytes, /*replica=*/true, &records);
@@ -721,6 +724,8 @@ absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first
 
 void SparseTables::Snapshot(int64_t max_record_bytes,
                             std::vector<CheckpointRecord>* records) const {
+  // By name, then group: the same tables give the same records in the same
+  // order (a hash map's order differs from one map to another).
   std::vector<const Table*> tables;
   {
     absl::MutexLock lock(&mu_);
@@ -728,6 +733,9 @@ void SparseTables::Snapshot(int64_t max_record_bytes,
       for (const std::unique_ptr<Table>& table : set->groups) tables.push_back(table.get());
     }
   }
+  std::sort(tables.begin(), tables.end(), [](const Table* a, const Table* b) {
+    return std::tie(a->spec.name(), a->group) < std::tie(b->spec.name(), b->group);
+  });
   for (const Table* table : tables) {
     WriteRecords(*table, max_record_bytes, /*replica=*/false, records);
   }

@@ -104,7 +104,8 @@ class SparseTables {
 
   void FillStatus(StatusResponse* response) const;
 
-  // Checkpoint records of every table and group: its spec and whole rows,
+  // Checkpoint records of every table and group, by name and group: its
+  // spec and whole rows,
   // at most max_record_bytes of rows per record, and in the first its
   // admission filter's counters, steps and clocks. Each group's rows and
   // counters are copied under its lock, so a record never mixes a row's
