@@ -20,12 +20,14 @@
 #define SHARDTRAIN_SERVER_PUSH_LOG_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/shardtrain.pb.h"
 
@@ -69,6 +71,18 @@ class PushLog {
   // sequence was not applied. Allocated on first use.
   std::vector<int64_t> applied_ ABSL_GUARDED_BY(mu_);
 };
+
+// A replica group's logs, one per worker w in [0, num_workers): log_of(w).
+using PushLogOf = std::function<PushLog&(uint32_t worker)>;
+
+// Appends each worker's log (Export, under its lock) to `out`.
+void ExportPushLogs(int num_workers, const PushLogOf& log_of,
+                    google::protobuf::RepeatedPtrField<PushLogState>* out);
+// Imports ExportPushLogs' logs, each under its lock. INVALID_ARGUMENT for a
+// log of a worker outside [0, num_workers) or one Import refuses; `what`
+// names the logs in the message.
+absl::Status ImportPushLogs(const google::protobuf::RepeatedPtrField<PushLogState>& in,
+                            int num_workers, const PushLogOf& log_of, absl::string_view what);
 
 }  // namespace shardtrain::server
 

@@ -179,14 +179,9 @@ GroupStateResponse Shard::ExportGroup(int group) const {
       group_slot_[group] < 0) {
     return state;
   }
-  for (int w = 0; w < options_.num_workers; ++w) {
-    PushLog& log = LogOf(group, static_cast<uint32_t>(w));
-    absl::MutexLock lock(&log.mu());
-    PushLogState out;
-    if (!log.Export(&out)) continue;
-    out.set_worker(static_cast<uint32_t>(w));
-    *state.add_push_logs() = std::move(out);
-  }
+  ExportPushLogs(options_.num_workers,
+                 [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); },
+                 state.mutable_push_logs());
   tables_.ExportGroup(group, &state);
   return state;
 }
@@ -219,16 +214,9 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
       part.version_gauge->Set(static_cast<double>(record.version()));
     }
   }
-  for (const PushLogState& in : state.push_logs()) {
-    if (in.worker() >= static_cast<uint32_t>(options_.num_workers)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("push log of worker %d in group state; the job has %d workers",
-                          in.worker(), options_.num_workers));
-    }
-    PushLog& log = LogOf(group, in.worker());
-    absl::MutexLock lock(&log.mu());
-    RETURN_IF_ERROR(log.Import(in));
-  }
+  RETURN_IF_ERROR(ImportPushLogs(
+      state.push_logs(), options_.num_workers,
+      [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); }, "push log"));
   NotifyProgress();
   return absl::OkStatus();
 }

@@ -553,14 +553,9 @@ void SparseTables::ExportGroup(int group, GroupStateResponse* state) const {
   // After the tables: a push applied in between is in the log (and its
   // forward, already applied, is skipped), never applied without its
   // sequence.
-  for (int w = 0; w < options_.num_workers; ++w) {
-    PushLog& log = LogOf(slot, static_cast<uint32_t>(w));
-    absl::MutexLock lock(&log.mu());
-    PushLogState out;
-    if (!log.Export(&out)) continue;
-    out.set_worker(static_cast<uint32_t>(w));
-    *state->add_table_push_logs() = std::move(out);
-  }
+  ExportPushLogs(options_.num_workers,
+                 [this, slot](uint32_t w) -> PushLog& { return LogOf(slot, w); },
+                 state->mutable_table_push_logs());
 }
 
 absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& state) {
@@ -595,16 +590,9 @@ absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& stat
     absl::MutexLock lock(&table.mu);
     RETURN_IF_ERROR(ReadRecord(record, first, table));
   }
-  for (const PushLogState& in : state.table_push_logs()) {
-    if (in.worker() >= static_cast<uint32_t>(options_.num_workers)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("table push log of worker %d in group state; the job has %d workers",
-                          in.worker(), options_.num_workers));
-    }
-    PushLog& log = LogOf(slot, in.worker());
-    absl::MutexLock lock(&log.mu());
-    RETURN_IF_ERROR(log.Import(in));
-  }
+  RETURN_IF_ERROR(ImportPushLogs(
+      state.table_push_logs(), options_.num_workers,
+      [this, slot](uint32_t w) -> PushLog& { return LogOf(slot, w); }, "table push log"));
   return absl::OkStatus();
 }
 
