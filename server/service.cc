@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/replication/group_state_parts.h"
 #include "wire/message_encoder.h"
 #include "wire/message_views.h"
 
@@ -126,6 +127,60 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   std::vector<int64_t> read_versions_;
   // gRPC's response message, alive until OnDone.
   grpc::ByteBuffer* const response_;
+};
+
+// FetchGroupState's answer: the parts of one copy of the group's state,
+// written one after another. Owned by gRPC until OnDone.
+class ParameterServerService::GroupStateWriter
+    : public grpc::ServerWriteReactor<GroupStateResponse> {
+ public:
+  GroupStateWriter(ParameterServerService* service, absl::Time start, size_t request_bytes,
+                   absl::Status status, std::vector<GroupStateResponse> parts)
+      : service_(service),
+        start_(start),
+        request_bytes_(request_bytes),
+        parts_(std::move(parts)) {
+    if (!status.ok()) {
+      VLOG(1) << "FetchGroupState rejected: " << status;
+      Done(common::ToGrpcStatus(status));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    // Sent (or never will be): its memory goes now, not with the last part.
+    parts_[next_ - 1] = GroupStateResponse();
+    if (!ok) {
+      Done(grpc::Status(grpc::StatusCode::CANCELLED, "the joining member went away"));
+      return;
+    }
+    WriteNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (next_ == parts_.size()) {
+      Done(grpc::Status::OK);
+      return;
+    }
+    GroupStateResponse& part = parts_[next_++];
+    sent_bytes_ += part.ByteSizeLong();
+    StartWrite(&part);
+  }
+  void Done(const grpc::Status& status) {
+    service_->Record("FetchGroupState", status, start_, request_bytes_,
+                     status.ok() ? sent_bytes_ : 0);
+    Finish(status);
+  }
+
+  ParameterServerService* const service_;
+  const absl::Time start_;
+  const size_t request_bytes_;
+  std::vector<GroupStateResponse> parts_;
+  size_t next_ = 0;
+  size_t sent_bytes_ = 0;
 };
 
 // A training Lookup of a sync table that waits for the step its worker
@@ -349,20 +404,19 @@ grpc::ServerUnaryReactor* ParameterServerService::Replicate(
   return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::FetchGroupState(
-    grpc::CallbackServerContext* context, const GroupStateRequest* request,
-    GroupStateResponse* response) {
+grpc::ServerWriteReactor<GroupStateResponse>* ParameterServerService::FetchGroupState(
+    grpc::CallbackServerContext* /*context*/, const GroupStateRequest* request) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = absl::FailedPreconditionError(
+  absl::StatusOr<GroupStateResponse> state = absl::FailedPreconditionError(
       "this shard is not replicated (--replicas 1): it has no group state to hand over");
-  if (replicator_ != nullptr) {
-    absl::StatusOr<GroupStateResponse> state = replicator_->GroupState(*request);
-    status = state.status();
-    if (state.ok()) *response = *std::move(state);
+  if (replicator_ != nullptr) state = replicator_->GroupState(*request);
+  std::vector<GroupStateResponse> parts;
+  if (state.ok()) {
+    parts = SplitGroupState(
+        *std::move(state), GroupStatePartBytes(shard_->options().limits.max_response_bytes));
   }
-  Finish(reactor, "FetchGroupState", status, start, *request, *response);
-  return reactor;
+  return new GroupStateWriter(this, start, request->ByteSizeLong(), state.status(),
+                              std::move(parts));
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(

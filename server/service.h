@@ -100,9 +100,10 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* context,
                                        const PushSparseRequest* request,
                                        PushSparseResponse* response) override;
-  grpc::ServerUnaryReactor* FetchGroupState(grpc::CallbackServerContext* context,
-                                            const GroupStateRequest* request,
-                                            GroupStateResponse* response) override;
+  // A replica group's state for a joining member, taken at once and sent
+  // in parts (server/replication/group_state_parts.h).
+  grpc::ServerWriteReactor<GroupStateResponse>* FetchGroupState(
+      grpc::CallbackServerContext* context, const GroupStateRequest* request) override;
 
   // Replicated shards (--replicas > 1): pushes, pulls and forwards go
   // through `replicator` (server/replication/replicator.h). Not owned; set
@@ -126,6 +127,8 @@ class ParameterServerService final : public ParameterServerBase {
   friend class WaitingReactor;
   class LookupWaiter;
   friend class LookupWaiter;
+  class GroupStateWriter;
+  friend class GroupStateWriter;
 
   // The rows of `request` into `response`.
   // Answers `request` on `reactor`, its rows into *response: at once, or

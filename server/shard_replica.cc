@@ -182,7 +182,12 @@ GroupStateResponse Shard::ExportGroup(int group) const {
   ExportPushLogs(options_.num_workers,
                  [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); },
                  state.mutable_push_logs());
-  tables_.ExportGroup(group, &state);
+  // A quarter of the message limit (FetchGroupState's parts are at most
+  // half of it), and no more than 32 MiB.
+  tables_.ExportGroup(group,
+                      std::min<int64_t>(int64_t{32} << 20,
+                                        std::max<int64_t>(1, options_.limits.max_response_bytes / 4)),
+                      &state);
   return state;
 }
 

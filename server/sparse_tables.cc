@@ -21,9 +21,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace shardtrain::server {
 namespace {
 
-// Rows per record of a group's state for a joining member.
-constexpr int64_t kMaxGroupRecordBytes = int64_t{32} << 20;
-
 // bytes (little-endian Ts, a whole number of them) as Ts: in place where
 // they are aligned for T, as protobuf's heap strings are, else copied into
 // storage.
@@ -535,7 +532,8 @@ int64_t SparseTables::GroupOps(int group) const {
   return ops;
 }
 
-void SparseTables::ExportGroup(int group, GroupStateResponse* state) const {
+void SparseTables::ExportGroup(int group, int64_t max_record_bytes,
+                               GroupStateResponse* state) const {
   const int slot = SlotOf(group);
   if (slot < 0) return;
   std::vector<const Table*> tables;
@@ -547,7 +545,7 @@ void SparseTables::ExportGroup(int group, GroupStateResponse* state) const {
             [](const Table* a, const Table* b) { return a->spec.name() < b->spec.name(); });
   std::vector<CheckpointRecord> records;
   for (const Table* table : tables) {
-    WriteRecords(*table, kMaxGroupRecordBytes, /*replica=*/true, &records);
+    WriteRecords(*table, max_record_bytes, /*replica=*/true, &records);
   }
   for (CheckpointRecord& record : records) *state->add_records() = std::move(record);
   // After the tables: a push applied in between is in the log (and its

@@ -92,8 +92,9 @@ class SparseTables {
   // Operations applied to `group`'s tables (the chain compares members by
   // them).
   int64_t GroupOps(int group) const;
-  // `group`'s tables and push logs, for a joining member.
-  void ExportGroup(int group, GroupStateResponse* state) const;
+  // `group`'s tables and push logs, for a joining member: each table's rows
+  // in records of at most `max_record_bytes` (at least one row each).
+  void ExportGroup(int group, int64_t max_record_bytes, GroupStateResponse* state) const;
   // Replaces `group`'s tables (those named in `state`) and push logs with
   // ExportGroup's. An error when a record or log is malformed.
   absl::Status ImportGroup(int group, const GroupStateResponse& state);

@@ -325,7 +325,7 @@ TEST_F(ReplicatedTableTest, AJoiningMemberTakesTheGroupInTheMiddleOfASyncStep) {
   const PushSparseRequest pushed = PushRequestOf("sync", 0, 99, 6, group0_);
   ops.push_back(HeadPush(pushed));
   GroupStateResponse state;
-  head_.ExportGroup(0, &state);
+  head_.ExportGroup(0, /*max_record_bytes=*/1, &state);  // a record per row
   ASSERT_GT(state.table_push_logs_size(), 0);
   ASSERT_TRUE(replica_.ImportGroup(0, state).ok());
   EXPECT_EQ(replica_.GroupOps(0), head_.GroupOps(0));

@@ -139,8 +139,12 @@ std::map<std::string, std::string> GroupState(
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   GroupStateRequest request;
   request.set_group(group);
-  GroupStateResponse state;
-  const grpc::Status status = stub->FetchGroupState(&context, request, &state);
+  // The state's parts, put together.
+  GroupStateResponse state, part;
+  std::unique_ptr<grpc::ClientReader<GroupStateResponse>> reader =
+      stub->FetchGroupState(&context, request);
+  while (reader->Read(&part)) state.MergeFrom(part);
+  const grpc::Status status = reader->Finish();
   EXPECT_TRUE(status.ok()) << "shard " << shard << " group " << group << ": "
                            << status.error_message();
   std::map<std::string, std::string> model;

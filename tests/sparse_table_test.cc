@@ -17,7 +17,8 @@
 //    shards, --replicas 2, a real etcd): the head of a group is SIGKILLed
 //    while two workers push, dropped from its chains, restarted and rejoins
 //    them; no update is lost, none applied twice, and every group's head
-//    and tail hold the same rows, bit for bit.
+//    and tail hold the same rows, bit for bit, including a table of more
+//    rows per group than one message (--max_message_mb) holds.
 //  - SparseBadInput: unknown tables, wrong sizes and dims, NaN gradients,
 //    duplicate ids, ids of another shard and every limit flag are refused
 //    with their status code and name, and nothing changes; a push sent
@@ -702,9 +703,12 @@ absl::StatusOr<std::map<uint64_t, std::string>> GroupRows(const std::string& add
   context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
   GroupStateRequest request;
   request.set_group(group);
-  GroupStateResponse state;
-  const absl::Status status =
-      common::FromGrpcStatus(stub->FetchGroupState(&context, request, &state));
+  // The state's parts, put together.
+  GroupStateResponse state, part;
+  std::unique_ptr<grpc::ClientReader<GroupStateResponse>> reader =
+      stub->FetchGroupState(&context, request);
+  while (reader->Read(&part)) state.MergeFrom(part);
+  const absl::Status status = common::FromGrpcStatus(reader->Finish());
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat("FetchGroupState of group ", group,
                                                     " from ", address, ": ", status.message()));
@@ -736,7 +740,9 @@ absl::StatusOr<std::map<uint64_t, std::string>> GroupRows(const std::string& add
 // tail (copying the rows of its groups while the workers push) and gets
 // group 0's head back. Every row ends at exactly the pushes acknowledged,
 // read by the workers' client and in each group's head and tail, which
-// hold the same records.
+// hold the same records. The shards allow 1 MiB messages and a second
+// table holds more than that per group, so the restarted shard copies each
+// group's state in parts.
 TEST(SparseTables, SparseReplicatedKill) {
   using etcd::testing::EtcdProcess;
   if (!EtcdProcess::Available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
@@ -744,6 +750,7 @@ TEST(SparseTables, SparseReplicatedKill) {
   constexpr int kIds = 96;
   constexpr int kWorkers = 2;
   constexpr int64_t kPushesPerPhase = 100;  // before the kill, without it, after it is back
+  constexpr int kBulkIds = 60000;           // dim 16: about 1.6 MB of rows per group
   const std::string job = "sparsekill";
   absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start();
   ASSERT_TRUE(etcd.ok()) << etcd.status();
@@ -767,7 +774,7 @@ TEST(SparseTables, SparseReplicatedKill) {
   options.fixed_ports = true;  // a restarted shard keeps its address
   options.server_flags = {absl::StrCat("--replicas=", kReplicas),
                           "--etcd_endpoints=" + (*etcd)->endpoint(), "--job=" + job,
-                          "--lease_ttl_s=1"};
+                          "--lease_ttl_s=1", "--max_message_mb=1"};
   absl::StatusOr<testutil::LocalCluster> cluster =
       testutil::StartLocalCluster(processes, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -799,10 +806,23 @@ TEST(SparseTables, SparseReplicatedKill) {
     ASSERT_TRUE(client.ok()) << client.status();
     clients.push_back(*std::move(client));
   }
+  const TableSpec bulk = Spec("bulk", 16, "sgd", 1.0f);
+  std::vector<uint64_t> bulk_ids;
+  for (uint64_t x = 0; x < kBulkIds; ++x) bulk_ids.push_back(x * 0x9E3779B97F4A7C15ull);
   {
     client::TableClient tables(clients[0].get());
-    const absl::Status registered = tables.Register({spec});
+    const absl::Status registered = tables.Register({spec, bulk});
     ASSERT_TRUE(registered.ok()) << "RegisterTables on a replicated job: " << registered;
+    // Rows of the bulk table, in calls whose answers fit in 1 MiB.
+    constexpr size_t kPerCall = 6000;
+    std::vector<float> rows(kPerCall * 16);
+    for (size_t at = 0; at < bulk_ids.size(); at += kPerCall) {
+      const std::vector<uint64_t> some(bulk_ids.begin() + at,
+                                       bulk_ids.begin() + std::min(at + kPerCall, bulk_ids.size()));
+      const absl::Status filled =
+          tables.Lookup(bulk.name(), some, /*train=*/true, 0, rows.data());
+      ASSERT_TRUE(filled.ok()) << "filling the bulk table: " << filled;
+    }
   }
 
   CountingWorkers workers({clients[0].get(), clients[1].get()}, spec, ids);
@@ -933,6 +953,35 @@ TEST(SparseTables, SparseReplicatedKill) {
     EXPECT_TRUE(stored.ok()) << "group " << g << "'s tail, shard " << tail << ": "
                              << stored.Describe(pushes, tail_ids.size());
   }
+
+  // The bulk table: more than a 1 MiB message of rows per group, the same
+  // records on each group's head and tail (the restarted shard copied them
+  // in parts).
+  config.name = bulk.name();
+  config.dim = bulk.dim();
+  absl::StatusOr<std::unique_ptr<sparse::EmbeddingTable>> bulk_layout =
+      sparse::EmbeddingTable::Create(config, {});
+  ASSERT_TRUE(bulk_layout.ok()) << bulk_layout.status();
+  const int bulk_record_bytes = (*bulk_layout)->record_bytes();
+  size_t bulk_rows = 0;
+  for (int g = 0; g < kReplicatedShards; ++g) {
+    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(**chains, job, g);
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    const int head = chain->head().shard, tail = chain->tail().shard;
+    absl::StatusOr<std::map<uint64_t, std::string>> head_rows =
+        GroupRows(cluster->servers[head], g, bulk.name(), bulk_record_bytes);
+    absl::StatusOr<std::map<uint64_t, std::string>> tail_rows =
+        GroupRows(cluster->servers[tail], g, bulk.name(), bulk_record_bytes);
+    ASSERT_TRUE(head_rows.ok()) << head_rows.status();
+    ASSERT_TRUE(tail_rows.ok()) << tail_rows.status();
+    EXPECT_GT(head_rows->size() * bulk_record_bytes, size_t{1} << 20) << "group " << g;
+    EXPECT_TRUE(*head_rows == *tail_rows)
+        << "group " << g << "'s bulk rows: head shard " << head << " holds "
+        << head_rows->size() << ", tail shard " << tail << " " << tail_rows->size()
+        << ", and they differ";
+    bulk_rows += head_rows->size();
+  }
+  EXPECT_EQ(bulk_rows, static_cast<size_t>(kBulkIds));
 }
 
 class SparseBadInput : public ::testing::Test {

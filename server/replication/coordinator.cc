@@ -744,7 +744,7 @@ void Coordinator::CatchUp(int group, const chain::ChainConfig& config) {
   metrics_->catchup_in_progress().Set(0);
   metrics_->catchup_last_seconds().Set(absl::ToDoubleSeconds(absl::Now() - start));
   LOG(INFO) << "group " << group << ": caught up from shard " << from->shard << " ("
-            << state->records_size() << " partitions, " << state->ByteSizeLong()
+            << state->records_size() << " records, " << state->ByteSizeLong()
             << " bytes) in " << absl::Now() - start;
 }
 

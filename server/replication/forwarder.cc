@@ -1,5 +1,6 @@
 #include "server/replication/forwarder.h"
 
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/reconnect.h"
+#include "server/replication/group_state_parts.h"
 
 namespace shardtrain::server {
 namespace {
@@ -267,7 +269,14 @@ absl::StatusOr<GroupStateResponse> Forwarder::FetchGroupState(const std::string&
   request.set_group(group);
   request.set_chain_epoch(static_cast<uint64_t>(epoch));
   GroupStateResponse response;
-  const grpc::Status status = stub->FetchGroupState(&context, request, &response);
+  std::unique_ptr<grpc::ClientReader<GroupStateResponse>> reader =
+      stub->FetchGroupState(&context, request);
+  GroupStateResponse part;
+  while (reader->Read(&part)) {
+    AppendGroupStatePart(std::move(part), &response);
+    part.Clear();
+  }
+  const grpc::Status status = reader->Finish();
   if (!status.ok()) {
     const absl::Status error = common::FromGrpcStatus(status);
     return absl::Status(error.code(), absl::StrFormat("state of group %d from %s: %s",

@@ -60,7 +60,7 @@ class Forwarder {
                std::function<void(absl::Status)> done);
 
   // Asks `address` (this shard's predecessor in `group`'s chain at `epoch`)
-  // for the group's state.
+  // for the group's state: its parts, put together, all within `timeout`.
   absl::StatusOr<GroupStateResponse> FetchGroupState(const std::string& address, int group,
                                                      int64_t epoch, absl::Duration timeout);
 
