@@ -19,7 +19,7 @@ ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
 log "building shard_fuzz and wire_fuzz (clang, sanitizers) into $fuzz_dir"
 CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$fuzz_dir" \
   -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_C_FLAGS_RELEASE="-O1 -g" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g" \
+  -DCMAKE_C_FLAGS_RELEASE="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only" \
   -DSHARDTRAIN_FUZZ=ON -DSHARDTRAIN_WITH_CUDA=OFF \
   -DSHARDTRAIN_BUILD_TESTS=OFF -DSHARDTRAIN_BUILD_BENCH=OFF >/dev/null
 # Each target depends on its seed generator and writes its seeds.
