@@ -733,6 +733,28 @@ absl::StatusOr<std::map<uint64_t, std::string>> GroupRows(const std::string& add
   return rows;
 }
 
+// Group `group`'s rows of `table` on the head and the tail of its chain in
+// etcd (GroupRows of each).
+struct ChainRows {
+  size_t members = 0;
+  int head = -1, tail = -1;
+  std::map<uint64_t, std::string> head_rows, tail_rows;
+};
+absl::StatusOr<ChainRows> HeadAndTailRows(etcd::EtcdClient& chains, const std::string& job,
+                                          const testutil::LocalCluster& cluster, int group,
+                                          const std::string& table, int record_bytes) {
+  ASSIGN_OR_RETURN(const chain::ChainConfig chain, chain::ReadChain(chains, job, group));
+  ChainRows rows;
+  rows.members = chain.members.size();
+  rows.head = chain.head().shard;
+  rows.tail = chain.tail().shard;
+  ASSIGN_OR_RETURN(rows.head_rows,
+                   GroupRows(cluster.servers[rows.head], group, table, record_bytes));
+  ASSIGN_OR_RETURN(rows.tail_rows,
+                   GroupRows(cluster.servers[rows.tail], group, table, record_bytes));
+  return rows;
+}
+
 // "Counting oracle (SGD, lr 1, every push adds exactly 1 to a row): SIGKILL
 // a head while 2 workers push: 0 lost and 0 double-applied updates; head
 // and tail bit-identical." The head of group 0 is SIGKILLed mid-run; the
@@ -909,24 +931,21 @@ TEST(SparseTables, SparseReplicatedKill) {
   ASSERT_TRUE(layout.ok()) << layout.status();
   const int record_bytes = (*layout)->record_bytes();
   for (int g = 0; g < kReplicatedShards; ++g) {
-    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(**chains, job, g);
-    ASSERT_TRUE(chain.ok()) << chain.status();
-    ASSERT_EQ(chain->members.size(), static_cast<size_t>(kReplicas)) << "group " << g;
-    const int head = chain->head().shard, tail = chain->tail().shard;
-    absl::StatusOr<std::map<uint64_t, std::string>> head_rows =
-        GroupRows(cluster->servers[head], g, spec.name(), record_bytes);
-    absl::StatusOr<std::map<uint64_t, std::string>> tail_rows =
-        GroupRows(cluster->servers[tail], g, spec.name(), record_bytes);
-    ASSERT_TRUE(head_rows.ok()) << head_rows.status();
-    ASSERT_TRUE(tail_rows.ok()) << tail_rows.status();
-    EXPECT_EQ(head_rows->size(), static_cast<size_t>(ids_of_group[g]))
+    absl::StatusOr<ChainRows> rows =
+        HeadAndTailRows(**chains, job, *cluster, g, spec.name(), record_bytes);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_EQ(rows->members, static_cast<size_t>(kReplicas)) << "group " << g;
+    const int head = rows->head, tail = rows->tail;
+    const std::map<uint64_t, std::string>& head_rows = rows->head_rows;
+    const std::map<uint64_t, std::string>& tail_rows = rows->tail_rows;
+    EXPECT_EQ(head_rows.size(), static_cast<size_t>(ids_of_group[g]))
         << "group " << g << "'s head, shard " << head;
     int differing = 0, missing = 0;
     std::string first;
-    for (const auto& [id, record] : *head_rows) {
+    for (const auto& [id, record] : head_rows) {
       EXPECT_EQ(sparse::ShardOfId(id, kReplicatedShards), g) << "id " << id << " in group " << g;
-      auto it = tail_rows->find(id);
-      if (it == tail_rows->end()) {
+      auto it = tail_rows.find(id);
+      if (it == tail_rows.end()) {
         ++missing;
       } else if (it->second != record) {
         if (differing++ == 0) {
@@ -937,13 +956,13 @@ TEST(SparseTables, SparseReplicatedKill) {
         }
       }
     }
-    for (const auto& [id, record] : *tail_rows) missing += head_rows->count(id) == 0;
+    for (const auto& [id, record] : tail_rows) missing += head_rows.count(id) == 0;
     EXPECT_TRUE(differing == 0 && missing == 0)
         << "group " << g << ": head shard " << head << " and tail shard " << tail << " differ: "
         << differing << " rows differ, " << missing << " rows only on one of them" << first;
     std::vector<uint64_t> tail_ids;
     std::vector<float> tail_values;
-    for (const auto& [id, record] : *tail_rows) {
+    for (const auto& [id, record] : tail_rows) {
       tail_ids.push_back(id);
       tail_values.resize(tail_values.size() + kDim);
       std::memcpy(tail_values.data() + tail_values.size() - kDim, record.data() + sizeof(id),
@@ -965,21 +984,15 @@ TEST(SparseTables, SparseReplicatedKill) {
   const int bulk_record_bytes = (*bulk_layout)->record_bytes();
   size_t bulk_rows = 0;
   for (int g = 0; g < kReplicatedShards; ++g) {
-    absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(**chains, job, g);
-    ASSERT_TRUE(chain.ok()) << chain.status();
-    const int head = chain->head().shard, tail = chain->tail().shard;
-    absl::StatusOr<std::map<uint64_t, std::string>> head_rows =
-        GroupRows(cluster->servers[head], g, bulk.name(), bulk_record_bytes);
-    absl::StatusOr<std::map<uint64_t, std::string>> tail_rows =
-        GroupRows(cluster->servers[tail], g, bulk.name(), bulk_record_bytes);
-    ASSERT_TRUE(head_rows.ok()) << head_rows.status();
-    ASSERT_TRUE(tail_rows.ok()) << tail_rows.status();
-    EXPECT_GT(head_rows->size() * bulk_record_bytes, size_t{1} << 20) << "group " << g;
-    EXPECT_TRUE(*head_rows == *tail_rows)
-        << "group " << g << "'s bulk rows: head shard " << head << " holds "
-        << head_rows->size() << ", tail shard " << tail << " " << tail_rows->size()
-        << ", and they differ";
-    bulk_rows += head_rows->size();
+    absl::StatusOr<ChainRows> rows =
+        HeadAndTailRows(**chains, job, *cluster, g, bulk.name(), bulk_record_bytes);
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    EXPECT_GT(rows->head_rows.size() * bulk_record_bytes, size_t{1} << 20) << "group " << g;
+    EXPECT_TRUE(rows->head_rows == rows->tail_rows)
+        << "group " << g << "'s bulk rows: head shard " << rows->head << " holds "
+        << rows->head_rows.size() << ", tail shard " << rows->tail << " "
+        << rows->tail_rows.size() << ", and they differ";
+    bulk_rows += rows->head_rows.size();
   }
   EXPECT_EQ(bulk_rows, static_cast<size_t>(kBulkIds));
 }
