@@ -20,7 +20,7 @@ ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
 log "checking lock annotations (clang -Wthread-safety) in $tsa_dir"
 CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$tsa_dir" \
   -DCMAKE_BUILD_TYPE=Release -DSHARDTRAIN_THREAD_SAFETY=ON \
-  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_DISABLE_PRECOMPILE_HEADERS=ON \
   -DSHARDTRAIN_WITH_CUDA=OFF -DSHARDTRAIN_BUILD_BENCH=OFF \
   -DSHARDTRAIN_BUILD_TESTS=ON >/dev/null
 # The sources include the generated protobuf and gRPC headers.
