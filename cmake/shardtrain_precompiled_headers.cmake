@@ -1,18 +1,19 @@
 # Precompiled headers: most of a build's time goes to parsing the same
 # library headers (gRPC, protobuf, Abseil, prometheus-cpp, glog, and
 # GoogleTest in the tests) in every file, 2-5 s of each file's 5-18 s on the
-# 2-core VM. With GCC, one precompiled header of them is built per kind of
-# target and shared by every target of that kind:
+# 2-core VM. With GCC or clang, one precompiled header of them is built per
+# kind of target and shared by every target of that kind:
 #   - tests: each GoogleTest binary (shardtrain_add_test calls
 #     shardtrain_test_build_speed, which also compiles its sources at -O1);
 #   - libraries (position-independent) and the other executables (PIE):
 #     shardtrain_precompile_headers(), called once at the end of the
 #     top-level CMakeLists.txt, walks every directory's targets.
 # The project's own headers are parsed with each file as before, and the
-# sources still include what they use. GCC ignores a precompiled header
-# built with other options (-Winvalid-pch says so) and parses the headers
-# instead; clang would refuse the file, so clang builds (the lock check,
-# the fuzz build) and CMAKE_DISABLE_PRECOMPILE_HEADERS=ON build without.
+# sources still include what they use. A kind is split where its files'
+# options differ in a way a compiler checks (-fno-math-errno; -pthread is
+# given to every file): GCC would ignore a mismatched header (-Winvalid-pch
+# says so) and clang refuse it. CMAKE_DISABLE_PRECOMPILE_HEADERS=ON builds
+# without; the lock check does, scripts/syntax-check.py has its own.
 
 set(SHARDTRAIN_PCH_HEADERS
   <grpcpp/grpcpp.h> <google/protobuf/message.h> <google/protobuf/arena.h>
