@@ -350,8 +350,10 @@ absl::StatusOr<std::string> Checkpointer::RestoreLatest() {
                                      " holds no partitions"));
     }
     RETURN_IF_ERROR(shard_->Restore(file->records));
-    shard_->RestoreWorkerClocks(std::vector<int64_t>(header.worker_clocks().begin(),
-                                                     header.worker_clocks().end()));
+    shard_->RestoreWorkerClocks(
+        std::vector<int64_t>(header.worker_clocks().begin(), header.worker_clocks().end()),
+        std::vector<int64_t>(header.worker_clock_offsets().begin(),
+                             header.worker_clock_offsets().end()));
     int64_t low = INT64_MAX, high = 0;
     for (const CheckpointRecord& record : file->records) {
       if (record.has_table()) continue;
@@ -463,6 +465,9 @@ absl::StatusOr<std::optional<CheckpointResponse>> Checkpointer::WriteSnapshotLoc
   file.header.set_mode("async");
   file.header.set_step(0);
   for (int64_t clock : shard_->WorkerClocks()) file.header.add_worker_clocks(clock);
+  for (int64_t offset : shard_->WorkerClockOffsets()) {
+    file.header.add_worker_clock_offsets(offset);
+  }
   ASSIGN_OR_RETURN(CheckpointResponse response, WriteFileLocked(std::move(file)));
   return std::optional<CheckpointResponse>(std::move(response));
 }

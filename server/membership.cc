@@ -15,10 +15,12 @@ Membership::Membership(int num_workers, absl::Duration timeout,
       workers_(num_workers) {}
 
 Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
-                                    absl::Time now, int64_t rejoin_step) {
+                                    absl::Time now, int64_t rejoin_step,
+                                    bool* dropped) {
   Join join = Join::kNone;
   // Dropped: sync steps under way went on without it.
   const bool was_dropped = w.expired || w.given_up;
+  *dropped = was_dropped;
   if (!w.seen) {
     join = Join::kFirst;
     LOG(INFO) << "worker " << worker << " joined (incarnation " << incarnation
@@ -53,6 +55,29 @@ Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
   return join;
 }
 
+void Membership::AlignClock(int worker) {
+  Worker& w = workers_[worker];
+  const std::optional<int64_t> others = SlowestActiveLocked(worker);
+  const int64_t offset = others ? std::max<int64_t>(0, *others - w.clock) : 0;
+  if (offset > 0) {
+    LOG(INFO) << "worker " << worker << " is back at clock " << w.clock
+              << " where the others are at " << *others
+              << " or beyond: the staleness bound counts it from " << *others;
+  }
+  w.clock_offset = offset;
+}
+
+std::optional<int64_t> Membership::SlowestActiveLocked(int except) const {
+  std::optional<int64_t> slowest;
+  for (int i = 0; i < num_workers_; ++i) {
+    const Worker& w = workers_[i];
+    if (i == except || w.expired || w.given_up || w.done) continue;
+    const int64_t clock = w.clock + w.clock_offset;
+    if (!slowest || clock < *slowest) slowest = clock;
+  }
+  return slowest;
+}
+
 Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
                                             int64_t clock, bool done,
                                             absl::Time now, int64_t rejoin_step) {
@@ -62,7 +87,8 @@ Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
   const int64_t old_clock = w.clock;
   const bool old_done = w.done;
   UpdateResult result;
-  result.join = Revive(worker, w, incarnation, now, rejoin_step);
+  bool dropped = false;
+  result.join = Revive(worker, w, incarnation, now, rejoin_step, &dropped);
   if (result.join == Join::kFirst || result.join == Join::kRestart) {
     // A new record: clock and done are the message's.
     w.clock = clock;
@@ -71,6 +97,7 @@ Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
     w.clock = std::max(w.clock, clock);
     w.done = w.done || done;
   }
+  if (dropped) AlignClock(worker);
   if (w.done && !old_done) {
     LOG(INFO) << "worker " << worker << " is done at clock " << w.clock;
   }
@@ -83,10 +110,12 @@ int64_t Membership::Register(int worker, uint64_t incarnation, absl::Time now,
                              Join* join, int64_t rejoin_step) {
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
-  const Join joined = Revive(worker, w, incarnation, now, rejoin_step);
+  bool dropped = false;
+  const Join joined = Revive(worker, w, incarnation, now, rejoin_step, &dropped);
   // The clock is kept (restored or the predecessor's): the new process
   // resumes from it. It is training again, so not done.
   if (joined == Join::kFirst || joined == Join::kRestart) w.done = false;
+  if (dropped) AlignClock(worker);
   if (join != nullptr) *join = joined;
   return w.clock;
 }
@@ -119,12 +148,14 @@ Membership::ExpireResult Membership::Expire(absl::Time now) {
 
 std::optional<int64_t> Membership::SlowestActiveClock() const {
   absl::MutexLock lock(&mu_);
-  std::optional<int64_t> slowest;
-  for (const Worker& w : workers_) {
-    if (w.expired || w.given_up || w.done) continue;
-    if (!slowest || w.clock < *slowest) slowest = w.clock;
-  }
-  return slowest;
+  return SlowestActiveLocked(/*except=*/-1);
+}
+
+int64_t Membership::StalenessClock(int worker, int64_t clock) const {
+  absl::MutexLock lock(&mu_);
+  clock = std::clamp<int64_t>(clock, 0, kMaxClock);
+  if (worker < 0 || worker >= num_workers_) return clock;
+  return clock + workers_[worker].clock_offset;
 }
 
 int Membership::LiveCount() const {
@@ -193,13 +224,27 @@ int64_t Membership::Clock(int worker) const {
   return workers_[worker].clock;
 }
 
-void Membership::SeedClocks(const std::vector<int64_t>& clocks) {
+std::vector<int64_t> Membership::ClockOffsets() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<int64_t> offsets;
+  offsets.reserve(workers_.size());
+  for (const Worker& w : workers_) offsets.push_back(w.clock_offset);
+  return offsets;
+}
+
+void Membership::SeedClocks(const std::vector<int64_t>& clocks,
+                            const std::vector<int64_t>& offsets) {
   absl::MutexLock lock(&mu_);
   const size_t n = std::min(clocks.size(), workers_.size());
   for (size_t i = 0; i < n; ++i) {
     const int64_t clock = std::clamp<int64_t>(clocks[i], 0, kMaxClock);
     Worker& w = workers_[i];
-    w.clock = w.seen ? std::max(w.clock, clock) : clock;
+    if (w.seen) {
+      w.clock = std::max(w.clock, clock);
+    } else {
+      w.clock = clock;
+      w.clock_offset = i < offsets.size() ? std::clamp<int64_t>(offsets[i], 0, kMaxClock) : 0;
+    }
   }
 }
 

@@ -11,6 +11,13 @@
 // worker never seen within the join timeout of the start is given up on;
 // either comes back when it is heard from again. A worker that says it is
 // done no longer holds others back. Joins and departures are logged.
+//
+// The staleness bound compares clocks on one scale. A worker that comes back
+// after being dropped (or joins after being given up on) is placed on it at
+// the slowest clock of the others then: its own clock plus that offset is
+// what the bound sees (StalenessClock). The others went on without it, so it
+// does not pull them back to where it is; from then on it is bounded like
+// everyone else.
 // Thread-safe.
 #ifndef SHARDTRAIN_SERVER_MEMBERSHIP_H_
 #define SHARDTRAIN_SERVER_MEMBERSHIP_H_
@@ -77,11 +84,15 @@ class Membership {
   // never seen within join_timeout of the start.
   ExpireResult Expire(absl::Time now);
 
-  // The smallest clock among workers that may still push: live and not
-  // done, plus those never seen and not given up on (with their restored
-  // clock, else 0), so a late starter holds others back. nullopt when no
-  // such worker is left.
+  // The smallest staleness clock (see StalenessClock) among workers that may
+  // still push: live and not done, plus those never seen and not given up on
+  // (with their restored clock, else 0), so a late starter holds others back
+  // until the join timeout. nullopt when no such worker is left.
   std::optional<int64_t> SlowestActiveClock() const;
+  // `clock` of `worker` on the staleness bound's scale: plus the offset it
+  // was given when it came back after being dropped (0 for one never
+  // dropped, or not a worker index); `clock` is clamped to [0, kMaxClock].
+  int64_t StalenessClock(int worker, int64_t clock) const;
 
   // Workers seen and not yet forgotten or done.
   int LiveCount() const;
@@ -110,9 +121,13 @@ class Membership {
   // The clock recorded for each worker index (0 where none).
   std::vector<int64_t> Clocks() const;
   int64_t Clock(int worker) const;
-  // Seeds the clocks of workers not seen yet (from a checkpoint); extra
-  // entries are ignored. A seen worker keeps the larger clock.
-  void SeedClocks(const std::vector<int64_t>& clocks);
+  // What StalenessClock adds for each worker index.
+  std::vector<int64_t> ClockOffsets() const;
+  // Seeds the clocks and staleness offsets of workers not seen yet (from a
+  // checkpoint; an offset missing is 0); extra entries are ignored. A seen
+  // worker keeps the larger clock and its offset.
+  void SeedClocks(const std::vector<int64_t>& clocks,
+                  const std::vector<int64_t>& offsets = {});
 
   int num_workers() const { return num_workers_; }
 
@@ -128,6 +143,9 @@ class Membership {
     // The first sync step this worker contributes to (set when it comes
     // back after being dropped; 0 for one never dropped).
     int64_t counts_from = 0;
+    // Added to `clock` for the staleness bound (set when it comes back after
+    // being dropped; 0 for one never dropped).
+    int64_t clock_offset = 0;
     absl::Time last_seen;
   };
 
@@ -136,9 +154,16 @@ class Membership {
            step >= w.counts_from;
   }
 
-  // The record after a sign of life; returns how it joined.
+  // The record after a sign of life; returns how it joined. Sets `*dropped`
+  // when it had been dropped or given up on.
   Join Revive(int worker, Worker& w, uint64_t incarnation, absl::Time now,
-               int64_t rejoin_step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+              int64_t rejoin_step, bool* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a worker back after being dropped, with its clock set: places it on
+  // the staleness scale at the slowest clock of the other active workers.
+  void AlignClock(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Smallest staleness clock among active workers other than `except`.
+  std::optional<int64_t> SlowestActiveLocked(int except) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int num_workers_;
   const absl::Duration timeout_;

@@ -128,9 +128,72 @@ TEST(MembershipTest, WorkersThatNeverJoinAreGivenUpAndMayStillJoin) {
             Membership::Join::kFirst);
   EXPECT_EQ(members.Update(0, 1, 8, false, t0 + absl::Seconds(70)).join,
             Membership::Join::kRejoin);
-  EXPECT_EQ(members.SlowestActiveClock(), 0);
+  // Both count for the staleness bound from worker 1's clock (see the next
+  // test): neither holds worker 1 back.
+  EXPECT_EQ(members.SlowestActiveClock(), 9);
   EXPECT_EQ(members.LiveCount(), 3);
   EXPECT_EQ(members.Snapshot(t0 + absl::Seconds(70))[0].rejoins(), 1);
+}
+
+TEST(MembershipTest, AWorkerBackAfterBeingDroppedIsBoundedFromWhereTheOthersAre) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(3, absl::Seconds(10), absl::Seconds(60), t0);
+  members.Update(0, 1, 40, false, t0 + absl::Seconds(59));
+  members.Update(1, 2, 42, false, t0 + absl::Seconds(59));
+  EXPECT_EQ(members.Expire(t0 + absl::Seconds(61)).never_joined, 1);
+  EXPECT_EQ(members.SlowestActiveClock(), 40);
+
+  // Worker 2 arrives after the others did 40 steps. It starts at clock 0,
+  // but the bound counts it from 40: the others are not held back until it
+  // has done 40 steps.
+  EXPECT_EQ(members.Update(2, 3, 0, false, t0 + absl::Seconds(62)).join,
+            Membership::Join::kFirst);
+  EXPECT_EQ(members.Clock(2), 0);  // what it resumes from is its own
+  EXPECT_EQ(members.StalenessClock(2, 0), 40);
+  EXPECT_EQ(members.SlowestActiveClock(), 40);
+  // From then on it is bounded like the others: when they run ahead, it is
+  // the slowest.
+  members.Update(2, 3, 5, false, t0 + absl::Seconds(63));
+  members.Update(0, 1, 50, false, t0 + absl::Seconds(63));
+  members.Update(1, 2, 50, false, t0 + absl::Seconds(63));
+  EXPECT_EQ(members.SlowestActiveClock(), 45);
+  EXPECT_EQ(members.StalenessClock(0, 50), 50);  // never dropped: as is
+  // A new process of worker 2 (not dropped) resumes on the same scale.
+  Membership::Join join = Membership::Join::kNone;
+  EXPECT_EQ(members.Register(2, 4, t0 + absl::Seconds(64), &join), 5);
+  EXPECT_EQ(join, Membership::Join::kRestart);
+  EXPECT_EQ(members.StalenessClock(2, 5), 45);
+
+  // Worker 0 falls silent, is dropped at 50 and comes back at 50 while the
+  // others are at 45 and 60: it is ahead of the slowest, so no offset.
+  EXPECT_EQ(members.Expire(t0 + absl::Seconds(74)).silent, 2);  // 0 and 1
+  members.Update(1, 2, 60, false, t0 + absl::Seconds(75));
+  EXPECT_EQ(members.Update(0, 1, 50, false, t0 + absl::Seconds(75)).join,
+            Membership::Join::kRejoin);
+  EXPECT_EQ(members.StalenessClock(0, 50), 50);
+  EXPECT_EQ(members.SlowestActiveClock(), 45);
+  // Alone, a worker back after being dropped keeps its clock.
+  Membership alone(1, absl::Seconds(10));
+  alone.Update(0, 1, 7, false, t0);
+  EXPECT_EQ(alone.Expire(t0 + absl::Seconds(11)).silent, 1);
+  alone.Update(0, 1, 7, false, t0 + absl::Seconds(12));
+  EXPECT_EQ(alone.SlowestActiveClock(), 7);
+  // A worker index out of range (the caller validates it) adds nothing.
+  EXPECT_EQ(members.StalenessClock(7, 3), 3);
+  EXPECT_EQ(members.StalenessClock(-1, kMaxClock + 5), kMaxClock);
+
+  // A shard restarted from a checkpoint keeps the scale: restored, worker 2
+  // counts from 45 again, not from its own clock 5.
+  EXPECT_EQ(members.ClockOffsets(), (std::vector<int64_t>{0, 0, 40}));
+  Membership restored(3, absl::Seconds(10));
+  restored.SeedClocks(members.Clocks(), members.ClockOffsets());
+  EXPECT_EQ(restored.SlowestActiveClock(), 45);
+  EXPECT_EQ(restored.Register(2, 4, t0 + absl::Seconds(80)), 5);
+  EXPECT_EQ(restored.StalenessClock(2, 5), 45);
+  // Offsets out of range are clamped; missing ones are 0.
+  Membership seeded(2, absl::Seconds(10));
+  seeded.SeedClocks({3, 4}, {-7});
+  EXPECT_EQ(seeded.ClockOffsets(), (std::vector<int64_t>{0, 0}));
 }
 
 TEST(MembershipTest, ARejoinedWorkersPullRaisesItsFirstStep) {

@@ -199,8 +199,11 @@ void Shard::CountJoin(Membership::Join join) {
 
 std::vector<int64_t> Shard::WorkerClocks() const { return membership_.Clocks(); }
 
-void Shard::RestoreWorkerClocks(const std::vector<int64_t>& clocks) {
-  membership_.SeedClocks(clocks);
+std::vector<int64_t> Shard::WorkerClockOffsets() const { return membership_.ClockOffsets(); }
+
+void Shard::RestoreWorkerClocks(const std::vector<int64_t>& clocks,
+                                const std::vector<int64_t>& offsets) {
+  membership_.SeedClocks(clocks, offsets);
   UpdateMembershipMetrics();
 }
 
@@ -441,10 +444,14 @@ bool Shard::PullReady(const PullRequest& request) const {
   }
   if (options_.mode == ConsistencyMode::kAsync && options_.max_staleness >= 0) {
     const std::optional<int64_t> slowest = membership_.SlowestActiveClock();
-    // slowest <= kMaxClock; the sum saturates instead of overflowing.
+    // Both on the bound's scale: a worker back after being dropped counts
+    // from where the others were (see Membership). slowest <= 2 * kMaxClock;
+    // the sum saturates instead of overflowing.
     if (slowest && options_.max_staleness <=
                        std::numeric_limits<int64_t>::max() - *slowest &&
-        request.clock() > *slowest + options_.max_staleness) {
+        membership_.StalenessClock(static_cast<int>(request.worker()),
+                                   request.clock()) >
+            *slowest + options_.max_staleness) {
       return false;
     }
   }

@@ -210,11 +210,15 @@ class Shard {
   SparseTables& tables() { return tables_; }
   const SparseTables& tables() const { return tables_; }
 
-  // The clock membership has recorded for each worker index, for a
+  // The clock membership has recorded for each worker index, and what the
+  // staleness bound adds to it (Membership::StalenessClock), for a
   // checkpoint; RestoreWorkerClocks seeds them back (a worker not seen yet
-  // counts with its restored clock, and Register returns it).
+  // counts with its restored clock and offset, and Register returns the
+  // clock).
   std::vector<int64_t> WorkerClocks() const;
-  void RestoreWorkerClocks(const std::vector<int64_t>& clocks);
+  std::vector<int64_t> WorkerClockOffsets() const;
+  void RestoreWorkerClocks(const std::vector<int64_t>& clocks,
+                           const std::vector<int64_t>& offsets = {});
 
   // Pushes that went at most this far below a worker's highest applied
   // sequence can still be recognised as duplicates.

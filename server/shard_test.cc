@@ -497,9 +497,21 @@ TEST_F(ShardTest, WorkersThatNeverJoinStopHoldingBackTheJob) {
   shard_->Tick(absl::Now() + absl::Seconds(6));
   EXPECT_TRUE(shard_->PullReady(Pull(0, 4, 0)));
   EXPECT_EQ(metrics_.worker_departures("never_joined").Value(), 2);
-  // A late worker still joins, and holds the others back again.
+  // A late worker still joins, where the others are: the bound counts it
+  // from worker 0's clock (4), not from its own, so worker 0 goes on ...
   ASSERT_TRUE(DoPush(Push(1, 0, 0.0f)).ok());
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 4, 0)));
+  EXPECT_TRUE(shard_->PullReady(Pull(0, 4, 0)));
+  EXPECT_TRUE(shard_->PullReady(Pull(1, 1, 0)));
+  // ... and from there it holds the others back like any worker: worker 0
+  // two steps on waits for it.
+  for (int64_t step = 4; step < 6; ++step) ASSERT_TRUE(DoPush(Push(0, step, 0.0f)).ok());
+  EXPECT_FALSE(shard_->PullReady(Pull(0, 6, 0)));
+  ASSERT_TRUE(DoPush(Push(1, 1, 0.0f)).ok());
+  EXPECT_TRUE(shard_->PullReady(Pull(0, 6, 0)));
+  // Its own pulls are on the same scale: its clock 4 is 7 there, more than
+  // one ahead of the slowest (itself, at 5).
+  EXPECT_FALSE(shard_->PullReady(Pull(1, 4, 0)));
+  EXPECT_TRUE(shard_->PullReady(Pull(1, 3, 0)));
 }
 
 TEST_F(ShardTest, SyncStepCompletesWithoutAWorkerThatNeverJoined) {
