@@ -140,6 +140,12 @@ ABSL_FLAG(int, last_copy_wait_s, 30,
           "lease waits this long for one of them to come back (a hung or cut-off "
           "process holds the only complete copy) before it takes the group over "
           "with the parameters it holds");
+ABSL_FLAG(int, catchup_timeout_s, 3600,
+          "With --replicas > 1: how long a shard joining a chain may take to copy "
+          "a group's state from its predecessor as a whole (a large table takes "
+          "as long as its bytes need); each part of it must come within "
+          "max(10 s, 4 lease ttls), so a predecessor that hangs fails the copy "
+          "soon, and it is tried again");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --replicas > 1: host:port the other shards reach this one at "
           "(default: the --listen host and the bound port; required when "
@@ -213,6 +219,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError("--last_copy_wait_s must be >= 0");
     }
     options.replication.last_copy_wait = absl::Seconds(absl::GetFlag(FLAGS_last_copy_wait_s));
+    if (absl::GetFlag(FLAGS_catchup_timeout_s) < 1) {
+      return absl::InvalidArgumentError("--catchup_timeout_s must be >= 1");
+    }
+    options.replication.catchup_timeout = absl::Seconds(absl::GetFlag(FLAGS_catchup_timeout_s));
     if (options.security.tls()) {
       shardtrain::common::ClientSecurity& peer = options.peer_security;
       peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()

@@ -727,7 +727,8 @@ void Coordinator::CatchUp(int group, const chain::ChainConfig& config) {
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<GroupStateResponse> state = forwarder_->FetchGroupState(
-      from->address, group, config.epoch, std::max(absl::Seconds(10), options_.lease_ttl * 4));
+      from->address, group, config.epoch, std::max(absl::Seconds(10), options_.lease_ttl * 4),
+      options_.catchup_timeout);
   if (!state.ok()) {
     LOG_EVERY_N(WARNING, 10) << "group " << group << ": catching up: " << state.status();
     Wake();  // retried on the next pass while still a member

@@ -95,6 +95,9 @@ struct CoordinatorOptions {
   // complete copy before it: it waits this long for one of them to come
   // back (a hung or cut-off process) before it serves what it holds.
   absl::Duration last_copy_wait = absl::Seconds(30);
+  // A joining member's copy of a group's state may take this long as a
+  // whole; each of its parts must come within max(10 s, 4 lease ttls).
+  absl::Duration catchup_timeout = absl::Hours(1);
 };
 
 class Coordinator {

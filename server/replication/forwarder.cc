@@ -7,6 +7,7 @@
 #include <glog/logging.h>
 #include <grpcpp/alarm.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/completion_queue.h>
 #include <grpcpp/create_channel.h>
 
 #include "absl/strings/str_format.h"
@@ -260,23 +261,64 @@ void Forwarder::ArmRetry(Call* call) {
 
 absl::StatusOr<GroupStateResponse> Forwarder::FetchGroupState(const std::string& address,
                                                               int group, int64_t epoch,
+                                                              absl::Duration part_timeout,
                                                               absl::Duration timeout) {
   std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(ChannelTo(address));
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  const absl::Time start = absl::Now();
+  context.set_deadline(absl::ToChronoTime(start + timeout));
   context.set_wait_for_ready(true);
   GroupStateRequest request;
   request.set_group(group);
   request.set_chain_epoch(static_cast<uint64_t>(epoch));
+  // The asynchronous reader, one operation at a time, so that each waits at
+  // most part_timeout: a synchronous Read has no deadline of its own.
+  grpc::CompletionQueue cq;
+  std::unique_ptr<grpc::ClientAsyncReader<GroupStateResponse>> reader =
+      stub->PrepareAsyncFetchGroupState(&context, request, &cq);
+  bool stalled = false;
+  // Waits for the operation in flight; false when it failed (the stream
+  // ended, or the call did) or no answer came within part_timeout, in which
+  // case the call is cancelled and the operation's end awaited.
+  auto finished = [&]() {
+    void* tag = nullptr;
+    bool ok = false;
+    if (cq.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + part_timeout)) ==
+        grpc::CompletionQueue::GOT_EVENT) {
+      return ok;
+    }
+    stalled = true;
+    context.TryCancel();
+    (void)cq.Next(&tag, &ok);
+    return false;
+  };
   GroupStateResponse response;
-  std::unique_ptr<grpc::ClientReader<GroupStateResponse>> reader =
-      stub->FetchGroupState(&context, request);
   GroupStateResponse part;
-  while (reader->Read(&part)) {
-    AppendGroupStatePart(std::move(part), &response);
-    part.Clear();
+  int parts = 0;
+  reader->StartCall(nullptr);
+  if (finished()) {
+    while (true) {
+      reader->Read(&part, nullptr);
+      if (!finished()) break;
+      AppendGroupStatePart(std::move(part), &response);
+      part.Clear();
+      ++parts;
+    }
   }
-  const grpc::Status status = reader->Finish();
+  grpc::Status status;
+  reader->Finish(&status, nullptr);
+  void* tag = nullptr;
+  bool ok = false;
+  (void)cq.Next(&tag, &ok);  // Finish always completes (the deadline bounds it)
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (stalled) {
+    return absl::DeadlineExceededError(absl::StrFormat(
+        "state of group %d from %s: no part came within %s (%d part(s), %d bytes in %s)",
+        group, address, absl::FormatDuration(part_timeout), parts, response.ByteSizeLong(),
+        absl::FormatDuration(absl::Now() - start)));
+  }
   if (!status.ok()) {
     const absl::Status error = common::FromGrpcStatus(status);
     return absl::Status(error.code(), absl::StrFormat("state of group %d from %s: %s",

@@ -60,9 +60,13 @@ class Forwarder {
                std::function<void(absl::Status)> done);
 
   // Asks `address` (this shard's predecessor in `group`'s chain at `epoch`)
-  // for the group's state: its parts, put together, all within `timeout`.
+  // for the group's state: its parts, put together. The copy of a large
+  // group takes as long as its bytes need, so `part_timeout` bounds the wait
+  // for each part (the first one included: a predecessor that hangs fails
+  // it soon) and `timeout` the whole. DEADLINE_EXCEEDED when either runs out.
   absl::StatusOr<GroupStateResponse> FetchGroupState(const std::string& address, int group,
-                                                     int64_t epoch, absl::Duration timeout);
+                                                     int64_t epoch, absl::Duration part_timeout,
+                                                     absl::Duration timeout);
 
   // How the shard at `address` sees `group` (its Status RPC's chain entry):
   // its epoch, position, operations applied and whether it still copies
