@@ -21,6 +21,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 namespace shardtrain::server {
 namespace {
 
+// The smallest piece of an admission filter in a record (tests cut rows
+// into records of a few bytes; a filter's 8 MiB would make a million).
+constexpr int64_t kMinFilterPieceBytes = 64 << 10;
+
 // bytes (little-endian Ts, a whole number of them) as Ts: in place where
 // they are aligned for T, as protobuf's heap strings are, else copied into
 // storage.
@@ -647,17 +651,26 @@ void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bo
     newest_clock = table.newest_clock;
     if (replica && table.step != nullptr) table.step->Export(&step, &arrived);
   }
-  // Whole rows per record; one record for an empty table, so that its
-  // registration survives.
+  // Whole rows per record, and the admission filter in pieces of at most
+  // as many bytes (its counters, like the rows, can outgrow a message); one
+  // record for an empty table, so that its registration survives.
   const size_t per_record = static_cast<size_t>(
       std::max<int64_t>(1, max_record_bytes / record_bytes) * record_bytes);
+  const size_t filter_piece =
+      static_cast<size_t>(std::max<int64_t>(kMinFilterPieceBytes, max_record_bytes));
   size_t offset = 0;
+  size_t filter_offset = 0;
   do {
     CheckpointRecord& record = records->emplace_back();
     *record.mutable_table() = table.spec;
     record.set_table_group(table.group);
+    if (filter_offset < filter.size()) {
+      record.set_table_filter(filter.substr(filter_offset, filter_piece));
+      record.set_table_filter_offset(static_cast<int64_t>(filter_offset));
+      record.set_table_filter_bytes(static_cast<int64_t>(filter.size()));
+      filter_offset += filter_piece;
+    }
     if (offset == 0) {
-      record.set_table_filter(std::move(filter));
       record.set_table_steps(steps);
       record.set_table_swept(swept);
       record.set_table_clock(newest_clock);
@@ -670,17 +683,22 @@ void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bo
     const size_t take = std::min(per_record, rows.size() - offset);
     record.set_table_rows(rows.substr(offset, take));
     offset += take;
-  } while (offset < rows.size());
+  } while (offset < rows.size() || filter_offset < filter.size());
 }
 
 absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first,
                                       Table& table) {
   const std::string& name = record.table().name();
   // Checked first, so that a bad record changes nothing.
-  if (!record.table_filter().empty() && !table.rows->FilterFits(record.table_filter())) {
+  const int64_t filter_piece = static_cast<int64_t>(record.table_filter().size());
+  const int64_t filter_bytes =
+      record.table_filter_bytes() == 0 ? filter_piece : record.table_filter_bytes();
+  if (!record.table_filter().empty() &&
+      !table.rows->FilterPieceFits(filter_piece, record.table_filter_offset(), filter_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "table \"", name, "\" has an admission filter of ", record.table_filter().size(),
-        " bytes that its spec does not give"));
+        "table \"", name, "\" has an admission filter of ", filter_bytes, " bytes (",
+        filter_piece, " at ", record.table_filter_offset(),
+        " in this record) that its spec does not give"));
   }
   if (record.table_steps() < 0 || record.table_clock() < 0 || record.ops() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("table \"", name, "\" is at step ",
@@ -696,7 +714,8 @@ absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first
   }
   RETURN_IF_ERROR(table.rows->ImportRecords(record.table_rows()));
   if (!record.table_filter().empty()) {
-    RETURN_IF_ERROR(table.rows->ImportFilter(record.table_filter()));
+    RETURN_IF_ERROR(table.rows->ImportFilterPiece(record.table_filter(),
+                                                  record.table_filter_offset(), filter_bytes));
   }
   if (first) {
     if (record.table_steps() > 0) table.steps = record.table_steps();

@@ -342,6 +342,40 @@ TEST_F(ReplicatedTableTest, AJoiningMemberTakesTheGroupInTheMiddleOfASyncStep) {
   EXPECT_TRUE(response.duplicate());
 }
 
+// A table's admission filter (8 MiB at the default 2^24 counters, and up to
+// 512 MiB) is spread over its records like its rows, so that no record
+// outgrows a message; a joining member and a restore put it back whole.
+TEST_F(ReplicatedTableTest, TheAdmissionFilterTravelsInPiecesNoLargerThanARecord) {
+  Train(1, 3);
+  constexpr size_t kRecordBytes = 1 << 20;
+  GroupStateResponse state;
+  head_.ExportGroup(0, kRecordBytes, &state);
+  int pieces = 0;
+  for (const CheckpointRecord& record : state.records()) {
+    EXPECT_LE(record.table_filter().size(), kRecordBytes);
+    if (!record.table_filter().empty()) ++pieces;
+  }
+  EXPECT_EQ(pieces, 2 * 8);  // two tables' 8 MiB filters
+  ASSERT_TRUE(replica_.ImportGroup(0, state).ok());
+  const std::string head = GroupRecords(head_);
+  EXPECT_EQ(GroupRecords(replica_), head);
+
+  std::vector<CheckpointRecord> records;
+  head_.Snapshot(kRecordBytes, &records);
+  SparseTables restored(Options(0), {0, 1}, /*incarnation=*/3, nullptr);
+  for (const CheckpointRecord& record : records) ASSERT_TRUE(restored.Restore(record).ok());
+  EXPECT_EQ(GroupRecords(restored), head);
+  // A piece that does not lie within the filter is refused, nothing changed.
+  CheckpointRecord bad = records.front();
+  ASSERT_GT(bad.table_filter_bytes(), 0);
+  bad.set_table_filter_offset(bad.table_filter_bytes() - 8);
+  EXPECT_EQ(restored.Restore(bad).code(), absl::StatusCode::kInvalidArgument);
+  bad.set_table_filter_offset(0);
+  bad.set_table_filter_bytes(bad.table_filter_bytes() * 2);
+  EXPECT_EQ(restored.Restore(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GroupRecords(restored), head);
+}
+
 TEST_F(ReplicatedTableTest, AnOperationWaitsForTheOnesBeforeIt) {
   const std::vector<SparseOp> ops = Train(1, 1);
   ASSERT_GE(ops.size(), 2u);

@@ -60,12 +60,15 @@ void CountingFilter::Export(std::string* out) const {
   out->append(reinterpret_cast<const char*>(words_.data()), words_.size() * 8);
 }
 
-absl::Status CountingFilter::Import(absl::string_view counters) {
-  if (static_cast<int64_t>(counters.size()) != bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("an admission filter of ", counters.size(),
-                                                   " bytes; this table's has ", bytes()));
+absl::Status CountingFilter::ImportPiece(absl::string_view piece, int64_t offset,
+                                         int64_t total) {
+  const int64_t size = static_cast<int64_t>(piece.size());
+  if (!PieceFits(size, offset, total)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "an admission filter of ", total, " bytes (a piece of ", size, " at ", offset,
+        "); this table's has ", bytes()));
   }
-  std::memcpy(words_.data(), counters.data(), counters.size());
+  std::memcpy(reinterpret_cast<char*>(words_.data()) + offset, piece.data(), piece.size());
   return absl::OkStatus();
 }
 

@@ -34,7 +34,19 @@ class CountingFilter {
   void Export(std::string* out) const;
   // Replaces the counters with Export's bytes. INVALID_ARGUMENT, with
   // nothing changed, when their size is not bytes().
-  absl::Status Import(absl::string_view counters);
+  absl::Status Import(absl::string_view counters) {
+    return ImportPiece(counters, 0, static_cast<int64_t>(counters.size()));
+  }
+  // Replaces the counters at [offset, offset + piece.size()) of Export's
+  // `total` bytes with `piece`, so that a filter larger than a message can
+  // travel in pieces. INVALID_ARGUMENT, with nothing changed, unless
+  // PieceFits.
+  absl::Status ImportPiece(absl::string_view piece, int64_t offset, int64_t total);
+  // Whether `piece` bytes at `offset` of an export of `total` bytes fit
+  // this filter: total is bytes() and the piece lies within it.
+  bool PieceFits(int64_t piece, int64_t offset, int64_t total) const {
+    return total == bytes() && offset >= 0 && piece >= 0 && offset <= total - piece;
+  }
 
  private:
   static constexpr int kHashes = 3;

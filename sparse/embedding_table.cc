@@ -269,16 +269,17 @@ void EmbeddingTable::ExportFilter(std::string* out) const {
   if (filter_ != nullptr) filter_->Export(out);
 }
 
-bool EmbeddingTable::FilterFits(absl::string_view counters) const {
-  return filter_ != nullptr && static_cast<int64_t>(counters.size()) == filter_->bytes();
+bool EmbeddingTable::FilterPieceFits(int64_t piece, int64_t offset, int64_t total) const {
+  return filter_ != nullptr && filter_->PieceFits(piece, offset, total);
 }
 
-absl::Status EmbeddingTable::ImportFilter(absl::string_view counters) {
+absl::Status EmbeddingTable::ImportFilterPiece(absl::string_view piece, int64_t offset,
+                                               int64_t total) {
   if (filter_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "table \"", config_.name, "\" has no admission filter to load counters into"));
   }
-  return filter_->Import(counters);
+  return filter_->ImportPiece(piece, offset, total);
 }
 
 absl::Status EmbeddingTable::ImportRecords(absl::string_view records) {

@@ -108,9 +108,14 @@ class EmbeddingTable {
   // Replaces the filter's counters with ExportFilter's bytes. INVALID_ARGUMENT,
   // with nothing changed, for bytes of another size (or any bytes for a
   // table without a filter).
-  absl::Status ImportFilter(absl::string_view counters);
-  // Whether ImportFilter would take counters (checks their size only).
-  bool FilterFits(absl::string_view counters) const;
+  absl::Status ImportFilter(absl::string_view counters) {
+    return ImportFilterPiece(counters, 0, static_cast<int64_t>(counters.size()));
+  }
+  // The same for the bytes at [offset, offset + piece.size()) of an
+  // ExportFilter of `total` bytes (a filter spread over several records).
+  absl::Status ImportFilterPiece(absl::string_view piece, int64_t offset, int64_t total);
+  // Whether ImportFilterPiece would take such a piece (checks sizes only).
+  bool FilterPieceFits(int64_t piece, int64_t offset, int64_t total) const;
   // id's record, or nullopt when it is not stored.
   std::optional<std::string> ReadRecord(uint64_t id) const;
 

@@ -143,7 +143,10 @@ TEST(EmbeddingTableTest, ExportedFilterKeepsTheCounts) {
   // Counters of another size, or for a table without a filter, are refused
   // and change nothing.
   EXPECT_EQ(after->ImportFilter(filter.substr(8)).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(after->FilterFits(filter.substr(8)));
+  const int64_t total = static_cast<int64_t>(filter.size());
+  EXPECT_FALSE(after->FilterPieceFits(total - 8, 0, total - 8));
+  EXPECT_TRUE(after->FilterPieceFits(total - 8, 8, total));
+  EXPECT_FALSE(after->FilterPieceFits(16, total - 8, total));  // past the end
   std::string again;
   after->ExportFilter(&again);
   EXPECT_NE(again, filter);  // the third lookup counted
