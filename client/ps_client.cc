@@ -13,8 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
-#include "chain/placement.h"
-#include "chain/replication_keys.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/partition.h"
@@ -49,43 +47,7 @@ PsClient::~PsClient() { exchange_.reset(); }
 absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
     PsClientMetrics* fault_metrics) {
-  if (options.servers.empty()) {
-    return absl::InvalidArgumentError("no parameter servers given");
-  }
-  if (common::DTypeSize(options.wire_dtype) == 0) {
-    return absl::InvalidArgumentError("wire dtype must be f32, f16 or bf16");
-  }
-  if (!(options.topk_ratio >= 0 && options.topk_ratio <= 1)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "the top-k ratio must be 0 (dense) or in (0, 1], got %g", options.topk_ratio));
-  }
-  if (options.channels_per_shard < 1 || options.channels_per_shard > 64) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "channels per shard must be in [1, 64], got %d", options.channels_per_shard));
-  }
-  if (options.reconnect_timeout < absl::ZeroDuration() ||
-      options.rpc_timeout <= absl::ZeroDuration() ||
-      options.pull_timeout <= absl::ZeroDuration() ||
-      options.initial_backoff <= absl::ZeroDuration() ||
-      options.max_backoff < options.initial_backoff ||
-      options.keepalive_time < absl::ZeroDuration() ||
-      options.keepalive_timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "timeouts must be positive (the reconnect timeout and keepalive may be "
-        "0) and the maximum backoff at least the initial one");
-  }
-  const int num_shards = static_cast<int>(options.servers.size());
-  RETURN_IF_ERROR(chain::ValidateReplicas(num_shards, options.replicas));
-  if (options.replicas > 1) {
-    if (options.etcd_endpoints.empty()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%d replicas need the etcd endpoints that hold the chains", options.replicas));
-    }
-    RETURN_IF_ERROR(chain::ValidateJobName(options.job));
-    if (options.member_timeout <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError("the member timeout must be positive");
-    }
-  }
+  RETURN_IF_ERROR(ValidatePsClientOptions(options));
   ChannelOptions channel_options;
   channel_options.max_message_bytes = options.max_message_bytes;
   channel_options.keepalive_time = options.keepalive_time;

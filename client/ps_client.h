@@ -82,6 +82,7 @@
 #include "client/channels.h"
 #include "client/client_metrics.h"
 #include "client/group_call.h"
+#include "client/ps_client_options.h"
 #include "client/shard_channel.h"
 #include "client/sync_replay.h"
 #include "client/tensor_exchange.h"
@@ -93,64 +94,6 @@
 #include "proto/shardtrain.grpc.pb.h"
 
 namespace shardtrain::client {
-
-struct PsClientOptions {
-  // Shard addresses in shard-index order ("host:port").
-  std::vector<std::string> servers;
-  uint32_t worker_index = 0;
-  // The job's worker count, sent on Register: a shard started for another
-  // count refuses (FAILED_PRECONDITION). 0 skips the check.
-  uint32_t num_workers = 0;
-  // Must match the servers' --max_partition_elements.
-  int64_t max_partition_elements = common::kDefaultMaxPartitionElements;
-  // Dtype of gradients and parameters on the wire.
-  DType wire_dtype = DTYPE_F32;
-  // Deadline of a Push/Register/Heartbeat/Status RPC.
-  absl::Duration rpc_timeout = absl::Seconds(30);
-  // Deadline of a Pull, which may wait for a step or the staleness bound.
-  absl::Duration pull_timeout = absl::Seconds(300);
-  // A call whose shard cannot be reached is retried for this long after
-  // its first failure, then fails.
-  absl::Duration reconnect_timeout = absl::Seconds(120);
-  // Backoff between retries (full jitter, doubling up to the maximum).
-  absl::Duration initial_backoff = absl::Milliseconds(50);
-  absl::Duration max_backoff = absl::Seconds(2);
-  // HTTP/2 keepalive pings on idle and busy connections, so a dead shard or
-  // a cut link is noticed within keepalive_time + keepalive_timeout. Zero
-  // turns pings off. The shards must permit pings this often.
-  absl::Duration keepalive_time = absl::Seconds(10);
-  absl::Duration keepalive_timeout = absl::Seconds(10);
-  int max_message_bytes = 256 << 20;
-  // TLS, mutual TLS and the auth token (common/credentials.h); all off by
-  // default.
-  common::ClientSecurity security;
-  // TCP connections to each shard; a call's partitions on one shard are
-  // split over them, so one large push keeps them all busy. 4: measured
-  // 1.1-1.5x the MB/s of one connection for 4-64 MiB pushes and pulls at
-  // the same CPU per MB (bench/results/channels_count_cpu.txt).
-  int channels_per_shard = 4;
-  // HTTP/2 and TCP settings of every connection (client/channels.h).
-  TransportTuning transport;
-  // 0: send gradients dense. In (0, 1]: send the top ratio of each
-  // partition's entries with error feedback (common/topk_compressor.h).
-  double topk_ratio = 0;
-  // Copies of every partition, on a chain of shards (1..3, at most the
-  // number of shards). 1: no replication, no etcd.
-  int replicas = 1;
-  // With replicas > 1: the etcd endpoints (host:port,...) holding the
-  // chains, and the job's namespace there (/shardtrain/<job>/).
-  std::string etcd_endpoints;
-  // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
-  std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
-  std::string job = "shardtrain";
-  // With replicas > 1: how long a control RPC (Register, Heartbeat,
-  // Status) retries one shard before skipping it as dead.
-  absl::Duration member_timeout = absl::Seconds(5);
-  // Tests only: interceptors for the channels to shard `shard`.
-  std::function<std::vector<
-      std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>(int shard)>
-      interceptors;
-};
 
 struct PushStats {
   // Largest staleness the shards measured for this push.

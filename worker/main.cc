@@ -13,6 +13,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -25,10 +26,9 @@
 #include "app/etcd_security_flags.h"
 #include "app/flags_usage.h"
 #include "app/malloc_tuning.h"
-#include "chain/placement.h"
-#include "chain/replication_keys.h"
 #include "client/client_metrics.h"
 #include "client/ps_client.h"
+#include "client/ps_client_options.h"
 #include "common/atomic_file.h"
 #include "common/metrics.h"
 #include "common/partition.h"
@@ -171,43 +171,41 @@ absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
   return exposer;
 }
 
-// --replicas, --etcd_endpoints, --job into `options` (servers set).
-absl::Status ReplicationFromFlags(client::PsClientOptions* options) {
-  const int replicas = absl::GetFlag(FLAGS_replicas);
-  const int num_shards = static_cast<int>(options->servers.size());
-  if (num_shards > 0) {
-    const absl::Status valid = chain::ValidateReplicas(num_shards, replicas);
-    if (!valid.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--replicas: ", valid.message()));
-    }
+// The ps-worker flag that sets a PsClientOptions field, for errors.
+std::string FlagOf(absl::string_view field) {
+  static const absl::flat_hash_map<absl::string_view, absl::string_view> kSeconds = {
+      {"rpc_timeout", "rpc_timeout_s"},
+      {"pull_timeout", "pull_timeout_s"},
+      {"reconnect_timeout", "reconnect_timeout_s"},
+      {"keepalive_time", "keepalive_s"},
+      {"keepalive_timeout", "keepalive_s"},
+      {"max_message_bytes", "max_message_mb"}};
+  for (absl::string_view fixed :
+       {"initial_backoff", "max_backoff", "member_timeout"}) {  // no flag sets these
+    if (field == fixed) return absl::StrCat("the client's ", field);
   }
-  options->replicas = replicas;
-  options->etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
-  options->job = absl::GetFlag(FLAGS_job);
-  if (replicas > 1) {
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        common::MakeEtcdCredentials(app::EtcdSecurityFromFlags());
-    if (!credentials.ok()) return credentials.status();
-    options->etcd_credentials = *std::move(credentials);
-  }
-  if (replicas > 1 && options->etcd_endpoints.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--etcd_endpoints is required with --replicas=", replicas,
-        ": the worker routes by the chains kept there"));
-  }
-  const absl::Status job = chain::ValidateJobName(options->job);
-  if (!job.ok()) return absl::InvalidArgumentError(absl::StrCat("--job: ", job.message()));
-  return absl::OkStatus();
+  const auto it = kSeconds.find(field);
+  return absl::StrCat("--", it == kSeconds.end() ? field : it->second);
 }
 
 absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client::PsClientOptions client_options;
   client_options.servers =
       absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
-  client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
+  // What a cast cannot carry is refused here; the ranges below.
+  if (absl::GetFlag(FLAGS_worker_index) < 0) {
+    return absl::InvalidArgumentError("--worker_index must be >= 0");
+  }
+  // The trainer needs a worker count; the client alone would take 0.
   if (absl::GetFlag(FLAGS_num_workers) < 1) {
     return absl::InvalidArgumentError("--num_workers must be >= 1");
   }
+  const int max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  if (max_message_mb < 1 || max_message_mb > client::kMaxMessageMb) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_message_mb must be in [1, ", client::kMaxMessageMb, "], got ", max_message_mb));
+  }
+  client_options.worker_index = static_cast<uint32_t>(absl::GetFlag(FLAGS_worker_index));
   client_options.num_workers = static_cast<uint32_t>(absl::GetFlag(FLAGS_num_workers));
   client_options.reconnect_timeout =
       absl::Seconds(absl::GetFlag(FLAGS_reconnect_timeout_s));
@@ -218,11 +216,18 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
                    ParseFlag("wire_dtype", absl::GetFlag(FLAGS_wire_dtype), common::ParseDTypeName));
   client_options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_s));
   client_options.pull_timeout = absl::Seconds(absl::GetFlag(FLAGS_pull_timeout_s));
-  client_options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  client_options.max_message_bytes = max_message_mb << 20;
   client_options.security = app::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
-  RETURN_IF_ERROR(ReplicationFromFlags(&client_options));
+  client_options.replicas = absl::GetFlag(FLAGS_replicas);
+  client_options.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  client_options.job = absl::GetFlag(FLAGS_job);
+  RETURN_IF_ERROR(client::ValidatePsClientOptions(client_options, FlagOf));
+  if (client_options.replicas > 1) {
+    ASSIGN_OR_RETURN(client_options.etcd_credentials,
+                     common::MakeEtcdCredentials(app::EtcdSecurityFromFlags()));
+  }
   return client_options;
 }
 

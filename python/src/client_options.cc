@@ -1,11 +1,11 @@
 #include "python/src/client_options.h"
 
-#include <cmath>
 #include <limits>
 
 #include <pybind11/pybind11.h>
 
 #include "absl/strings/str_cat.h"
+#include "client/ps_client_options.h"
 #include "common/credentials.h"
 #include "common/payload.h"
 
@@ -14,20 +14,15 @@ namespace py = pybind11;
 
 namespace {
 
-absl::Duration Seconds(const char* name, double seconds, bool zero_ok) {
-  if (!std::isfinite(seconds) || seconds < 0 || (!zero_ok && seconds == 0)) {
-    throw py::value_error(absl::StrCat(name, " must be a finite number of seconds ",
-                                       zero_ok ? ">= 0" : "> 0", ", got ", seconds));
+// A keyword argument as an integer of type T, or ValueError: only what the
+// cast cannot carry; the ranges are ValidatePsClientOptions'.
+template <typename T>
+T Cast(const char* name, int64_t value) {
+  if (value < std::numeric_limits<T>::min() || value > std::numeric_limits<T>::max()) {
+    throw py::value_error(absl::StrCat(name, " must be in [", std::numeric_limits<T>::min(),
+                                       ", ", std::numeric_limits<T>::max(), "], got ", value));
   }
-  return absl::Seconds(seconds);
-}
-
-int64_t InRange(const char* name, int64_t value, int64_t lo, int64_t hi) {
-  if (value < lo || value > hi) {
-    throw py::value_error(
-        absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", value));
-  }
-  return value;
+  return static_cast<T>(value);
 }
 
 DType ParseDType(const std::string& name) {
@@ -36,22 +31,25 @@ DType ParseDType(const std::string& name) {
   return *dtype;
 }
 
+// The keyword argument that sets a PsClientOptions field, for errors.
+std::string ArgumentOf(absl::string_view field) {
+  if (field == "worker_index") return "worker";
+  if (field == "keepalive_time" || field == "keepalive_timeout") return "keepalive";
+  if (field == "max_message_bytes") return "max_message_mb";
+  if (field == "initial_backoff" || field == "max_backoff" || field == "member_timeout") {
+    return absl::StrCat("the client's ", field);  // no argument sets these
+  }
+  return std::string(field);
+}
+
 }  // namespace
 
 client::PsClientOptions MakeClientOptions(const ClientArgs& args) {
   client::PsClientOptions options;
-  if (args.servers.empty()) throw py::value_error("servers is empty: give the shard addresses");
   options.servers = args.servers;
-  constexpr int64_t kMaxWorkers = std::numeric_limits<int32_t>::max();
-  options.num_workers =
-      static_cast<uint32_t>(InRange("num_workers", args.num_workers, 0, kMaxWorkers));
-  options.worker_index = static_cast<uint32_t>(InRange(
-      "worker", args.worker, 0, args.num_workers > 0 ? args.num_workers - 1 : kMaxWorkers));
+  options.num_workers = Cast<uint32_t>("num_workers", args.num_workers);
+  options.worker_index = Cast<uint32_t>("worker", args.worker);
   options.wire_dtype = ParseDType(args.wire_dtype);
-  if (!(args.topk_ratio >= 0 && args.topk_ratio <= 1)) {
-    throw py::value_error(
-        absl::StrCat("topk_ratio must be 0 (dense) or in (0, 1], got ", args.topk_ratio));
-  }
   options.topk_ratio = args.topk_ratio;
   options.security.ca_file = args.tls_ca;
   options.security.cert_file = args.tls_cert;
@@ -59,13 +57,29 @@ client::PsClientOptions MakeClientOptions(const ClientArgs& args) {
   options.security.server_name = args.tls_server_name;
   options.security.token = args.token;
   options.security.token_file = args.token_file;
-  options.rpc_timeout = Seconds("rpc_timeout", args.rpc_timeout, false);
-  options.pull_timeout = Seconds("pull_timeout", args.pull_timeout, false);
-  options.reconnect_timeout = Seconds("reconnect_timeout", args.reconnect_timeout, true);
-  options.keepalive_time = Seconds("keepalive", args.keepalive, true);
+  options.rpc_timeout = absl::Seconds(args.rpc_timeout);  // NaN: infinite, refused below
+  options.pull_timeout = absl::Seconds(args.pull_timeout);
+  options.reconnect_timeout = absl::Seconds(args.reconnect_timeout);
+  options.keepalive_time = absl::Seconds(args.keepalive);
   options.keepalive_timeout = options.keepalive_time;
-  options.replicas = static_cast<int>(InRange("replicas", args.replicas, 1, 3));
+  options.replicas = Cast<int32_t>("replicas", args.replicas);
   options.etcd_endpoints = args.etcd_endpoints;
+  options.job = args.job;
+  options.max_partition_elements = args.max_partition_elements;
+  options.channels_per_shard = Cast<int32_t>("channels_per_shard", args.channels_per_shard);
+  if (args.max_message_mb < 1 || args.max_message_mb > client::kMaxMessageMb) {
+    throw py::value_error(absl::StrCat("max_message_mb must be in [1, ", client::kMaxMessageMb,
+                                       "], got ", args.max_message_mb));
+  }
+  options.max_message_bytes = static_cast<int>(args.max_message_mb << 20);
+  if (args.metrics_port < -1 || args.metrics_port > 65535) {
+    throw py::value_error(
+        absl::StrCat("metrics_port must be in [-1, 65535], got ", args.metrics_port));
+  }
+  if (const absl::Status valid = client::ValidatePsClientOptions(options, ArgumentOf);
+      !valid.ok()) {
+    throw py::value_error(std::string(valid.message()));
+  }
   common::ClientSecurity etcd;
   etcd.ca_file = args.etcd_ca;
   etcd.cert_file = args.etcd_cert;
@@ -76,14 +90,6 @@ client::PsClientOptions MakeClientOptions(const ClientArgs& args) {
     throw py::value_error(std::string(etcd_credentials.status().message()));
   }
   options.etcd_credentials = *std::move(etcd_credentials);
-  options.job = args.job;
-  options.max_partition_elements =
-      InRange("max_partition_elements", args.max_partition_elements, 1, int64_t{1} << 32);
-  options.channels_per_shard =
-      static_cast<int>(InRange("channels_per_shard", args.channels_per_shard, 1, 64));
-  options.max_message_bytes =
-      static_cast<int>(InRange("max_message_mb", args.max_message_mb, 1, 2047) << 20);
-  InRange("metrics_port", args.metrics_port, -1, 65535);
   return options;
 }
 

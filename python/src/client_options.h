@@ -40,8 +40,9 @@ struct ClientArgs {
   double keepalive = 10;  // seconds; 0 turns keepalive pings off
 };
 
-// ValueError for a setting out of range or unknown (wire dtype); the rest
-// (files, TLS consistency, replicas) PsClient::Create checks.
+// ValueError for a setting out of range (client::ValidatePsClientOptions,
+// naming the keyword argument) or unknown (wire dtype); the rest (files,
+// TLS consistency) PsClient::Create checks.
 client::PsClientOptions MakeClientOptions(const ClientArgs& args);
 
 }  // namespace shardtrain::python
