@@ -11,6 +11,7 @@
 #include "common/payload.h"
 #include "common/status_macros.h"
 #include "server/partition_record.h"
+#include "server/replication/group_state_parts.h"
 #include "server/shard.h"
 
 namespace shardtrain::server {
@@ -182,11 +183,7 @@ GroupStateResponse Shard::ExportGroup(int group) const {
   ExportPushLogs(options_.num_workers,
                  [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); },
                  state.mutable_push_logs());
-  // A quarter of the message limit (FetchGroupState's parts are at most
-  // half of it), and no more than 32 MiB.
-  tables_.ExportGroup(group,
-                      std::min<int64_t>(int64_t{32} << 20,
-                                        std::max<int64_t>(1, options_.limits.max_response_bytes / 4)),
+  tables_.ExportGroup(group, GroupStateRecordBytes(options_.limits.max_response_bytes),
                       &state);
   return state;
 }

@@ -9,6 +9,10 @@ int64_t GroupStatePartBytes(int64_t max_message_bytes) {
   return std::max<int64_t>(1, std::min<int64_t>(int64_t{4} << 20, max_message_bytes / 2));
 }
 
+int64_t GroupStateRecordBytes(int64_t max_message_bytes) {
+  return std::max<int64_t>(1, std::min<int64_t>(int64_t{32} << 20, max_message_bytes / 4));
+}
+
 std::vector<GroupStateResponse> SplitGroupState(GroupStateResponse state, int64_t part_bytes) {
   std::vector<GroupStateResponse> parts(1);
   int64_t bytes = 0;

@@ -22,6 +22,10 @@ namespace shardtrain::server {
 // The most bytes of one part when a message may have `max_message_bytes`:
 // 4 MiB, or half the limit where that is less.
 int64_t GroupStatePartBytes(int64_t max_message_bytes);
+// The most bytes of a table's rows (and as many of its admission filter's)
+// in one record of a group's state: a quarter of the limit, no more than
+// 32 MiB, so that a record with both fits in a message.
+int64_t GroupStateRecordBytes(int64_t max_message_bytes);
 
 // `state`'s records, in order, in parts of at most `part_bytes` serialized
 // bytes each (a record larger than that alone in its part), and its push

@@ -66,5 +66,11 @@ TEST(GroupStatePartsTest, PartBytesAreFourMiBOrHalfTheMessageLimit) {
   EXPECT_EQ(GroupStatePartBytes(1), 1);
 }
 
+TEST(GroupStatePartsTest, RecordBytesAreAQuarterOfTheMessageLimitUpTo32MiB) {
+  EXPECT_EQ(GroupStateRecordBytes(int64_t{256} << 20), int64_t{32} << 20);
+  EXPECT_EQ(GroupStateRecordBytes(int64_t{1} << 20), int64_t{256} << 10);
+  EXPECT_EQ(GroupStateRecordBytes(1), 1);
+}
+
 }  // namespace
 }  // namespace shardtrain::server
