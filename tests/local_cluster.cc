@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <system_error>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
 
 namespace shardtrain::testutil {
 namespace {
@@ -89,6 +93,14 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
   LocalCluster cluster;
   cluster.dir = options.dir.empty() ? MakeTempDir("shardtrain-cluster-") : options.dir;
   if (cluster.dir.empty()) return absl::InternalError("cannot make a temporary directory");
+  if (options.dir.empty()) {
+    cluster.dir_owner = std::shared_ptr<const void>(nullptr, [dir = cluster.dir](const void*) {
+      if (!::testing::Test::HasFailure()) {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    });
+  }
   const std::string server_bin = absl::StrCat(options.bin_dir, "/ps-server");
   const std::string worker_bin = absl::StrCat(options.bin_dir, "/ps-worker");
   cluster.shards.assign(options.shards, 0);

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,10 @@ struct LocalClusterOptions {
 
 struct LocalCluster {
   std::string dir;  // Logs, port files and the chief's results.json.
+  // Set when StartLocalCluster made `dir` (options.dir empty): the last
+  // copy of the cluster removes it, unless the test has failed, so that
+  // only failures leave their logs behind.
+  std::shared_ptr<const void> dir_owner;
   std::vector<std::string> servers;
   std::vector<int> shard_metrics_ports;
   std::vector<int> worker_metrics_ports;  // 0: not started yet
