@@ -57,14 +57,14 @@ Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
 
 void Membership::AlignClock(int worker) {
   Worker& w = workers_[worker];
+  // Never moved back on the scale: a worker that was ahead of the others
+  // when dropped stays where it was.
   const std::optional<int64_t> others = SlowestActiveLocked(worker);
-  const int64_t offset = others ? std::max<int64_t>(0, *others - w.clock) : 0;
-  if (offset > 0) {
-    LOG(INFO) << "worker " << worker << " is back at clock " << w.clock
-              << " where the others are at " << *others
-              << " or beyond: the staleness bound counts it from " << *others;
-  }
-  w.clock_offset = offset;
+  if (!others || *others - w.clock <= w.clock_offset) return;
+  w.clock_offset = *others - w.clock;
+  LOG(INFO) << "worker " << worker << " is back at clock " << w.clock
+            << " where the others are at " << *others
+            << " or beyond: the staleness bound counts it from " << *others;
 }
 
 std::optional<int64_t> Membership::SlowestActiveLocked(int except) const {

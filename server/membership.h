@@ -159,7 +159,8 @@ class Membership {
   Join Revive(int worker, Worker& w, uint64_t incarnation, absl::Time now,
               int64_t rejoin_step, bool* dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // For a worker back after being dropped, with its clock set: places it on
-  // the staleness scale at the slowest clock of the other active workers.
+  // the staleness scale at the slowest clock of the other active workers,
+  // unless it is further on already.
   void AlignClock(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Smallest staleness clock among active workers other than `except`.
   std::optional<int64_t> SlowestActiveLocked(int except) const

@@ -172,6 +172,15 @@ TEST(MembershipTest, AWorkerBackAfterBeingDroppedIsBoundedFromWhereTheOthersAre)
             Membership::Join::kRejoin);
   EXPECT_EQ(members.StalenessClock(0, 50), 50);
   EXPECT_EQ(members.SlowestActiveClock(), 45);
+  // Worker 2 drops out at staleness clock 45 while the others are at 50 and
+  // 60; back when they are at 44 (worker 0 restarted from a checkpoint), it
+  // stays at 45, not lowered to 44.
+  members.Update(2, 4, 5, false, t0 + absl::Seconds(75));
+  EXPECT_EQ(members.Expire(t0 + absl::Seconds(90)).silent, 3);
+  members.Update(0, 9, 44, false, t0 + absl::Seconds(91));  // new incarnation
+  members.Update(2, 4, 5, false, t0 + absl::Seconds(91));
+  EXPECT_EQ(members.StalenessClock(2, 5), 45);
+  EXPECT_EQ(members.SlowestActiveClock(), 44);
   // Alone, a worker back after being dropped keeps its clock.
   Membership alone(1, absl::Seconds(10));
   alone.Update(0, 1, 7, false, t0);
@@ -187,7 +196,7 @@ TEST(MembershipTest, AWorkerBackAfterBeingDroppedIsBoundedFromWhereTheOthersAre)
   EXPECT_EQ(members.ClockOffsets(), (std::vector<int64_t>{0, 0, 40}));
   Membership restored(3, absl::Seconds(10));
   restored.SeedClocks(members.Clocks(), members.ClockOffsets());
-  EXPECT_EQ(restored.SlowestActiveClock(), 45);
+  EXPECT_EQ(restored.SlowestActiveClock(), 44);  // worker 0
   EXPECT_EQ(restored.Register(2, 4, t0 + absl::Seconds(80)), 5);
   EXPECT_EQ(restored.StalenessClock(2, 5), 45);
   // Offsets out of range are clamped; missing ones are 0.

@@ -173,7 +173,7 @@ absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
 
 // The ps-worker flag that sets a PsClientOptions field, for errors.
 std::string FlagOf(absl::string_view field) {
-  static const absl::flat_hash_map<absl::string_view, absl::string_view> kSeconds = {
+  static const absl::flat_hash_map<absl::string_view, absl::string_view> kOtherNames = {
       {"rpc_timeout", "rpc_timeout_s"},
       {"pull_timeout", "pull_timeout_s"},
       {"reconnect_timeout", "reconnect_timeout_s"},
@@ -184,8 +184,8 @@ std::string FlagOf(absl::string_view field) {
        {"initial_backoff", "max_backoff", "member_timeout"}) {  // no flag sets these
     if (field == fixed) return absl::StrCat("the client's ", field);
   }
-  const auto it = kSeconds.find(field);
-  return absl::StrCat("--", it == kSeconds.end() ? field : it->second);
+  const auto it = kOtherNames.find(field);
+  return absl::StrCat("--", it == kOtherNames.end() ? field : it->second);
 }
 
 absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
