@@ -211,26 +211,22 @@ std::vector<WorkerState> Membership::Snapshot(absl::Time now) const {
   return states;
 }
 
-std::vector<int64_t> Membership::Clocks() const {
+std::vector<int64_t> Membership::Each(int64_t Worker::*field) const {
   absl::MutexLock lock(&mu_);
-  std::vector<int64_t> clocks;
-  clocks.reserve(workers_.size());
-  for (const Worker& w : workers_) clocks.push_back(w.clock);
-  return clocks;
+  std::vector<int64_t> values;
+  values.reserve(workers_.size());
+  for (const Worker& w : workers_) values.push_back(w.*field);
+  return values;
 }
+
+std::vector<int64_t> Membership::Clocks() const { return Each(&Worker::clock); }
 
 int64_t Membership::Clock(int worker) const {
   absl::MutexLock lock(&mu_);
   return workers_[worker].clock;
 }
 
-std::vector<int64_t> Membership::ClockOffsets() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<int64_t> offsets;
-  offsets.reserve(workers_.size());
-  for (const Worker& w : workers_) offsets.push_back(w.clock_offset);
-  return offsets;
-}
+std::vector<int64_t> Membership::ClockOffsets() const { return Each(&Worker::clock_offset); }
 
 void Membership::SeedClocks(const std::vector<int64_t>& clocks,
                             const std::vector<int64_t>& offsets) {

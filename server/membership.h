@@ -162,6 +162,8 @@ class Membership {
   // the staleness scale at the slowest clock of the other active workers,
   // unless it is further on already.
   void AlignClock(int worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `field` of every worker, by index.
+  std::vector<int64_t> Each(int64_t Worker::*field) const;
   // Smallest staleness clock among active workers other than `except`.
   std::optional<int64_t> SlowestActiveLocked(int except) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

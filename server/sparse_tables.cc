@@ -658,16 +658,20 @@ void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bo
       std::max<int64_t>(1, max_record_bytes / record_bytes) * record_bytes);
   const size_t filter_piece =
       static_cast<size_t>(std::max<int64_t>(kMinFilterPieceBytes, max_record_bytes));
+  const size_t filter_bytes = filter.size();
   size_t offset = 0;
   size_t filter_offset = 0;
   do {
     CheckpointRecord& record = records->emplace_back();
     *record.mutable_table() = table.spec;
     record.set_table_group(table.group);
-    if (filter_offset < filter.size()) {
-      record.set_table_filter(filter.substr(filter_offset, filter_piece));
+    if (filter_offset < filter_bytes) {
+      // A filter that fits in one piece (the default's 8 MiB does) is moved.
+      record.set_table_filter(filter_bytes <= filter_piece
+                                  ? std::move(filter)
+                                  : filter.substr(filter_offset, filter_piece));
       record.set_table_filter_offset(static_cast<int64_t>(filter_offset));
-      record.set_table_filter_bytes(static_cast<int64_t>(filter.size()));
+      record.set_table_filter_bytes(static_cast<int64_t>(filter_bytes));
       filter_offset += filter_piece;
     }
     if (offset == 0) {
@@ -683,7 +687,7 @@ void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bo
     const size_t take = std::min(per_record, rows.size() - offset);
     record.set_table_rows(rows.substr(offset, take));
     offset += take;
-  } while (offset < rows.size() || filter_offset < filter.size());
+  } while (offset < rows.size() || filter_offset < filter_bytes);
 }
 
 absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first,
