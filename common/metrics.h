@@ -36,6 +36,9 @@ class MetricsExposer {
   static absl::StatusOr<std::unique_ptr<MetricsExposer>> Create(
       const std::string& address);
 
+  // Stops serving within milliseconds (see metrics.cc).
+  ~MetricsExposer();
+
   // The port actually bound; 0 when not serving.
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
