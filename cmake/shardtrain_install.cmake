@@ -38,10 +38,15 @@ else()
   set(SHARDTRAIN_PYTHON_SITE_DIR lib/python${Python3_VERSION_MAJOR}.${Python3_VERSION_MINOR}/site-packages)
 endif()
 
-# shardtrain_install_binaries(target...)
-# A binary of the Runtime component, into bin/.
+# shardtrain_install_binaries(target... [COMPONENT component])
+# Binaries into bin/, of the Runtime component unless another is named.
 function(shardtrain_install_binaries)
-  install(TARGETS ${ARGN} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT Runtime)
+  cmake_parse_arguments(ARG "" "COMPONENT" "" ${ARGN})
+  if(NOT ARG_COMPONENT)
+    set(ARG_COMPONENT Runtime)
+  endif()
+  install(TARGETS ${ARG_UNPARSED_ARGUMENTS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
+    COMPONENT ${ARG_COMPONENT})
 endfunction()
 
 # shardtrain_install_library(TARGET NAME name)

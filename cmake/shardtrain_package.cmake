@@ -10,6 +10,11 @@
 #   shardtrain-dev_<version>_<arch>.deb  the client library (static), its
 #       headers and CMake package config; Depends on the -dev packages that
 #       config finds
+#   shardtrain-cuda_<version>_<arch>.deb (CUDA builds only) ps-worker-cuda,
+#       which ps-worker runs for --device=cuda; it links NVIDIA's CUDA
+#       runtime, cuBLAS and NCCL, which come from NVIDIA's apt repository
+#       (no Debian package declares them: dpkg-shlibdeps cannot name them,
+#       install them as deploy/Dockerfile's gpu flavour does)
 #
 # `apt install ./shardtrain_<version>_<arch>.deb` installs it with its
 # dependencies (tests/deb_install_test.sh does, in a fresh Debian root).
@@ -30,6 +35,9 @@ set(CPACK_STRIP_FILES ON)
 
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL Runtime Development)
+if(TARGET ps-worker-cuda)
+  list(APPEND CPACK_COMPONENTS_ALL Cuda)
+endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
@@ -56,6 +64,13 @@ set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_SHLIBDEPS OFF)
 set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_DEPENDS
     "libgrpc++-dev, protobuf-compiler-grpc, libprotobuf-dev, libabsl-dev, prometheus-cpp-dev, libgoogle-glog-dev, pkg-config")
 
+set(CPACK_DEBIAN_CUDA_PACKAGE_NAME shardtrain-cuda)
+set(CPACK_DEBIAN_CUDA_PACKAGE_SECTION science)
+set(CPACK_DEBIAN_CUDA_PACKAGE_DEPENDS "shardtrain (= ${PROJECT_VERSION})")
+
 include(CPack)
 cpack_add_component(Runtime DISPLAY_NAME "binaries and Python package")
 cpack_add_component(Development DISPLAY_NAME "client library, headers and CMake package config")
+if(TARGET ps-worker-cuda)
+  cpack_add_component(Cuda DISPLAY_NAME "the CUDA worker (ps-worker-cuda)")
+endif()

@@ -176,6 +176,8 @@ def parse_args(argv=None):
                         help="one plain PyTorch process, even under shardtrain-run")
     parser.add_argument("--train-examples", type=int, default=0,
                         help="train on the first N examples only (0: all)")
+    parser.add_argument("--test-examples", type=int, default=0,
+                        help="evaluate on the first N test examples only (0: all 10,000)")
     local = parser.add_argument_group("--local runs (on shardtrain: ps-server flags instead)")
     local.add_argument("--optimizer", default="adam")
     local.add_argument("--lr", type=float, default=0.001)
@@ -204,6 +206,8 @@ def main(argv=None) -> int:
     if args.train_examples > 0:
         train_x, train_y = train_x[:args.train_examples], train_y[:args.train_examples]
     test_x, test_y = load_split(args.data, "t10k") if chief else (None, None)
+    if chief and args.test_examples > 0:
+        test_x, test_y = test_x[:args.test_examples], test_y[:args.test_examples]
     sampler = DistributedSampler(TensorDataset(train_x, train_y), num_replicas=world, rank=rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
     steps_per_epoch = len(sampler) // args.batch

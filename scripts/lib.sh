@@ -12,7 +12,7 @@ SHARDTRAIN_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist vim-runtime
   etcd-server
-  mmdebstrap
+  mmdebstrap podman runc netavark aardvark-dns iptables docker-compose
   curl openssl
   clang libclang-rt-14-dev libfuzzer-14-dev
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch

@@ -111,6 +111,9 @@ echo "== apt-get install /tmp/$deb_name"
 apt-get install -y /tmp/$deb_name
 for tool in ps-server ps-worker psctl shardtrain-run; do command -v \$tool; done
 ps-server --help >/dev/null
+# ps-worker must start without CUDA (a CUDA build puts its CUDA half,
+# ps-worker-cuda, in the shardtrain-cuda package).
+ps-worker --help >/dev/null
 psctl --help >/dev/null
 /usr/bin/python3 -c 'import shardtrain, shardtrain.torch; print("import shardtrain.torch OK:", shardtrain.__file__)'
 echo "== shardtrain-run: tiny job"

@@ -56,7 +56,7 @@ scripts/run-local.sh --epochs 1 >"$out/run-local.log" 2>&1 ||
 grep -q '^final test accuracy: ' "$out/run-local.log" || fail "run-local.sh printed no final accuracy"
 package_whole "after run-local.sh"
 
-example=(examples/torch_fmnist_cnn.py --epochs 1 --train-examples 1024)
+example=(examples/torch_fmnist_cnn.py --epochs 1 --train-examples 1024 --test-examples 1000)
 step "scripts/shardtrain-run ... -- python3 examples/torch_fmnist_cnn.py (python3 without torch)"
 rc=0
 scripts/shardtrain-run --workers 2 --shards 2 --mode sync -- python3 "${example[@]}" \
@@ -82,7 +82,7 @@ grep -q '^\[worker 0\] final test accuracy: ' "$out/script.log" || fail "no fina
 package_whole "after the examples"
 
 step "$built_for examples/torch_fmnist_cnn.py --local"
-"$built_for" examples/torch_fmnist_cnn.py --local --epochs 1 --train-examples 1024 --batch 128 \
+"$built_for" examples/torch_fmnist_cnn.py --local --epochs 1 --train-examples 1024 --test-examples 1000 --batch 128 \
   >"$out/local.log" 2>&1 || { tail -n 30 "$out/local.log"; fail "the --local run failed"; }
 grep -q '^final test accuracy: ' "$out/local.log" || { tail "$out/local.log"; fail "no final accuracy"; }
 step "README commands OK"

@@ -12,6 +12,11 @@
 #include <vector>
 
 #include <glog/logging.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
@@ -388,9 +393,39 @@ absl::Status RunWorker() {
 
 }  // namespace
 
+#ifdef SHARDTRAIN_WORKER_CUDA_BINARY
+namespace {
+// This ps-worker is the CPU-only half of a CUDA build: --device=cuda runs
+// the CUDA worker installed beside it with the same arguments (the process
+// keeps its PID). Returns only on failure, with a message saying what to
+// install.
+int ExecCudaWorker(char** argv) {
+  std::error_code error;
+  const std::filesystem::path self =
+      std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::filesystem::path cuda_worker =
+      (error ? std::filesystem::path(argv[0]) : self).parent_path() /
+      SHARDTRAIN_WORKER_CUDA_BINARY;
+  execv(cuda_worker.c_str(), argv);
+  const int exec_errno = errno;
+  std::cerr << "ps-worker: --device=cuda needs " << cuda_worker.string() << ": "
+            << std::strerror(exec_errno)
+            << (exec_errno == ENOENT
+                    ? " (it is in the shardtrain-cuda package; this one trains "
+                      "on --device=cpu)"
+                    : "")
+            << "\n";
+  return 1;
+}
+}  // namespace
+#endif
+
 int main(int argc, char** argv) {
   shardtrain::app::SkipDeadlockDetectionInRelease();
   shardtrain::app::ParseFlags(argc, argv, "One trainer of a shardtrain job.");
+#ifdef SHARDTRAIN_WORKER_CUDA_BINARY
+  if (absl::GetFlag(FLAGS_device) == "cuda") return ExecCudaWorker(argv);
+#endif
   shardtrain::app::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

@@ -4,8 +4,7 @@
 #   yamllint        every YAML file: syntax, duplicate keys, indentation, ...
 #   compose-config  docker-compose (v1) config of the file, file + GPU override, file + replicated override
 #   compose-schema  compose-spec JSON schema + volume / depends_on / healthcheck references (same pairs)
-#   dockerfile      dockerfile-utils diagnostics + stage refs, exec-form JSON, USER, HEALTHCHECK
-#   runtime-libs    the runtime stage installs the packages the built binaries load
+#   dockerfile      (Dockerfile, prometheus/Dockerfile) dockerfile-utils diagnostics + stage refs, exec-form JSON, USER, HEALTHCHECK
 #   k8s-OVERLAY     kubectl kustomize of overlays/OVERLAY (cpu, gpu, cpu-tls, replicated, replicated-tls)
 #                   -> schema, unknown fields (incl. CRDs), references (incl. NetworkPolicies on the flags'
 #                   connections, TLS to etcd)
@@ -19,7 +18,7 @@
 #   rules-sync      k8s PrometheusRule = prometheus/alerts.yml
 #   dashboard       Grafana dashboard types, panel options, datasource uids, PromQL of every target
 # env: DEPLOY_CHECK_TOOLS  validators + node_modules staged by setup.sh (default: this folder)
-#      SHARDTRAIN_BIN_DIR  built binaries (runtime-libs, flag-parity)
+#      SHARDTRAIN_BIN_DIR  built binaries (flag-parity)
 set -euo pipefail
 check=${1:?usage: check.sh CHECK [DEPLOY_DIR]}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,10 +40,7 @@ case $check in
     node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.gpu.yml"
     node "$tools/validate-compose.mjs" "$deploy/docker-compose.yml" "$deploy/docker-compose.replicated.yml" ;;
   dockerfile)
-    node "$tools/lint-dockerfile.mjs" "$deploy/Dockerfile" ;;
-  runtime-libs)
-    data_dir=$(grep -o -m1 -- '--data_dir=[^ ]*' "$deploy/docker-compose.yml" | cut -d= -f2)
-    "$tools/runtime-libs.sh" "$deploy/Dockerfile" "${SHARDTRAIN_BIN_DIR:?set SHARDTRAIN_BIN_DIR}" "$data_dir" ;;
+    node "$tools/lint-dockerfile.mjs" "$deploy/Dockerfile" "$deploy/prometheus/Dockerfile" ;;
   k8s-*)
     overlay=${check#k8s-}
     render "$overlay"

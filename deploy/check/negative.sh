@@ -22,8 +22,6 @@ case $name in
     'HEALTHCHECK --interval=10s' 'HEALTHCHECK --interval=10' 'missing unit in duration') ;;
   dockerfile-copy-from-typo) c=(dockerfile Dockerfile
     'COPY --from=build ' 'COPY --from=biuld ' 'COPY --from=biuld: no earlier stage') ;;
-  runtime-libs-missing-package) c=(runtime-libs Dockerfile
-    'libopenblas0-pthread ' '' 'missing libopenblas0-pthread') ;;
   k8s-missing-resource) c=(k8s-cpu k8s/base/kustomization.yaml
     '  - monitoring.yaml' '  - monitor.yaml' 'monitor.yaml') ;;
   k8s-schema-enum) c=(k8s-cpu k8s/base/workers.yaml
