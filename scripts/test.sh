@@ -10,7 +10,7 @@
 # (label deb: it bootstraps a bookworm root, about 300 MB of downloads and
 # 4-5 minutes the first time) is left out unless SHARDTRAIN_DEB_TEST=1, and
 # so is the replicated compose cluster in containers (label
-# container-replicated: it fails about one start in seven, see
+# container-replicated: it fails about one start in five, see
 # deploy/CMakeLists.txt); `scripts/test.sh -L deb` or
 # `-L container-replicated` runs one alone.
 set -euo pipefail
