@@ -12,6 +12,11 @@ void SetQuickReconnect(grpc::ChannelArguments& args, absl::Duration max_backoff,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, first_ms);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(first_ms, connect_ms));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+  // A peer that comes back under its name at another address (a container
+  // or pod started again) is looked up again within max_backoff of the
+  // connection's failure (1 s at least), not after gRPC's 30 s between
+  // resolutions.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, std::max(max_ms, 1000));
 }
 
 bool ReconnectIfBackingOff(grpc::Channel& channel) {

@@ -28,7 +28,9 @@ namespace shardtrain::common {
 // Sets gRPC's reconnect backoff on `args` to start at 100 ms (or
 // `max_backoff` when that is shorter) and never exceed `max_backoff`:
 // gRPC's default (1 s doubling to 120 s) would keep a peer that restarts
-// on the same address unreachable for longer than it was away.
+// on the same address unreachable for longer than it was away. Its name
+// may be resolved again as often as every max(`max_backoff`, 1 s) (gRPC's
+// default: 30 s), for a peer that comes back at a new address.
 // `min_connect_timeout` (GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, which gRPC uses
 // as the least time one connection attempt is given; 0: the first backoff)
 // must cover a handshake with a peer that is slow to answer: an attempt

@@ -146,6 +146,12 @@ ABSL_FLAG(int, catchup_timeout_s, 3600,
           "as long as its bytes need); each part of it must come within "
           "max(10 s, 4 lease ttls), so a predecessor that hangs fails the copy "
           "soon, and it is tried again");
+ABSL_FLAG(int, forward_timeout_s, 30,
+          "With --replicas > 1: a worker's update applied at a chain's head that "
+          "has not reached the tail after this is answered UNAVAILABLE (the "
+          "worker retries); the head goes on forwarding it until the tail has it "
+          "or the chain drops the successor. A member's forward down the chain "
+          "fails after it (the head sends it again)");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --replicas > 1: host:port the other shards reach this one at "
           "(default: the --listen host and the bound port; required when "
@@ -223,6 +229,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError("--catchup_timeout_s must be >= 1");
     }
     options.replication.catchup_timeout = absl::Seconds(absl::GetFlag(FLAGS_catchup_timeout_s));
+    if (absl::GetFlag(FLAGS_forward_timeout_s) < 1) {
+      return absl::InvalidArgumentError("--forward_timeout_s must be >= 1");
+    }
+    options.forward_timeout = absl::Seconds(absl::GetFlag(FLAGS_forward_timeout_s));
     if (options.security.tls()) {
       shardtrain::common::ClientSecurity& peer = options.peer_security;
       peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()

@@ -61,7 +61,9 @@ struct PsServerOptions {
   // state transfer).
   CoordinatorOptions replication;
   common::ClientSecurity peer_security;
-  // A forwarded push that has not reached the tail after this fails.
+  // A push applied at a chain's head that has not reached the tail after
+  // this is answered UNAVAILABLE while its forward goes on (Replicator); a
+  // member's forward on down the chain fails after it.
   absl::Duration forward_timeout = absl::Seconds(30);
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);

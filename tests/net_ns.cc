@@ -56,4 +56,9 @@ absl::Status NetNs::SetLink(bool up) {
   return Run(absl::StrCat("ip -n ", name_, " link set ", ns_if_, up ? " up" : " down"));
 }
 
+absl::Status NetNs::SetPortOpen(int port, bool open) {
+  return Run(absl::StrCat("ip netns exec ", name_, " iptables ", open ? "-D" : "-I",
+                          " INPUT -p tcp --dport ", port, " -j DROP"));
+}
+
 }  // namespace shardtrain::testutil

@@ -1,8 +1,9 @@
 // NetNs: a network namespace joined to this one by a veth pair with private
 // addresses (10.200.N.1 here, 10.200.N.2 inside), for tests that cut a
 // process off the network: start it under Exec(), then SetLink(false) and
-// SetLink(true). Needs root (ip netns); Create fails otherwise, and tests
-// skip. The namespace and its link are deleted with the object.
+// SetLink(true), or silence one port with SetPortOpen. Needs root (ip
+// netns); Create fails otherwise, and tests skip. The namespace and its
+// link are deleted with the object.
 //
 //   absl::StatusOr<std::unique_ptr<NetNs>> ns = NetNs::Create();
 //   if (!ns.ok()) GTEST_SKIP() << ns.status();
@@ -30,6 +31,11 @@ class NetNs {
   // Brings the namespace's end of the link down (nothing goes in or out,
   // and no reset tells the peers) or up again.
   absl::Status SetLink(bool up);
+  // Drops (open = false) or lets in again (true) the TCP segments that come
+  // into the namespace for `port`: a server listening there stops answering
+  // (no reset), while connections it made itself (an etcd lease) go on.
+  // Needs iptables.
+  absl::Status SetPortOpen(int port, bool open);
   // Put in front of a command line to run it inside the namespace.
   std::vector<std::string> Exec() const { return {"/usr/sbin/ip", "netns", "exec", name_}; }
   // This side's address, and the namespace's.

@@ -853,6 +853,51 @@ TEST_F(ReplicationTest, RestartedLastCopyTakesOverFromItsCheckpoint) {
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
+// A job with one shard in a network namespace of its own (see NetNs), and
+// etcd, the other shards and the workers on this side of its link.
+struct IsolatedShardJob {
+  std::unique_ptr<testutil::NetNs> ns;
+  std::unique_ptr<EtcdProcess> etcd;
+  std::unique_ptr<etcd::EtcdClient> client;
+  ProcessGroup group;  // stopped before etcd and the namespace go
+  LocalCluster cluster;
+};
+
+// Starts `name` (async, R=2, `epochs`) with shard `isolated` in its own
+// namespace and `server_flags` added, waits until worker 0 is a third
+// into its first epoch and checks that shard 0 heads group 0. Returns why the test must skip (no network
+// namespaces), else empty; a failure to start is a fatal test failure.
+std::string StartIsolatedShardJob(const std::string& name, int epochs, int isolated,
+                                  const std::vector<std::string>& server_flags,
+                                  IsolatedShardJob& job) {
+  absl::StatusOr<std::unique_ptr<testutil::NetNs>> ns = testutil::NetNs::Create();
+  if (!ns.ok()) return "network namespaces are not available: " + ns.status().ToString();
+  job.ns = *std::move(ns);
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start(job.ns->host_addr());
+  [&] { ASSERT_TRUE(etcd.ok()) << etcd.status(); }();
+  if (!etcd.ok()) return "";
+  job.etcd = *std::move(etcd);
+  job.client = Connect(job.etcd->endpoint());
+  if (job.client == nullptr) return "";
+  LocalClusterOptions options = Job("async", name, job.etcd->endpoint(), epochs);
+  options.server_flags.insert(options.server_flags.end(), server_flags.begin(),
+                              server_flags.end());
+  options.listen_host = job.ns->host_addr();
+  options.shard_listen_host[isolated] = job.ns->ns_addr();
+  options.shard_prefix[isolated] = job.ns->Exec();
+  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(job.group, options);
+  [&] { ASSERT_TRUE(cluster.ok()) << cluster.status(); }();
+  if (!cluster.ok()) return "";
+  job.cluster = *std::move(cluster);
+  WaitForSteps(job.cluster, 0, kStepsPerEpoch / 3);
+  absl::StatusOr<chain::ChainConfig> chain = chain::ReadChain(*job.client, name, 0);
+  [&] {
+    ASSERT_TRUE(chain.ok()) << chain.status();
+    ASSERT_EQ(chain->head().shard, 0) << "group 0's chain is not headed by shard 0";
+  }();
+  return "";
+}
+
 // Async, R=2: shard 0 runs in its own network namespace, and its link is
 // cut for 5 s: no reset reaches anyone, and it keeps running. Its chains
 // drop it, the workers' calls stuck on it go to the new heads (no worker
@@ -863,52 +908,86 @@ constexpr int kCutOffEpochs = 16;
 
 TEST_F(ReplicationTest, HeadCutOff) {
   if (access("/usr/sbin/ip", X_OK) != 0) GTEST_SKIP() << "no /usr/sbin/ip";
-  absl::StatusOr<std::unique_ptr<testutil::NetNs>> ns = testutil::NetNs::Create();
-  if (!ns.ok()) GTEST_SKIP() << "network namespaces are not available: " << ns.status();
-  // etcd, shards 1 and 2 and the workers on this side of the link.
-  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start((*ns)->host_addr());
-  ASSERT_TRUE(etcd.ok()) << etcd.status();
-  std::unique_ptr<etcd::EtcdClient> client = Connect((*etcd)->endpoint());
-  ASSERT_NE(client, nullptr);
-  LocalClusterOptions options = Job("async", "cutoff", (*etcd)->endpoint(), kCutOffEpochs);
-  options.listen_host = (*ns)->host_addr();
-  options.shard_listen_host[0] = (*ns)->ns_addr();
-  options.shard_prefix[0] = (*ns)->Exec();
-  ProcessGroup group;
-  absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(group, options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(*client, "cutoff", 0);
-  ASSERT_TRUE(before.ok()) << before.status();
-  ASSERT_EQ(before->head().shard, 0);
+  IsolatedShardJob job;
+  const std::string skip = StartIsolatedShardJob("cutoff", kCutOffEpochs, 0, {}, job);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(HasFatalFailure());
 
-  ASSERT_TRUE((*ns)->SetLink(false).ok());
+  ASSERT_TRUE(job.ns->SetLink(false).ok());
   const absl::Time cut = absl::Now();
-  const absl::Duration stall = LongestStall(*cluster, 200, absl::Seconds(30));
+  const absl::Duration stall = LongestStall(job.cluster, 200, absl::Seconds(30));
   std::printf("LINK CUT: the longest a worker went without a step: %s\n",
               absl::FormatDuration(stall).c_str());
   EXPECT_LE(stall, kMaxStall) << "calls waited on the cut-off shard";
   ASSERT_TRUE(WaitForChains(
-      *client, "cutoff", [](const chain::ChainConfig& c) { return !c.Contains(0); },
+      *job.client, "cutoff", [](const chain::ChainConfig& c) { return !c.Contains(0); },
       absl::Seconds(10)))
       << "shard 0 was not dropped from its chains";
   absl::SleepFor(cut + absl::Seconds(5) - absl::Now());
-  absl::Status restored = (*ns)->SetLink(true);
+  absl::Status restored = job.ns->SetLink(true);
   ASSERT_TRUE(restored.ok()) << restored;
   const absl::Time back = absl::Now();
-  ASSERT_TRUE(WaitForRejoin(*client, "cutoff", 0))
+  ASSERT_TRUE(WaitForRejoin(*job.client, "cutoff", 0))
       << "shard 0 did not rejoin its chains:\n"
-      << testutil::ReadFile(cluster->ShardLog(0));
+      << testutil::ReadFile(job.cluster.ShardLog(0));
   std::printf("LINK BACK: shard 0 back in its chains %s later; worker 0 at step %lld of %d\n",
               absl::FormatDuration(absl::Now() - back).c_str(),
-              static_cast<long long>(WorkerSteps(*cluster, 0)), kCutOffEpochs * kStepsPerEpoch);
-  EXPECT_LT(WorkerSteps(*cluster, 0), kCutOffEpochs * kStepsPerEpoch)
+              static_cast<long long>(WorkerSteps(job.cluster, 0)), kCutOffEpochs * kStepsPerEpoch);
+  EXPECT_LT(WorkerSteps(job.cluster, 0), kCutOffEpochs * kStepsPerEpoch)
       << "the job ended before shard 0 rejoined";
-  EXPECT_NE(testutil::ReadFile(cluster->ShardLog(0)).find("lease expired"), std::string::npos)
+  EXPECT_NE(testutil::ReadFile(job.cluster.ShardLog(0)).find("lease expired"), std::string::npos)
       << "shard 0 did not notice its lease had expired";
-  Finish(group, *cluster);
-  ExpectEveryPushApplied(*client, "cutoff", *cluster,
+  Finish(job.group, job.cluster);
+  ExpectEveryPushApplied(*job.client, "cutoff", job.cluster,
                          int64_t{kWorkers} * kCutOffEpochs * kStepsPerEpoch);
+}
+
+// Shard 1, group 0's tail (behind shard 0), stops answering for 3 s with
+// its etcd lease alive, so it stays in the chain: its gRPC port is silenced
+// (no reset), as when a container network took 30-50 s to resolve a
+// peer's name. With --forward_timeout_s=1 the head's forwards outlive
+// their timeout: the workers are told to retry, the forwards go on, and
+// the job goes on once shard 1 answers, with every push applied once.
+// Before, the head dropped the forwards at the timeout: shard 1 waited
+// forever for the operations it never got and the job made no progress.
+TEST_F(ReplicationTest, SuccessorSilentPastTheForwardTimeout) {
+  if (access("/usr/sbin/ip", X_OK) != 0 || access("/usr/sbin/iptables", X_OK) != 0) {
+    GTEST_SKIP() << "no /usr/sbin/ip or /usr/sbin/iptables";
+  }
+  constexpr int kEpochs = 2;
+  IsolatedShardJob job;
+  const std::string skip =
+      StartIsolatedShardJob("silent", kEpochs, 1, {"--forward_timeout_s=1"}, job);
+  if (!skip.empty()) GTEST_SKIP() << skip;
+  ASSERT_FALSE(HasFatalFailure());
+  absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(*job.client, "silent", 0);
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->tail().shard, 1);
+  int port = 0;
+  const std::string& address = job.cluster.servers[1];
+  ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+
+  ASSERT_TRUE(job.ns->SetPortOpen(port, false).ok());
+  absl::SleepFor(absl::Seconds(3));
+  absl::Status reopened = job.ns->SetPortOpen(port, true);
+  ASSERT_TRUE(reopened.ok()) << reopened;
+  const int64_t steps_at_reopen = WorkerSteps(job.cluster, 0);
+  absl::StatusOr<std::string> metrics =
+      testutil::HttpGet(job.cluster.shard_metrics_ports[0], "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const double late = testutil::SumByName(*metrics)["shardtrain_replication_late_forwards_total"];
+  std::printf("PORT SILENT 3 s: %.0f pushes not at the tail within 1 s; worker 0 at step %lld\n",
+              late, static_cast<long long>(steps_at_reopen));
+  EXPECT_GT(late, 0) << "no forward outlived its timeout: the test did not test it";
+  WaitForSteps(job.cluster, 0, steps_at_reopen + 50);
+  EXPECT_GE(WorkerSteps(job.cluster, 0), steps_at_reopen + 50)
+      << "no progress once shard 1 answered again";
+  absl::StatusOr<chain::ChainConfig> after = chain::ReadChain(*job.client, "silent", 0);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->Contains(1)) << "shard 1 was dropped: its lease did not stay alive";
+  Finish(job.group, job.cluster);
+  ExpectEveryPushApplied(*job.client, "silent", job.cluster,
+                         int64_t{kWorkers} * kEpochs * kStepsPerEpoch);
 }
 
 // etcd stopped for 10 s: training goes on. A shard killed meanwhile is

@@ -509,6 +509,12 @@ absl::StatusOr<TrainResult> Trainer::Run(
     tally.data_clock = step + 1;
     ASSIGN_OR_RETURN(float loss, Step(x.data(), labels.data(), options_.batch));
     ++totals.steps_run;
+    if (totals.steps_run == 1) {
+      LOG(INFO) << "first training step done (step " << step << ", "
+                << absl::FormatDuration(absl::Trunc(absl::Now() - totals.start,
+                                                    absl::Milliseconds(1)))
+                << " after training began)";
+    }
     tally.loss_sum += loss;
     ++tally.steps;
     const int64_t now_at = clock_.load();

@@ -55,7 +55,11 @@ class Forwarder {
   ~Forwarder();
 
   // See the file comment. `request` is a PushRequest with its replicated
-  // ops; each attempt appends the chain epoch it is sent under.
+  // ops; each attempt appends the chain epoch it is sent under. `done`
+  // gets UNAVAILABLE once `timeout` has passed without the successor's OK;
+  // with absl::InfiniteDuration() the forward goes on until the tail has
+  // it, this shard leaves the chain, a successor refuses it for good or
+  // Stop (a head's own operations: see Replicator).
   void Forward(int group, grpc::ByteBuffer request, absl::Duration timeout,
                std::function<void(absl::Status)> done);
 

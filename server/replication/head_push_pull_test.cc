@@ -4,7 +4,8 @@
 // that holds each forwarded push until the test lets it through, so the
 // test decides when the tail "has" an update. Also: a head handing its
 // place over (ChainTable::Freeze) waits for that and refuses new pushes;
-// a forward stuck on a successor the chain dropped ends at once.
+// a forward stuck on a successor the chain dropped ends at once; one past
+// its timeout goes on until the tail has it.
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -73,6 +74,11 @@ class HeldSuccessor final : public ParameterServer::CallbackService {
     };
     return mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(10));
   }
+  // Forwards arrived in all.
+  size_t Arrived() {
+    absl::MutexLock lock(&mu_);
+    return held_.size() + released_;
+  }
   // Acknowledges the oldest held forward.
   void ReleaseOne() {
     grpc::ServerUnaryReactor* reactor;
@@ -135,7 +141,7 @@ class HeadPushPullTest : public ::testing::Test {
     forwarder_ = std::make_unique<Forwarder>(table_.get(), grpc::InsecureChannelCredentials(),
                                              grpc::ChannelArguments(), metrics_.get());
     replicator_ = std::make_unique<Replicator>(shard_.get(), table_.get(), forwarder_.get(),
-                                               metrics_.get(), absl::Seconds(30));
+                                               metrics_.get(), forward_timeout_);
     service_ = std::make_unique<ParameterServerService>(
         shard_.get(), rpc_metrics_.get(), shard_metrics_.get(), nullptr, absl::Seconds(30));
     service_->set_replicator(replicator_.get());
@@ -231,6 +237,7 @@ class HeadPushPullTest : public ::testing::Test {
     return call;
   }
 
+  absl::Duration forward_timeout_ = absl::Seconds(30);
   prometheus::Registry registry_;
   std::unique_ptr<ShardMetrics> shard_metrics_;
   std::unique_ptr<common::RpcMetrics> rpc_metrics_;
@@ -351,6 +358,62 @@ TEST_F(HeadPushPullTest, AForwardStuckOnADroppedSuccessorEndsWhenTheChainDropsIt
   ASSERT_TRUE(retry->status.ok()) << retry->status.error_message();
   EXPECT_TRUE(retry->response.push().duplicate());
   EXPECT_EQ(retry->response.pull().parts(0).version(), 1);
+}
+
+// The same head with a forward timeout of 300 ms.
+class HeadForwardTimeoutTest : public HeadPushPullTest {
+ protected:
+  HeadForwardTimeoutTest() { forward_timeout_ = absl::Milliseconds(300); }
+};
+
+// The successor does not answer the first forward within the forward
+// timeout (in a container network its name once took 30-50 s to resolve).
+// The worker is told to retry, but the head goes on forwarding: the update
+// is applied here, and the successor would wait forever for it (every later
+// operation of the group waits there for the one before). Before, the
+// forward was dropped at the timeout, the worker's retry was answered OK as
+// a duplicate that the tail never had, and every later push of the group
+// timed out at the successor. A retry is refused until the tail has it,
+// then is a duplicate; the next push goes through.
+TEST_F(HeadForwardTimeoutTest, AForwardPastItsTimeoutGoesOnUntilTheTailHasIt) {
+  SetChain(/*head_first=*/true);
+  std::unique_ptr<Call> first = Start(0);
+  ASSERT_TRUE(successor_->WaitForHeld(1));
+  ASSERT_TRUE(first->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(first->status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << first->status.error_message();
+  EXPECT_NE(first->status.error_message().find("still being forwarded"), std::string::npos)
+      << first->status.error_message();
+  EXPECT_EQ(metrics_->late_forwards().Value(), 1);
+
+  std::unique_ptr<Call> retry = Start(0);
+  ASSERT_TRUE(retry->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(retry->status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << "a retry was answered before the tail had the push: "
+      << retry->status.error_message();
+  EXPECT_NE(retry->status.error_message().find("still being replicated"), std::string::npos)
+      << retry->status.error_message();
+
+  successor_->ReleaseOne();  // the successor answers at last
+  std::unique_ptr<Call> again;
+  for (const absl::Time until = absl::Now() + absl::Seconds(10); absl::Now() < until;) {
+    again = Start(0);
+    ASSERT_TRUE(again->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    if (again->status.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_TRUE(again->status.ok()) << again->status.error_message();
+  EXPECT_TRUE(again->response.push().duplicate());
+  EXPECT_EQ(again->response.pull().parts(0).version(), 1);
+  EXPECT_EQ(successor_->Arrived(), 1u) << "the forward was sent again while in flight";
+
+  std::unique_ptr<Call> next = Start(1);
+  ASSERT_TRUE(successor_->WaitForHeld(2));
+  successor_->ReleaseOne();
+  ASSERT_TRUE(next->done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(next->status.ok()) << next->status.error_message();
+  EXPECT_EQ(next->response.pull().parts(0).version(), 2);
+  EXPECT_EQ(metrics_->late_forwards().Value(), 1);
 }
 
 TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {

@@ -51,6 +51,11 @@ ReplicationMetrics::ReplicationMetrics(prometheus::Registry& registry, int repli
       forwarded_bytes_(SimpleCounter(registry,
                                      "shardtrain_replication_forwarded_bytes_total",
                                      "Request bytes forwarded to chain successors")),
+      late_forwards_(SimpleCounter(
+          registry, "shardtrain_replication_late_forwards_total",
+          "Updates this head applied that had not reached the tail after "
+          "--forward_timeout_s: the requester was told to retry while the "
+          "forward went on")),
       catchup_in_progress_(SimpleGauge(registry, "shardtrain_catchup_in_progress",
                                        "1 while this shard copies a group's state as a "
                                        "joining tail")),

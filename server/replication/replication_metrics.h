@@ -31,6 +31,7 @@ class ReplicationMetrics {
   prometheus::Histogram& lag() { return lag_; }
   prometheus::Gauge& inflight() { return inflight_; }
   prometheus::Counter& forwarded_bytes() { return forwarded_bytes_; }
+  prometheus::Counter& late_forwards() { return late_forwards_; }
   prometheus::Gauge& catchup_in_progress() { return catchup_in_progress_; }
   prometheus::Counter& catchup_bytes() { return catchup_bytes_; }
   prometheus::Gauge& catchup_last_seconds() { return catchup_last_seconds_; }
@@ -45,6 +46,7 @@ class ReplicationMetrics {
   prometheus::Histogram& lag_;
   prometheus::Gauge& inflight_;
   prometheus::Counter& forwarded_bytes_;
+  prometheus::Counter& late_forwards_;
   prometheus::Gauge& catchup_in_progress_;
   prometheus::Counter& catchup_bytes_;
   prometheus::Gauge& catchup_last_seconds_;

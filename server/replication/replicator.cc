@@ -1,9 +1,12 @@
 #include "server/replication/replicator.h"
 
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include <glog/logging.h>
+#include <grpcpp/alarm.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -23,6 +26,17 @@ grpc::ByteBuffer WithOps(const grpc::ByteBuffer& request,
   for (const ReplicatedOp& op : ops) *trailer.add_replicated() = op;
   slices.emplace_back(trailer.SerializeAsString());
   return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+// `request` serialized straight into gRPC's slices (a sparse op's rows are
+// copied once, not into a string and then again into a slice).
+grpc::ByteBuffer Serialized(const PushRequest& request) {
+  grpc::ByteBuffer buffer;
+  bool own_buffer = false;
+  const grpc::Status status = grpc::GenericSerialize<grpc::ProtoBufferWriter, PushRequest>(
+      request, &buffer, &own_buffer);
+  CHECK(status.ok()) << "serializing a forward: " << status.error_message();
+  return buffer;
 }
 
 }  // namespace
@@ -116,9 +130,7 @@ void Replicator::Sparse(int group, uint64_t epoch, uint32_t worker,
   op->set_op(op->sparse().op());
   std::optional<PushKey> tracked;
   if (sequence != 0) tracked = key;
-  const std::string bytes = forward.SerializeAsString();
-  grpc::Slice slice(bytes);
-  ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), /*ops=*/1, tracked, /*admitted=*/true,
+  ForwardAndAnswer(group, Serialized(forward), /*ops=*/1, tracked, /*admitted=*/true,
                    absl::Now(), Shard::Applied(), PushResponse(),
                    [done = std::move(done)](absl::Status status, const PushResponse&) {
                      done(std::move(status));
@@ -164,6 +176,20 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
                    std::move(applied), std::move(response), std::move(done));
 }
 
+// The answer to a head operation's requester: given once, by the forward's
+// end or, if that comes later, by the alarm at forward_timeout.
+struct Replicator::Answer {
+  absl::Mutex mu;
+  Done done ABSL_GUARDED_BY(mu);
+  std::unique_ptr<grpc::Alarm> alarm;
+
+  // The requester's callback, or null once it was taken.
+  Done Take() {
+    absl::MutexLock lock(&mu);
+    return std::exchange(done, nullptr);
+  }
+};
+
 void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
                                   std::optional<PushKey> key, bool admitted, absl::Time applied,
                                   Shard::Applied committed, PushResponse response,
@@ -174,10 +200,43 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
     pending_ops_[group] += ops;
     metrics_->inflight().Set(static_cast<double>(in_flight_.size()));
   }
+  auto answer = std::make_shared<Answer>();
+  {
+    absl::MutexLock lock(&answer->mu);
+    answer->done = std::move(done);
+  }
+  // An operation this head started is applied here: its forward must not
+  // give up while this shard heads the chain and the successor is in it,
+  // or the successor would wait forever for it (every later operation of
+  // the group waits for the one before) while a retry of the push, a
+  // duplicate here, would be told OK. So it goes on until the tail has it
+  // or the chain changes; the requester hears UNAVAILABLE at
+  // forward_timeout (its retry is refused until the forward ends).
+  // A member's forward (Replicate) keeps the timeout: the head sends the
+  // operation again until it is through.
+  if (admitted) {
+    answer->alarm = std::make_unique<grpc::Alarm>();
+    std::weak_ptr<Answer> weak = answer;
+    answer->alarm->Set(
+        absl::ToChronoTime(absl::Now() + forward_timeout_),
+        [this, weak, group](bool fired) {
+          std::shared_ptr<Answer> pending = fired ? weak.lock() : nullptr;
+          if (pending == nullptr) return;
+          Done late = pending->Take();
+          if (late == nullptr) return;
+          metrics_->late_forwards().Increment();
+          const absl::Status status = absl::UnavailableError(absl::StrFormat(
+              "group %d: the update is applied at the chain's head but has not reached "
+              "its tail after %s; it is still being forwarded: retry",
+              group, absl::FormatDuration(forward_timeout_)));
+          LOG_EVERY_N(WARNING, 100) << status;
+          late(status, PushResponse());
+        });
+  }
   forwarder_->Forward(
-      group, std::move(request), forward_timeout_,
+      group, std::move(request), admitted ? absl::InfiniteDuration() : forward_timeout_,
       [this, group, ops, key, admitted, applied, committed = std::move(committed),
-       response = std::move(response), done = std::move(done)](absl::Status status) {
+       response = std::move(response), answer](absl::Status status) {
         // Before the answer: a PushPull's pull half waits for this.
         if (status.ok()) shard_->MarkCommitted(committed, table_->IsHead(group));
         {
@@ -194,18 +253,16 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
         if (!status.ok()) {
           LOG_EVERY_N(WARNING, 100) << "group " << group << ": " << status;
         }
-        done(status, response);
+        if (Done done = answer->Take()) done(status, response);
       });
 }
 
 void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
   PushRequest request;
   for (ReplicatedOp& op : closes) *request.add_replicated() = std::move(op);
-  const std::string bytes = request.SerializeAsString();
-  grpc::Slice slice(bytes);
   Shard::Applied committed;
   committed.ops.assign(request.replicated().begin(), request.replicated().end());
-  ForwardAndAnswer(group, grpc::ByteBuffer(&slice, 1), request.replicated_size(),
+  ForwardAndAnswer(group, Serialized(request), request.replicated_size(),
                    std::nullopt, /*admitted=*/true, absl::Now(), std::move(committed),
                    PushResponse(),
                    [group](absl::Status status, const PushResponse&) {

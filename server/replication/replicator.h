@@ -8,6 +8,10 @@
 //    once the tail has applied it. A retry of a push whose forward is still
 //    under way is refused with UNAVAILABLE (it is answered as a duplicate
 //    once that forward ends), so no worker hears OK before the tail has it.
+//    The head never gives up such a forward while it heads the chain and
+//    the successor is in it (every later operation waits for this one at
+//    the successor); a push not at the tail after forward_timeout is
+//    answered UNAVAILABLE while its forward goes on.
 //  - A forwarded push (Replicate): refused unless this shard is a member at
 //    the request's epoch and has its state; applied at the head's
 //    operations (Shard::ApplyReplicated); forwarded on; answered as above.
@@ -110,6 +114,7 @@ class Replicator {
                         std::optional<PushKey> key, bool admitted, absl::Time applied,
                         Shard::Applied committed, PushResponse response, Done done);
   void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
+  struct Answer;
 
   Shard* const shard_;
   ChainTable* const table_;
