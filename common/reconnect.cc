@@ -17,6 +17,8 @@ void SetQuickReconnect(grpc::ChannelArguments& args, absl::Duration max_backoff,
   // connection's failure (1 s at least), not after gRPC's 30 s between
   // resolutions.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, std::max(max_ms, 1000));
+  args.SetInt(GRPC_ARG_DNS_ARES_QUERY_TIMEOUT_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(kDnsQueryTimeout)));
 }
 
 bool ReconnectIfBackingOff(grpc::Channel& channel) {

@@ -25,6 +25,15 @@
 
 namespace shardtrain::common {
 
+// How long one DNS lookup of a peer's name may take (c-ares, gRPC's
+// default resolver). A lookup whose query is lost is not sent again on a
+// fresh socket until it ends: c-ares resends on the same one, 5 s per try,
+// doubling per round over the nameservers, which came to 30 s per lookup
+// in a container network whose DNS server was restarting as a peer
+// container started or died. 6 s is one try at the first nameserver (the
+// resolver's default 5 s) and time for the second to answer.
+inline constexpr absl::Duration kDnsQueryTimeout = absl::Seconds(6);
+
 // Sets gRPC's reconnect backoff on `args` to start at 100 ms (or
 // `max_backoff` when that is shorter) and never exceed `max_backoff`:
 // gRPC's default (1 s doubling to 120 s) would keep a peer that restarts
@@ -35,6 +44,9 @@ namespace shardtrain::common {
 // as the least time one connection attempt is given; 0: the first backoff)
 // must cover a handshake with a peer that is slow to answer: an attempt
 // cut off sooner fails every time (a dropped SYN is sent again after 1 s).
+// One name lookup is given kDnsQueryTimeout (gRPC's default: 120 s) before
+// it fails and a new one starts after the resolver's backoff (1 s at
+// first); the addresses the channel has meanwhile stay in use.
 void SetQuickReconnect(grpc::ChannelArguments& args,
                        absl::Duration max_backoff = absl::Seconds(1),
                        absl::Duration min_connect_timeout = absl::ZeroDuration());
