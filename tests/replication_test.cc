@@ -598,10 +598,10 @@ void RunWholeJobRestart(const EtcdProcess& etcd, etcd::EtcdClient& client,
               kStepsPerEpoch + 20, resumed, taken_over,
               gap ? "groups restored different steps, the older caught up"
                   : "every group restored the same step");
-  // The shards still run (the process group stops them at the end of the
-  // scope) and may rotate a checkpoint while the directory is removed.
-  std::error_code ignored;
-  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ignored);
+  // Stopped first: a running shard may rotate a checkpoint while the
+  // directory is removed.
+  group.StopAll();
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 TEST_F(ReplicationTest, WholeJobRestartResumesFromCheckpoints) {
@@ -853,10 +853,10 @@ TEST_F(ReplicationTest, RestartedLastCopyTakesOverFromItsCheckpoint) {
               static_cast<long long>(at_stop));
   EXPECT_GT(oldest, at_kill + (at_stop - at_kill) / 4)
       << "group 0 went back to before shard 1 died (shard 1's checkpoint)";
-  // The shards still run (the process group stops them at the end of the
-  // scope) and may rotate a checkpoint while the directory is removed.
-  std::error_code ignored;
-  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir, ignored);
+  // Stopped first: a running shard may rotate a checkpoint while the
+  // directory is removed.
+  group.StopAll();
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir);
 }
 
 // A job with one shard in a network namespace of its own (see NetNs), and
