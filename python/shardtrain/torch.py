@@ -14,7 +14,9 @@ shards' updated parameters into the model.
   - backward() pushes each parameter's gradient as soon as autograd has
     accumulated it (a hook on the parameter's gradient accumulator, as
     Horovod does), and the shards answer with the parameter's next values,
-    so communication overlaps the rest of backward.
+    so communication overlaps the rest of backward. (In sync mode with
+    SparseEmbedding tables in the model, the first parameter's push waits
+    for step(), after the step's table pushes: see "the hybrid" below.)
   - step() waits for those exchanges; the pulled parameters are then in the
     model, written in place: a CPU float32 parameter's memory is handed to
     the client as a numpy view (zero copy); a CUDA parameter goes through a
@@ -27,6 +29,13 @@ their batches); in async mode every gradient is applied as it arrives and
 the shards hold a worker that runs more than --max_staleness clocks ahead.
 A sync worker the shards dropped (it stalled) rejoins at the job's step;
 `clock` then jumps, so a training loop should take its position from it.
+
+The hybrid: sync mode with async SparseEmbedding tables (PERSIA's: dense
+layers in steps, rows applied as pushes come). A step's lookups see every
+worker's table pushes of the steps before, as a sync table's do: a table
+push is answered once applied, and the dense step it belongs to cannot end
+before it, because each worker's push of its first parameter leaves only
+in step(), after the table pushes its backward made.
 
 Momentum under asynchrony, on the workers (DANA-Slim). Heavy-ball momentum
 on an async server amplifies staleness; besides the shards' delay-tolerant
@@ -254,6 +263,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._sync = self.settings.sync
         self._closed = False
         self._pending = False  # some exchange of this step started
+        self._held_back = None  # the parameter whose push step() starts
         self._last_loss = 0.0
         # The last step's exchange figures (finish_exchanges' dict and timings).
         self.last_step_stats = {}
@@ -283,9 +293,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if isinstance(model, torch.nn.Module):
             self._hooks.append(model.register_forward_pre_hook(self._on_forward))
             # Sparse tables train through this worker's client.
-            for module in model.modules():
-                if isinstance(module, SparseEmbedding) and not module.attached:
+            tables = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
+            for module in tables:
+                if not module.attached:
                     module.attach(self.client)
+            if self._sync and tables:
+                # A sync step ends on the shards once every worker's dense
+                # push is in; a table push (sent by backward, and answered
+                # once applied) may still be on its way then, and another
+                # worker's next lookup would miss it. So the first
+                # parameter's push (typically the last gradient backward
+                # makes) waits for step(), after every table push of the
+                # step is in: each step's lookups see every worker's table
+                # pushes of the steps before, in the hybrid (async tables)
+                # as with sync tables.
+                self._held_back = self._params[0]
         self._heartbeat_thread = threading.Thread(
             target=self._heartbeats, args=(heartbeat_interval,), daemon=True,
             name=f"shardtrain heartbeats (worker {self.settings.worker})")
@@ -410,7 +432,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"backward() produced the gradient of {p.name!r} {p.passes} times since "
                     f"the last step() (backward_passes_per_step={self.backward_passes_per_step}): "
                     "call step() after backward()")
-            if p.passes == self.backward_passes_per_step:
+            if p.passes == self.backward_passes_per_step and p is not self._held_back:
                 self._start(p, p.param.grad)
         return on_gradient
 
@@ -442,7 +464,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     # ---- torch.optim.Optimizer -----------------------------------------
 
     def zero_grad(self, set_to_none: bool = False):
-        if self._pending:
+        held = self._held_back
+        if self._pending or (held is not None and held.passes == self.backward_passes_per_step):
             raise RuntimeError(
                 "zero_grad() between backward() and step(): the gradients are still being "
                 "sent; call step() first")
