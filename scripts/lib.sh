@@ -18,7 +18,9 @@ SHARDTRAIN_PACKAGES=(
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
 )
 
-log() { printf '[shardtrain] %s\n' "$*" >&2; }
+# Progress lines, with the time of day (how long each phase of scripts/test.sh
+# took is then in its log).
+log() { printf '[shardtrain %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # Installs whichever of the given packages are missing (apt-get, no prompts).
 ensure_packages() {
