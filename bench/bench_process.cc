@@ -30,8 +30,9 @@ extern char** environ;
 namespace shardtrain::bench {
 namespace {
 
-// The PIDs of running children, for the signal handler.
-constexpr int kMaxChildren = 16;
+// The PIDs of running children, for the signal handler (wire_bench
+// --scaling runs every configuration's shards at once: 1x1..8x4 is 21).
+constexpr int kMaxChildren = 128;
 std::atomic<pid_t> g_children[kMaxChildren];
 
 void Forget(pid_t pid) {

@@ -47,7 +47,19 @@
 //   x echo     median over rounds of MB/s / the same round's echo MB/s
 //              (echo: the callback one)
 // Without iperf3 on the PATH (or at --iperf3) its rows and column are left
-// out with a note. Every process the bench starts is stopped (by PID) when
+// out with a note.
+//
+// Scaling mode (--scaling=1x1,2x2,4x4,8x4, instead of the systems above):
+// for each SxW, S ps-server processes and W workers (one PsClient each, on
+// its own thread of this process, all at once), every worker moving the
+// whole tensor, whose partitions spread over the S shards. Every
+// configuration's shards run from the start and a round times one block
+// of each, in an order that rotates by round, as above. Figures: aggregate
+// MB/s of all workers (median over rounds), p50/p99 over every call, and
+// CPU ms per MB of this process and all S shard processes: whether a host
+// with cores to spare feeds one GPU worker (more shards) or several.
+//
+//   wire_bench --scaling=1x1,2x1,4x1,8x1,4x4 --min_kb=1024 --out=... Every process the bench starts is stopped (by PID) when
 // it ends, on error, and on SIGINT/SIGTERM/SIGHUP.
 #include <signal.h>
 #include <unistd.h>
@@ -61,6 +73,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <glog/logging.h>
@@ -72,6 +85,7 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -122,6 +136,9 @@ ABSL_FLAG(std::string, echo_model, "callback",
           "--serve_echo: gRPC API of the server: callback, sync (gRPC's sync thread "
           "pool) or cq (async API: --echo_cq_threads threads, each polling its own "
           "completion queue and answering inline)");
+ABSL_FLAG(std::string, scaling, "",
+          "Scaling mode instead of --systems: SxW configurations, comma-separated "
+          "(e.g. 1x1,2x2,4x4,8x4): S ps-server processes, W workers");
 ABSL_FLAG(int, echo_cq_threads, 1,
           "Polling threads (one completion queue each) of the echo-cq server");
 
@@ -305,6 +322,8 @@ struct BenchOptions {
   // More st 1x1 systems, each one client with its own settings against
   // the same shard, timed in the same rounds.
   std::vector<ClientVariant> variants;
+  // Scaling mode: (shards, workers) per configuration; empty: the systems.
+  std::vector<std::pair<int, int>> scaling;
 };
 
 // Systems timed: the four above, then one st 1x1 per client variant.
@@ -617,6 +636,129 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   return absl::OkStatus();
 }
 
+// Scaling mode: one configuration's shards and workers.
+struct ScaleConfig {
+  int num_shards = 0;
+  int num_workers = 0;
+  Shards shards;
+  std::vector<std::unique_ptr<client::PsClient>> clients;
+  std::string name() const { return absl::StrCat(num_shards, "x", num_workers); }
+};
+
+absl::Status RunScaling(const BenchOptions& options, const std::string& command_line,
+                        const std::string& dir) {
+  if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
+  if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
+  if (options.seconds_per_case <= 0) {
+    return absl::InvalidArgumentError("--seconds_per_case must be positive");
+  }
+  Children children;
+  std::vector<ScaleConfig> configs(options.scaling.size());
+  for (size_t c = 0; c < configs.size(); ++c) {
+    ScaleConfig& config = configs[c];
+    std::tie(config.num_shards, config.num_workers) = options.scaling[c];
+    ASSIGN_OR_RETURN(config.shards, StartShards(children, options, dir,
+                                                absl::StrCat("scale", config.name()),
+                                                config.num_shards, config.num_workers));
+    for (int w = 0; w < config.num_workers; ++w) {
+      ASSIGN_OR_RETURN(config.clients.emplace_back(),
+                       Connect(config.shards, w, config.num_workers, options.client_settings));
+    }
+  }
+  const std::string header = absl::StrCat(
+      "# wire_bench scaling: S ps-server processes (async, sgd) x W workers (one PsClient "
+      "each, a thread each in one process, all at once), each worker moving the whole "
+      "tensor, its partitions spread over the S shards\n",
+      CommonHeader(command_line),
+      absl::StrFormat("# each case: %d rounds after warm-up; a round times a block of >= %.3f s "
+                      "of each configuration, in an order rotating by round\n",
+                      options.rounds, options.seconds_per_case / options.rounds),
+      "# MB/s = 1e6 payload bytes per second of wall time of all workers together (both "
+      "directions for pushpull), median over rounds; p50/p99 in ms over all calls; cpu/MB = "
+      "(this process + the S shard processes' CPU ms) / MB moved, cli/MB and srv/MB its "
+      "parts; x 1st = median over rounds of MB/s / that round's MB/s of the first "
+      "configuration\n",
+      absl::StrCat("# client settings: ",
+                   options.client_settings.empty() ? "defaults" : options.client_settings,
+                   "\n"));
+  const std::string columns =
+      absl::StrFormat("%-7s %-8s %-7s %9s %8s %8s %7s %7s %7s %7s\n", "payload", "op", "SxW",
+                      "MB/s", "p50 ms", "p99 ms", "cpu/MB", "cli/MB", "srv/MB", "x 1st");
+  std::printf("%s%s", header.c_str(), columns.c_str());
+  std::fflush(stdout);
+  std::string table = header + columns;
+  const double block_seconds = options.seconds_per_case / options.rounds;
+  for (int64_t bytes : options.sizes) {
+    // By configuration, by worker.
+    std::vector<std::vector<std::unique_ptr<BenchTensor>>> tensors(configs.size());
+    for (size_t c = 0; c < configs.size(); ++c) {
+      for (const std::unique_ptr<client::PsClient>& client : configs[c].clients) {
+        ASSIGN_OR_RETURN(tensors[c].emplace_back(), BenchTensor::Register(*client, bytes));
+      }
+    }
+    for (Op op : options.ops) {
+      const double megabytes_per_call = bytes * (op == Op::kPushPull ? 2.0 : 1.0) / 1e6;
+      std::vector<std::vector<OpFn>> ops(configs.size());
+      for (size_t c = 0; c < configs.size(); ++c) {
+        for (const std::unique_ptr<BenchTensor>& tensor : tensors[c]) {
+          ops[c].push_back(tensor->MakeOp(op));
+          RETURN_IF_ERROR(WarmUp(ops[c].back()));
+        }
+      }
+      std::vector<CaseFigures> figures(configs.size());
+      std::vector<std::vector<double>> vs_first(configs.size());
+      for (int round = 0; round < options.rounds; ++round) {
+        std::vector<double> rate(configs.size(), 0);
+        for (size_t turn = 0; turn < configs.size(); ++turn) {
+          const size_t c = (turn + static_cast<size_t>(round)) % configs.size();
+          Block block;
+          RETURN_IF_ERROR(TimeBlock(ops[c], block_seconds, megabytes_per_call,
+                                    configs[c].shards.pids, &block, &figures[c].calls));
+          Add(block, &figures[c]);
+          rate[c] = block.megabytes / block.seconds;
+        }
+        for (size_t c = 0; c < configs.size(); ++c) vs_first[c].push_back(rate[c] / rate[0]);
+      }
+      std::string lines;
+      for (size_t c = 0; c < configs.size(); ++c) {
+        const CaseFigures& f = figures[c];
+        const Timing timing = f.calls.Summary();
+        lines += absl::StrFormat(
+            "%-7s %-8s %-7s %9.1f %8.3f %8.3f %7.3f %7.3f %7.3f %7.2f\n", SizeName(bytes),
+            OpName(op), configs[c].name(), Median(f.rates), 1e3 * timing.p50_seconds,
+            1e3 * timing.p99_seconds,
+            1e3 * (f.client_cpu_seconds + f.server_cpu_seconds) / f.megabytes,
+            1e3 * f.client_cpu_seconds / f.megabytes, 1e3 * f.server_cpu_seconds / f.megabytes,
+            Median(vs_first[c]));
+      }
+      table += lines;
+      std::printf("%s", lines.c_str());
+      std::fflush(stdout);
+    }
+  }
+  if (!options.out_path.empty()) RETURN_IF_ERROR(WriteTable(options.out_path, table));
+  return absl::OkStatus();
+}
+
+// Parses --scaling: "SxW,SxW,..." with S in [1, 64] and W in [1, 64].
+absl::StatusOr<std::vector<std::pair<int, int>>> ParseScaling(absl::string_view text) {
+  std::vector<std::pair<int, int>> configs;
+  if (text.empty()) return configs;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    const std::vector<std::string> parts = absl::StrSplit(entry, 'x');
+    int shards = 0;
+    int workers = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &shards) ||
+        !absl::SimpleAtoi(parts[1], &workers) || shards < 1 || shards > 64 || workers < 1 ||
+        workers > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", entry, "\" is not SxW with 1 <= S, W <= 64 (shards x workers, e.g. 4x2)"));
+    }
+    configs.emplace_back(shards, workers);
+  }
+  return configs;
+}
+
 // Moves a started server into `*kept`; returns its port.
 template <typename Server>
 absl::StatusOr<int> KeepServer(absl::StatusOr<std::unique_ptr<Server>> started,
@@ -720,6 +862,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.variants = *std::move(variants);
+  absl::StatusOr<std::vector<std::pair<int, int>>> scaling =
+      b::ParseScaling(absl::GetFlag(FLAGS_scaling));
+  if (!scaling.ok()) {
+    LOG(ERROR) << "--scaling: " << scaling.status();
+    return 2;
+  }
+  options.scaling = *std::move(scaling);
   std::vector<int64_t> candidates = {int64_t{4} << 10,  int64_t{64} << 10, int64_t{1} << 20,
                                      int64_t{4} << 20,  int64_t{16} << 20, int64_t{64} << 20};
   if (absl::GetFlag(FLAGS_quick)) {
@@ -764,7 +913,9 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "cannot make a temporary directory";
     return 1;
   }
-  const absl::Status status = b::Run(options, self, command_line, dir);
+  const absl::Status status = options.scaling.empty()
+                                  ? b::Run(options, self, command_line, dir)
+                                  : b::RunScaling(options, command_line, dir);
   if (!status.ok()) {
     LOG(ERROR) << status << " (logs in " << dir << ")";
     return 1;
