@@ -248,15 +248,33 @@ done
 out=$(logs worker-0)
 grep '^epoch \|^final test accuracy' <<<"$out" || true
 # The epoch with the kill: the shard is back within a few seconds, and the
-# workers must reach it at once (with Linux's default ARP timing they went
-# on sending to an old MAC address for 15-45 s: docker-compose.yml's
-# Addresses; before that, gRPC re-resolved the name at most every 30 s, and
-# that epoch took 18-25 s against 2-5 s).
+# workers must reach it at once. With Linux's default ARP timing they went on
+# sending to an old MAC address for 15-45 s after it was back
+# (docker-compose.yml's Addresses); before that, gRPC re-resolved the name
+# at most every 30 s. What the workers control is the time from the
+# restarted shard's first "serving" line to worker-0's "answers again"
+# (plain: the replicated workers go on with the other shard meanwhile), so
+# that is bounded tightly; the epoch also holds this script's own restart
+# (podman and docker-compose, slow under load: 15.7 s with a build beside it).
 longest=$(sed -n 's/^epoch .* time \([0-9.]*\)s .*/\1/p' <<<"$out" | sort -n | tail -n 1)
 [ -n "$longest" ] || fail "worker-0 printed no epoch times"
 figure "longest epoch of worker-0 (the one with the shard kill): $longest s"
-/usr/bin/env python3 -c "import sys; sys.exit(0 if float('$longest') <= 20 else 1)" ||
+/usr/bin/env python3 -c "import sys; sys.exit(0 if float('$longest') <= 30 else 1)" ||
   fail "an epoch took $longest s: the workers were slow to reach the restarted shard"
+if [ "$mode" = plain ]; then
+  # glog's time of day (field 2) of the restarted shard's serving line and
+  # of worker-0's reconnection.
+  served=$(logs shard-1 | grep 'serving on port' | tail -n 1 | awk '{print $2}')
+  back=$(logs worker-0 | grep 'shard 1 (.*) answers again' | tail -n 1 | awk '{print $2}')
+  [ -n "$served" ] && [ -n "$back" ] ||
+    fail "no serving line of the restarted shard-1 ('$served') or no reconnection of worker-0 ('$back')"
+  delay=$(/usr/bin/env python3 -c "
+t = lambda s: sum(float(x) * m for x, m in zip(s.split(':'), (3600, 60, 1)))
+print('%.1f' % ((t('$back') - t('$served')) % 86400))")
+  figure "worker-0 reached the restarted shard-1 $delay s after it served"
+  /usr/bin/env python3 -c "import sys; sys.exit(0 if float('$delay') <= 8 else 1)" ||
+    fail "worker-0 reached the restarted shard-1 $delay s after it served (bound 8 s)"
+fi
 out=$(logs shard-1)
 grep '^W' <<<"$out" | cut -c1-300 || true
 accuracy=$(logs worker-0 | sed -n 's/^final test accuracy: \([0-9.]*\).*/\1/p' | tail -n 1)
