@@ -444,13 +444,19 @@ std::string FormatRows(const BenchOptions& options, const Row& row, bool with_ip
   return text;
 }
 
-absl::Status Run(const BenchOptions& options, const std::string& self,
-                 const std::string& command_line, const std::string& dir) {
+// What both modes need: sizes, rounds and time per case.
+absl::Status CheckTiming(const BenchOptions& options) {
   if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
   if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
   if (options.seconds_per_case <= 0) {
     return absl::InvalidArgumentError("--seconds_per_case must be positive");
   }
+  return absl::OkStatus();
+}
+
+absl::Status Run(const BenchOptions& options, const std::string& self,
+                 const std::string& command_line, const std::string& dir) {
+  RETURN_IF_ERROR(CheckTiming(options));
   if (options.iperf_seconds < 1) {
     return absl::InvalidArgumentError("--iperf_seconds must be at least 1");
   }
@@ -647,11 +653,7 @@ struct ScaleConfig {
 
 absl::Status RunScaling(const BenchOptions& options, const std::string& command_line,
                         const std::string& dir) {
-  if (options.sizes.empty()) return absl::InvalidArgumentError("--min_kb and --max_mb leave no sizes");
-  if (options.rounds < 1) return absl::InvalidArgumentError("--rounds must be at least 1");
-  if (options.seconds_per_case <= 0) {
-    return absl::InvalidArgumentError("--seconds_per_case must be positive");
-  }
+  RETURN_IF_ERROR(CheckTiming(options));
   Children children;
   std::vector<ScaleConfig> configs(options.scaling.size());
   for (size_t c = 0; c < configs.size(); ++c) {
