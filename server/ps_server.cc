@@ -14,7 +14,9 @@
 #include "common/reconnect.h"
 #include "common/status_macros.h"
 #include "server/bad_body_interceptor.h"
+#include "server/local_push_path.h"
 #include "server/replication/peer_tls_check.h"
+#include "server/replication/replicated_push_path.h"
 
 namespace shardtrain::server {
 namespace {
@@ -82,9 +84,18 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
     }
     LOG(WARNING) << "pushes are applied in " << options.push_order.kind
                  << " order of the workers (--push_order, for tests)";
-    service->set_push_order(server->push_order_.get());
   }
-  if (options.shard.replicas > 1) RETURN_IF_ERROR(server->StartReplication(options, registry));
+  // How writes are applied, chosen once: through the chain, or here (in
+  // the push order's turns when it orders them).
+  if (options.shard.replicas > 1) {
+    RETURN_IF_ERROR(server->StartReplication(options, registry));
+    server->push_path_ = std::make_unique<ReplicatedPushPath>(server->replicator_.get());
+  } else {
+    server->push_path_ = std::make_unique<LocalPushPath>(
+        server->shard_.get(),
+        server->push_order_->ordered() ? server->push_order_.get() : nullptr);
+  }
+  service->set_push_path(server->push_path_.get());
   server->shard_->SetProgressCallback([service] { service->WakeWaiters(); });
 
   prometheus::Counter& auth_failures =

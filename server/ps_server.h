@@ -27,6 +27,7 @@
 #include "server/replication/replication_metrics.h"
 #include "server/replication/replicator.h"
 #include "server/push_order.h"
+#include "server/push_path.h"
 #include "server/service.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -108,6 +109,9 @@ class PsServer {
   std::unique_ptr<Forwarder> forwarder_;
   std::unique_ptr<Replicator> replicator_;
   std::unique_ptr<PushOrder> push_order_;
+  // The service's PushPath (server/push_path.h); before the service, so it
+  // goes after it.
+  std::unique_ptr<PushPath> push_path_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Server> server_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/local_push_path.h"
 #include "server/replication/group_state_parts.h"
 #include "wire/message_encoder.h"
 #include "wire/message_views.h"
@@ -115,8 +116,9 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   const absl::Time deadline_;
   const size_t request_bytes_;
   const PullRequest request_;
-  // A PushPull: the response of its push half, sent with the pull (a
-  // replicated one: set when the chain's tail has the push).
+  // A PushPull: the response of its push half, sent with the pull; set
+  // once the push path has applied it (replicated: once the chain's tail
+  // has it).
   const bool push_pull_;
   PushResponse push_;
   // Answered by a replicated chain's head: sent only once the versions it
@@ -217,7 +219,9 @@ ParameterServerService::ParameterServerService(Shard* shard,
       rpc_metrics_(rpc_metrics),
       shard_metrics_(shard_metrics),
       checkpointer_(checkpointer),
-      max_pull_wait_(max_pull_wait) {
+      max_pull_wait_(max_pull_wait),
+      local_path_(std::make_unique<LocalPushPath>(shard, /*order=*/nullptr)),
+      push_path_(local_path_.get()) {
   SetMessageAllocatorFor_Register(&register_arena_);
 }
 
@@ -274,82 +278,20 @@ grpc::ServerUnaryReactor* ParameterServerService::Push(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
-  PushResponse push_response;
-  absl::Status status = ParsePushRequest(*request, &message, &push);
-  if (status.ok() && replicator_ != nullptr) {
-    // Answered once the chain's tail has the push (maybe on another thread).
-    const size_t request_bytes = request->Length();
-    replicator_->Push(*request, push,
-                      [this, reactor, start, request_bytes, response](
-                          absl::Status status, const PushResponse& push_response) {
-                        FinishPush(reactor, "Push", status, start, request_bytes,
-                                   push_response, response);
-                      });
+  const absl::Status status = ParsePushRequest(*request, &message, &push);
+  if (!status.ok()) {
+    FinishPush(reactor, "Push", status, start, request->Length(), PushResponse(), response);
     return reactor;
   }
-  if (status.ok() && Ordered(push.worker)) {
-    return OrderedPush(reactor, push.worker, start, request, response);
-  }
-  if (status.ok()) status = shard_->Push(push, &push_response);
-  FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
-  return reactor;
-}
-
-bool ParameterServerService::Ordered(uint32_t worker) const {
-  // A worker id out of range is refused by the shard, unordered.
-  return push_order_ != nullptr && push_order_->ordered() &&
-         worker < static_cast<uint32_t>(shard_->options().num_workers);
-}
-
-grpc::ServerUnaryReactor* ParameterServerService::OrderedPush(
-    grpc::ServerUnaryReactor* reactor, uint32_t worker, absl::Time start,
-    const grpc::ByteBuffer* request, grpc::ByteBuffer* response) {
-  // gRPC keeps `request` alive until the call is finished; the parked push
-  // is parsed again when admitted (the views above are this thread's).
-  push_order_->Enter(worker, [this, reactor, start, request, response](bool admitted) {
-    PushResponse push_response;
-    absl::Status status =
-        admitted ? absl::OkStatus() : absl::UnavailableError("shard is shutting down");
-    if (status.ok()) {
-      wire::ReceivedMessage message;
-      wire::PushView& push = ThreadPushView();
-      status = ParsePushRequest(*request, &message, &push);
-      if (status.ok()) status = shard_->Push(push, &push_response);
-    }
-    FinishPush(reactor, "Push", status, start, request->Length(), push_response, response);
-    push_order_->Leave();
-  });
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* ParameterServerService::OrderedPushPull(
-    grpc::CallbackServerContext* context, absl::Time start, const grpc::ByteBuffer* request,
-    wire::PushPullView& view, grpc::ByteBuffer* response) {
-  const PushResponse no_push_yet;
-  const uint32_t worker = view.push.worker;
-  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
-                                     request->Length(), std::move(view.pull), &no_push_yet,
-                                     response);
-  push_order_->Enter(worker, [this, reactor, request](bool admitted) {
-    absl::Status status =
-        admitted ? absl::OkStatus() : absl::UnavailableError("shard is shutting down");
-    PushResponse push_response;
-    if (status.ok()) {
-      wire::ReceivedMessage message;
-      wire::PushPullView& view = ThreadPushPullView();
-      status = message.Take(*request);
-      if (status.ok()) status = wire::ParsePushPull(message, &view, MaxParts());
-      if (status.ok()) status = shard_->ValidatePull(reactor->request_);
-      if (status.ok()) status = shard_->Push(view.push, &push_response);
-    }
-    if (status.ok()) {
-      reactor->push_ = push_response;
-      BeginPull(reactor);
-    } else {
-      FinishWaiter(reactor, common::ToGrpcStatus(status));
-    }
-    push_order_->Leave();
-  });
+  // Answered once the push is applied (replicated: once the chain's tail
+  // has it, maybe on another thread).
+  const size_t request_bytes = request->Length();
+  push_path_->Push(*request, push,
+                   [this, reactor, start, request_bytes, response](
+                       absl::Status status, const PushResponse& push_response) {
+                     FinishPush(reactor, "Push", status, start, request_bytes, push_response,
+                                response);
+                   });
   return reactor;
 }
 
@@ -500,14 +442,18 @@ void ParameterServerService::AnswerLookup(grpc::ServerUnaryReactor* reactor,
                                           grpc::ByteBuffer* response, absl::Time start,
                                           size_t request_bytes) {
   wire::LookupResponseBuilder builder;
-  if (replicator_ == nullptr || !request.train()) {
+  if (!request.train()) {
     absl::Status status = shard_->tables().Lookup(request, &builder);
     if (status.ok()) builder.Finish(response);
     FinishRaw(reactor, "Lookup", status, start, request_bytes, *response);
     return;
   }
-  replicator_->Sparse(
-      request.group(), request.chain_epoch(), request.worker(), 0, 0,
+  SparseCall call;
+  call.group = request.group();
+  call.chain_epoch = request.chain_epoch();
+  call.worker = request.worker();
+  push_path_->Sparse(
+      call,
       [this, &request, &builder, response](SparseOp* op, bool*) {
         RETURN_IF_ERROR(shard_->tables().Lookup(request, &builder, op));
         builder.Finish(response);
@@ -551,15 +497,14 @@ grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   bool step_applied = false;
-  if (replicator_ == nullptr) {
-    const absl::Status status = shard_->tables().PushSparse(*request, response, &step_applied);
-    if (step_applied) WakeLookups();
-    Finish(reactor, "PushSparse", status, start, *request, *response);
-    return reactor;
-  }
-  replicator_->Sparse(
-      request->group(), request->chain_epoch(), request->worker(),
-      request->worker_incarnation(), request->sequence(),
+  SparseCall call;
+  call.group = request->group();
+  call.chain_epoch = request->chain_epoch();
+  call.worker = request->worker();
+  call.worker_incarnation = request->worker_incarnation();
+  call.sequence = request->sequence();
+  push_path_->Sparse(
+      call,
       [this, request, response, &step_applied](SparseOp* op, bool* duplicate) {
         RETURN_IF_ERROR(shard_->tables().PushSparse(*request, response, &step_applied, op));
         *duplicate = response->duplicate();
@@ -596,7 +541,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Pull(
   const absl::Time start = absl::Now();
   PullRequest pull;
   absl::Status status = ParseStock(*request, &pull);
-  if (status.ok() && replicator_ != nullptr) status = replicator_->CheckPull(pull);
+  if (status.ok()) status = push_path_->CheckPull(pull);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     FinishRaw(reactor, "Pull", status, start, request->Length(), *response);
@@ -612,7 +557,6 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   const absl::Time start = absl::Now();
   wire::ReceivedMessage message;
   wire::PushPullView& view = ThreadPushPullView();
-  PushResponse push_response;
   absl::Status status = message.Take(*request);
   if (status.ok()) {
     status = PushParsed(wire::ParsePushPull(message, &view, MaxParts()),
@@ -625,21 +569,30 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
         absl::StrFormat("push is from worker %d but pull from worker %d",
                         view.push.worker, view.pull.worker()));
   }
-  if (status.ok() && replicator_ != nullptr) {
-    return ReplicatedPushPull(context, start, request->Length(), message, view, response);
-  }
+  // The path's own checks (replicated: the chain's), then the pull's,
+  // before the push is applied.
+  if (status.ok()) status = push_path_->CheckPushPull(view);
   if (status.ok()) status = shard_->ValidatePull(view.pull);
-  if (status.ok() && Ordered(view.push.worker)) {
-    return OrderedPushPull(context, start, request, view, response);
-  }
-  if (status.ok()) status = shard_->Push(view.push, &push_response);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     FinishRaw(reactor, "PushPull", status, start, request->Length(), *response);
     return reactor;
   }
-  return StartPull(context, "PushPull", start, request->Length(),
-                   std::move(view.pull), &push_response, response);
+  const PushResponse no_push_yet;
+  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
+                                     request->Length(), std::move(view.pull), &no_push_yet,
+                                     response, push_path_->committed_reads());
+  push_path_->PushHalf(*request, message, view,
+                       [this, reactor](absl::Status status, const PushResponse& push) {
+                         if (!status.ok()) {
+                           VLOG(1) << "PushPull rejected: " << status;
+                           FinishWaiter(reactor, common::ToGrpcStatus(status));
+                           return;
+                         }
+                         reactor->push_ = push;
+                         BeginPull(reactor);
+                       });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::StartPull(
@@ -649,45 +602,6 @@ grpc::ServerUnaryReactor* ParameterServerService::StartPull(
   auto* reactor = new WaitingReactor(this, method, start, PullDeadline(context, start),
                                      request_bytes, std::move(request), push, response);
   BeginPull(reactor);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* ParameterServerService::ReplicatedPushPull(
-    grpc::CallbackServerContext* context, absl::Time start, size_t request_bytes,
-    const wire::ReceivedMessage& message, wire::PushPullView& view,
-    grpc::ByteBuffer* response) {
-  // The push half is forwarded down the chain as it arrived.
-  absl::Status status;
-  if (view.push_fields != 1) {
-    status = absl::InvalidArgumentError(absl::StrFormat(
-        "a replicated PushPull needs its push half in one field, not %d", view.push_fields));
-  }
-  // The chain first: a shard that is not (yet) the group's head at the
-  // request's epoch (one restarted at a dead one's address, still waiting
-  // for its place or copying the group's state) answers with a refusal the
-  // worker retries elsewhere, not "unknown tensor". Then the pull, before
-  // the push is applied, as above.
-  if (status.ok()) status = replicator_->CheckPushPull(view.push, view.pull);
-  if (status.ok()) status = shard_->ValidatePull(view.pull);
-  if (!status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    FinishRaw(reactor, "PushPull", status, start, request_bytes, *response);
-    return reactor;
-  }
-  const PushResponse no_push_yet;
-  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
-                                     request_bytes, std::move(view.pull), &no_push_yet, response,
-                                     /*committed_read=*/true);
-  replicator_->Push(message.Range(view.push_offset, view.push_size), view.push,
-                    [this, reactor](absl::Status status, const PushResponse& push) {
-                      if (!status.ok()) {
-                        VLOG(1) << "PushPull rejected: " << status;
-                        FinishWaiter(reactor, common::ToGrpcStatus(status));
-                        return;
-                      }
-                      reactor->push_ = push;
-                      BeginPull(reactor);
-                    });
   return reactor;
 }
 
@@ -720,7 +634,7 @@ void ParameterServerService::BeginPull(WaitingReactor* reactor) {
 void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
   if (waiter->committed_read_) {
     // The chain may have moved on while the pull waited.
-    const absl::Status head = replicator_->CheckHeadPull(waiter->request_);
+    const absl::Status head = push_path_->CheckHeadPull(waiter->request_);
     if (!head.ok()) {
       FinishWaiter(waiter, common::ToGrpcStatus(head));
       return;
@@ -781,7 +695,7 @@ void ParameterServerService::WakeWaiters() {
 }
 
 void ParameterServerService::ExpireWaiters(absl::Time now) {
-  if (push_order_ != nullptr) push_order_->Tick(now);
+  push_path_->Tick(now);
   std::vector<WaitingReactor*> expired;
   std::vector<LookupWaiter*> expired_lookups;
   {
@@ -831,7 +745,7 @@ void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
 }
 
 void ParameterServerService::CancelAllWaiters() {
-  if (push_order_ != nullptr) push_order_->CancelAll();
+  push_path_->CancelAll();
   std::list<WaitingReactor*> all;
   std::list<LookupWaiter*> lookups;
   {

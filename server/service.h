@@ -1,7 +1,9 @@
 // ParameterServerService: the gRPC face of a Shard (callback API).
 //
 // Every handler validates, calls the Shard and finishes on the calling
-// thread. Push, Pull and PushPull are raw methods: their request arrives as
+// thread; writes (Push, a PushPull's push half, a training Lookup,
+// PushSparse) go through the PushPath chosen at start (server/push_path.h:
+// here, or through the replica chain, which may answer on another thread). Push, Pull and PushPull are raw methods: their request arrives as
 // gRPC's received slices and is parsed in place (wire/
 // message_views.h), so a gradient is applied straight from the bytes
 // received; their response is encoded with wire::PullResponseBuilder, which
@@ -21,6 +23,7 @@
 #define SHARDTRAIN_SERVER_SERVICE_H_
 
 #include <list>
+#include <memory>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -28,7 +31,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
-#include "server/push_order.h"
+#include "server/push_path.h"
 #include "server/replication/replicator.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
@@ -105,13 +108,13 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerWriteReactor<GroupStateResponse>* FetchGroupState(
       grpc::CallbackServerContext* context, const GroupStateRequest* request) override;
 
-  // Replicated shards (--replicas > 1): pushes, pulls and forwards go
-  // through `replicator` (server/replication/replicator.h). Not owned; set
-  // before serving.
+  // How writes are applied (server/push_path.h): a LocalPushPath of the
+  // shard, without a push order, unless set. Not owned; set before serving.
+  void set_push_path(PushPath* path) { push_path_ = path; }
+  // Replicated shards (--replicas > 1): forwards from a predecessor, group
+  // state for a joining member and the chains in Status go to `replicator`
+  // (server/replication/replicator.h). Not owned; set before serving.
   void set_replicator(Replicator* replicator) { replicator_ = replicator; }
-  // Unreplicated async shards under test: Push and PushPull are applied in
-  // `order`'s turns (server/push_order.h). Not owned; set before serving.
-  void set_push_order(PushOrder* order) { push_order_ = order; }
 
   // Answers every parked pull that has become ready.
   void WakeWaiters();
@@ -149,26 +152,6 @@ class ParameterServerService final : public ParameterServerBase {
                                       size_t request_bytes, PullRequest request,
                                       const PushResponse* push,
                                       grpc::ByteBuffer* response);
-  // Replicated shards: the PushPull of `view` (parsed from `message`) at the
-  // chain's head. The push half goes through the replicator; once the tail
-  // has it, the pull half is answered here with a committed read.
-  grpc::ServerUnaryReactor* ReplicatedPushPull(grpc::CallbackServerContext* context,
-                                               absl::Time start, size_t request_bytes,
-                                               const wire::ReceivedMessage& message,
-                                               wire::PushPullView& view,
-                                               grpc::ByteBuffer* response);
-  // Whether `worker`'s push waits for its turn in push_order_.
-  bool Ordered(uint32_t worker) const;
-  // The Push of `request` (as received), applied in its worker's turn.
-  grpc::ServerUnaryReactor* OrderedPush(grpc::ServerUnaryReactor* reactor, uint32_t worker,
-                                        absl::Time start, const grpc::ByteBuffer* request,
-                                        grpc::ByteBuffer* response);
-  // The PushPull of `request` (parsed as `view`), its push half applied in
-  // its worker's turn, then its pull half answered as any other.
-  grpc::ServerUnaryReactor* OrderedPushPull(grpc::CallbackServerContext* context,
-                                            absl::Time start, const grpc::ByteBuffer* request,
-                                            wire::PushPullView& view,
-                                            grpc::ByteBuffer* response);
   // When a parked pull of a call that started at `start` gives up: the
   // client's deadline or --max_pull_wait, whichever comes first.
   absl::Time PullDeadline(grpc::CallbackServerContext* context, absl::Time start) const;
@@ -209,8 +192,10 @@ class ParameterServerService final : public ParameterServerBase {
   ShardMetrics* const shard_metrics_;
   Checkpointer* const checkpointer_;
   const absl::Duration max_pull_wait_;
+  // The path unless set_push_path chose another; before push_path_.
+  const std::unique_ptr<PushPath> local_path_;
+  PushPath* push_path_;
   Replicator* replicator_ = nullptr;
-  PushOrder* push_order_ = nullptr;
 
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;

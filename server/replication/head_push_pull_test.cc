@@ -29,6 +29,7 @@
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/forwarder.h"
+#include "server/replication/replicated_push_path.h"
 #include "server/replication/replication_metrics.h"
 #include "server/replication/replicator.h"
 #include "server/service.h"
@@ -144,6 +145,8 @@ class HeadPushPullTest : public ::testing::Test {
                                                metrics_.get(), forward_timeout_);
     service_ = std::make_unique<ParameterServerService>(
         shard_.get(), rpc_metrics_.get(), shard_metrics_.get(), nullptr, absl::Seconds(30));
+    push_path_ = std::make_unique<ReplicatedPushPath>(replicator_.get());
+    service_->set_push_path(push_path_.get());
     service_->set_replicator(replicator_.get());
     shard_->SetProgressCallback([this] { service_->WakeWaiters(); });
     grpc::ServerBuilder builder;
@@ -246,6 +249,7 @@ class HeadPushPullTest : public ::testing::Test {
   std::unique_ptr<ChainTable> table_;
   std::unique_ptr<Forwarder> forwarder_;
   std::unique_ptr<Replicator> replicator_;
+  std::unique_ptr<ReplicatedPushPath> push_path_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ParameterServer::Stub> stub_;
