@@ -1,6 +1,5 @@
-// PsClient's control RPCs with replicated shards (replicas > 1): routing
-// set-up, Register on the chain members, Heartbeat and Status on the shards
-// that answer. See client/ps_client.h.
+#include "client/chain_control.h"
+
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -11,7 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/ps_client.h"
+#include "client/group_call.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -26,55 +25,64 @@ bool Unreachable(const absl::Status& status) {
 
 }  // namespace
 
-absl::Status PsClient::StartRouting() {
-  ChainRouter::Options options;
-  options.etcd_endpoints = options_.etcd_endpoints;
-  options.etcd_credentials = options_.etcd_credentials;
-  options.job = options_.job;
-  options.num_groups = num_shards();
-  ASSIGN_OR_RETURN(router_, ChainRouter::Create(options, fault_metrics_));
-  RETURN_IF_ERROR(router_->WaitForGroups(num_shards(), options_.reconnect_timeout));
-  for (int g = 0; g < num_shards(); ++g) {
-    const std::optional<chain::ChainConfig> config = router_->Config(g);
-    if (config.has_value() && config->replicas != options_.replicas) {
+absl::StatusOr<std::unique_ptr<ChainControl>> ChainControl::Create(
+    const PsClientOptions& options, const ShardCalls* calls, PsClientMetrics* fault_metrics) {
+  const int groups = calls->num_shards();
+  ChainRouter::Options router_options;
+  router_options.etcd_endpoints = options.etcd_endpoints;
+  router_options.etcd_credentials = options.etcd_credentials;
+  router_options.job = options.job;
+  router_options.num_groups = groups;
+  ASSIGN_OR_RETURN(std::unique_ptr<ChainRouter> router,
+                   ChainRouter::Create(router_options, fault_metrics));
+  RETURN_IF_ERROR(router->WaitForGroups(groups, options.reconnect_timeout));
+  for (int g = 0; g < groups; ++g) {
+    const std::optional<chain::ChainConfig> config = router->Config(g);
+    if (config.has_value() && config->replicas != options.replicas) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "the chain of group %d in etcd (job %s) keeps %d replicas, but this worker "
           "was started for %d: do --replicas and --job match the shards'?",
-          g, options_.job, config->replicas, options_.replicas));
+          g, options.job, config->replicas, options.replicas));
     }
   }
   std::vector<ShardChannel*> channels;
-  for (const std::unique_ptr<ShardChannel>& channel : channels_) {
-    channels.push_back(channel.get());
-  }
-  RouteChannels(router_.get(), channels);  // router_ goes before channels_
-  absl::MutexLock lock(&warn_mu_);
-  skip_warned_.assign(channels_.size(), absl::InfinitePast());
-  return absl::OkStatus();
+  for (int s = 0; s < groups; ++s) channels.push_back(calls->channel(s));
+  RouteChannels(router.get(), channels);
+  return std::unique_ptr<ChainControl>(new ChainControl(options, calls, std::move(router)));
 }
 
-void PsClient::WarnSkipped(int shard, const char* method, const absl::Status& status) {
+ChainControl::ChainControl(const PsClientOptions& options, const ShardCalls* calls,
+                           std::unique_ptr<ChainRouter> router)
+    : rpc_timeout_(options.rpc_timeout),
+      member_timeout_(options.member_timeout),
+      reconnect_timeout_(options.reconnect_timeout),
+      calls_(*calls),
+      router_(std::move(router)),
+      skip_warned_(calls->num_shards(), absl::InfinitePast()) {}
+
+void ChainControl::WarnSkipped(int shard, const char* method, const absl::Status& status) {
   {
     absl::MutexLock lock(&warn_mu_);
     const absl::Time now = absl::Now();
     if (now - skip_warned_[shard] < absl::Seconds(30)) return;
     skip_warned_[shard] = now;
   }
-  LOG(WARNING) << "shard " << shard << " (" << channels_[shard]->address()
+  LOG(WARNING) << "shard " << shard << " (" << calls_.channel(shard)->address()
                << ") did not answer " << method << " within "
-               << absl::FormatDuration(options_.member_timeout)
+               << absl::FormatDuration(member_timeout_)
                << "; going on without it (its chains drop it once its etcd lease "
                   "expires): "
                << status.message();
 }
 
-absl::Status PsClient::CallReachable(const std::vector<int>& shards, const char* method,
-                                     absl::Duration retry_for, const StartFn& start,
-                                     std::vector<bool>* answered) {
-  const absl::Duration budget = std::min(retry_for, options_.member_timeout);
+absl::Status ChainControl::CallReachable(const std::vector<int>& shards, const char* method,
+                                         absl::Duration retry_for,
+                                         const ShardCalls::StartFn& start,
+                                         std::vector<bool>* answered) {
+  const absl::Duration budget = std::min(retry_for, member_timeout_);
   const std::vector<absl::Status> statuses =
-      CallShards(shards, method, std::min(options_.rpc_timeout, options_.member_timeout),
-                 std::max(budget, absl::ZeroDuration()), start);
+      calls_.Call(shards, method, std::min(rpc_timeout_, member_timeout_),
+                  std::max(budget, absl::ZeroDuration()), start);
   answered->assign(shards.size(), false);
   absl::Status first;
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -89,22 +97,12 @@ absl::Status PsClient::CallReachable(const std::vector<int>& shards, const char*
   return first;
 }
 
-absl::Status PsClient::RegisterOnMembers(const RegisterRequest& request,
-                                         std::vector<RegisterResponse>* responses,
-                                         std::vector<int>* source) {
-  const StartFn start = [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-    const absl::Time started = absl::Now();
-    (*responses)[s].Clear();
-    channels_[s]->stub()->async()->Register(
-        context, &request, &(*responses)[s],
-        [this, &request, responses, s, started, done = std::move(done)](grpc::Status status) {
-          RecordRpc("Register", status, request.ByteSizeLong(),
-                    (*responses)[s].ByteSizeLong(), started);
-          done(std::move(status));
-        });
-  };
-  const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
-  std::vector<bool> registered(channels_.size(), false);
+absl::Status ChainControl::Register(const RegisterRequest& request,
+                                    std::vector<RegisterResponse>* responses,
+                                    std::vector<int>* source) {
+  const ShardCalls::StartFn start = calls_.Register(request, *responses);
+  const absl::Time give_up = absl::Now() + reconnect_timeout_;
+  std::vector<bool> registered(calls_.num_shards(), false);
   while (true) {
     // Every member holds the tensors of its groups; a shard in no chain
     // (dead, drained) gets them from its chain when it joins.
@@ -120,7 +118,7 @@ absl::Status PsClient::RegisterOnMembers(const RegisterRequest& request,
     // A group's committed versions are its tail's.
     std::vector<int> missing;
     std::vector<int> missing_tails;
-    for (int g = 0; g < num_shards(); ++g) {
+    for (int g = 0; g < calls_.num_shards(); ++g) {
       const absl::StatusOr<ChainRoute> tail = router_->Route(g, ChainRole::kTail);
       if (tail.ok() && registered[tail->shard]) {
         (*source)[g] = tail->shard;
@@ -134,7 +132,7 @@ absl::Status PsClient::RegisterOnMembers(const RegisterRequest& request,
       return absl::UnavailableError(absl::StrFormat(
           "Register: the tail of group(s) %s (shard(s) %s) did not answer within %s",
           absl::StrJoin(missing, ", "), absl::StrJoin(missing_tails, ", "),
-          absl::FormatDuration(options_.reconnect_timeout)));
+          absl::FormatDuration(reconnect_timeout_)));
     }
     // A dead tail leaves its chains within the shards' lease TTL.
     router_->RefreshAll();
@@ -142,21 +140,11 @@ absl::Status PsClient::RegisterOnMembers(const RegisterRequest& request,
   }
 }
 
-absl::StatusOr<HeartbeatResponse> PsClient::HeartbeatMembers(const HeartbeatRequest& request,
-                                                             absl::Duration retry_for) {
-  std::vector<HeartbeatResponse> responses(channels_.size());
-  const StartFn start = [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-    const absl::Time started = absl::Now();
-    responses[s].Clear();
-    channels_[s]->stub()->async()->Heartbeat(
-        context, &request, &responses[s],
-        [this, &request, &responses, s, started, done = std::move(done)](grpc::Status status) {
-          RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
-                    started);
-          done(std::move(status));
-        });
-  };
-  const absl::Duration budget = std::min(retry_for, options_.reconnect_timeout);
+absl::StatusOr<HeartbeatResponse> ChainControl::Heartbeat(const HeartbeatRequest& request,
+                                                          absl::Duration retry_for) {
+  std::vector<HeartbeatResponse> responses(calls_.num_shards());
+  const ShardCalls::StartFn start = calls_.Heartbeat(request, responses);
+  const absl::Duration budget = std::min(retry_for, reconnect_timeout_);
   const absl::Time give_up = absl::Now() + budget;
   while (true) {
     const std::vector<int> members = router_->MemberShards();
@@ -175,17 +163,21 @@ absl::StatusOr<HeartbeatResponse> PsClient::HeartbeatMembers(const HeartbeatRequ
   }
 }
 
-absl::StatusOr<std::vector<StatusResponse>> PsClient::ReachableStatus(
+absl::Status ChainControl::AdvanceClock(const HeartbeatRequest& request,
+                                        const std::vector<int>& deferred) {
+  (void)deferred;  // every member: wherever the groups' calls go
+  return Heartbeat(request, absl::InfiniteDuration()).status();
+}
+
+absl::StatusOr<std::vector<StatusResponse>> ChainControl::Status(
     std::vector<int>* unreachable) {
+  if (unreachable != nullptr) unreachable->clear();
   StatusRequest request;
-  std::vector<StatusResponse> responses(channels_.size());
-  const StartFn start = [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-    responses[s].Clear();
-    channels_[s]->stub()->async()->Status(context, &request, &responses[s], std::move(done));
-  };
-  std::vector<int> shards(channels_.size());
+  std::vector<StatusResponse> responses(calls_.num_shards());
+  const ShardCalls::StartFn start = calls_.Status(request, responses);
+  std::vector<int> shards(calls_.num_shards());
   std::iota(shards.begin(), shards.end(), 0);
-  const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
+  const absl::Time give_up = absl::Now() + reconnect_timeout_;
   while (true) {
     std::vector<bool> answered;
     RETURN_IF_ERROR(CallReachable(shards, "Status", give_up - absl::Now(), start, &answered));
@@ -205,7 +197,7 @@ absl::StatusOr<std::vector<StatusResponse>> PsClient::ReachableStatus(
     if (absl::Now() >= give_up) {
       return absl::UnavailableError(
           absl::StrFormat("Status: no shard answered within %s",
-                          absl::FormatDuration(options_.reconnect_timeout)));
+                          absl::FormatDuration(reconnect_timeout_)));
     }
   }
 }

@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "client/chain_control.h"
+#include "client/direct_control.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/partition.h"
@@ -83,8 +85,23 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     }
     client->channels_.push_back(std::move(shard));
   }
-  if (options.replicas > 1) RETURN_IF_ERROR(client->StartRouting());
   PsClient* self = client.get();
+  std::vector<ShardChannel*> channels;
+  for (const std::unique_ptr<ShardChannel>& channel : client->channels_) {
+    channels.push_back(channel.get());
+  }
+  client->calls_ = std::make_unique<ShardCalls>(
+      std::move(channels), options.rpc_timeout,
+      [self](const char* method, const grpc::Status& status, size_t sent, size_t received,
+             absl::Time start) { self->RecordRpc(method, status, sent, received, start); });
+  if (options.replicas > 1) {
+    ASSIGN_OR_RETURN(std::unique_ptr<ChainControl> chains,
+                     ChainControl::Create(options, client->calls_.get(), fault_metrics));
+    client->router_ = chains->router();
+    client->control_ = std::move(chains);
+  } else {
+    client->control_ = std::make_unique<DirectControl>(client->calls_.get());
+  }
   GroupContext& context = client->group_context_;
   context.versions = &client->versions_;
   context.push_timeout = options.rpc_timeout;
@@ -104,47 +121,6 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
                        request_bytes, absl::ToDoubleSeconds(absl::Now() - start));
 }
 
-absl::Status PsClient::CallAllShards(const char* method,
-                                     absl::Duration attempt_timeout,
-                                     absl::Duration retry_for,
-                                     const StartFn& start) {
-  std::vector<int> shards(num_shards());
-  for (int s = 0; s < num_shards(); ++s) shards[s] = s;
-  absl::Status first;
-  for (const absl::Status& status :
-       CallShards(shards, method, attempt_timeout, retry_for, start)) {
-    KeepFirstError(&first, status);
-  }
-  return first;
-}
-
-std::vector<absl::Status> PsClient::CallShards(const std::vector<int>& shards,
-                                               const char* method,
-                                               absl::Duration attempt_timeout,
-                                               absl::Duration retry_for,
-                                               const StartFn& start) {
-  const int n = static_cast<int>(shards.size());
-  std::vector<absl::Status> statuses(n);
-  absl::BlockingCounter pending(n);
-  for (int i = 0; i < n; ++i) {
-    const int s = shards[i];
-    ShardRpc rpc;
-    rpc.method = method;
-    rpc.attempt_timeout = attempt_timeout;
-    rpc.reconnect_timeout = retry_for;
-    rpc.start = [&start, s](const ShardAttempt& attempt,
-                            std::function<void(grpc::Status)> done) {
-      start(s, attempt.context, attempt.shard_incarnation, std::move(done));
-    };
-    channels_[s]->Call(std::move(rpc), [&statuses, &pending, i](absl::Status status) {
-      statuses[i] = std::move(status);
-      pending.DecrementCount();
-    });
-  }
-  pending.Wait();
-  return statuses;
-}
-
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   RegisterRequest request;
   for (const TensorSpec& spec : tensors) *request.add_tensors() = spec;
@@ -154,20 +130,15 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   std::vector<RegisterResponse> responses(channels_.size());
   // By group (= shard index): the shard whose answer gives its versions.
   std::vector<int> source(channels_.size());
-  if (router_ == nullptr) {
-    RETURN_IF_ERROR(RegisterOnEveryShard(request, &responses));
-    for (size_t s = 0; s < source.size(); ++s) source[s] = static_cast<int>(s);
-  } else {
-    RETURN_IF_ERROR(RegisterOnMembers(request, &responses, &source));
-  }
-  Layout layout = PlanLayout(tensors);
+  RETURN_IF_ERROR(control_->Register(request, &responses, &source));
+  PartitionLayout layout = PlanLayout(
+      tensors, common::PartitionConfig{options_.max_partition_elements, num_shards()});
   // Every shard must hold exactly the partitions this worker places there,
   // checked before anything of the client changes.
   std::vector<std::vector<std::pair<size_t, int64_t>>> taken(channels_.size());
   for (size_t g = 0; g < channels_.size(); ++g) {
-    ASSIGN_OR_RETURN(taken[g], MatchPartitions(static_cast<int>(g), source[g],
-                                               layout.partition_index[g],
-                                               responses[source[g]]));
+    ASSIGN_OR_RETURN(taken[g], MatchShard(static_cast<int>(g), source[g],
+                                          layout.partition_index[g], responses[source[g]]));
   }
   std::unique_ptr<common::TopKCompressor> topk;
   if (options_.topk_ratio > 0) {
@@ -189,15 +160,14 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   for (const TensorSpec& spec : tensors) tensors_.push_back(common::WithoutValues(spec));
   tensor_names_.clear();
   for (const TensorSpec& spec : tensors) tensor_names_.push_back(spec.name());
-  tensor_sizes_ = layout.tensor_sizes;
-  partition_index_ = layout.partition_index;
+  layout_ = std::move(layout);
   versions_.clear();
-  for (size_t i = 0; i < layout.partition_sizes.size(); ++i) versions_.emplace_back(0);
+  for (size_t i = 0; i < layout_.partition_sizes.size(); ++i) versions_.emplace_back(0);
   topk_ = std::move(topk);
   // The shards' versions and this worker's clock say where the job is.
   registered_worker_clock_ = 0;
   for (size_t s = 0; s < channels_.size(); ++s) {
-    if (router_ == nullptr) {
+    if (options_.replicas == 1) {
       RETURN_IF_ERROR(TakeShardState(static_cast<int>(s), responses[s], /*restarted=*/false));
     } else {
       for (const auto& [i, version] : taken[s]) versions_[i].store(version);
@@ -205,52 +175,8 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
     registered_worker_clock_ =
         std::max(registered_worker_clock_, responses[s].worker_clock());
   }
-  BuildCalls(layout);
+  BuildCalls(layout_);
   return absl::OkStatus();
-}
-
-absl::Status PsClient::RegisterOnEveryShard(const RegisterRequest& request,
-                                            std::vector<RegisterResponse>* responses) {
-  return CallAllShards(
-      "Register", options_.rpc_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-        const absl::Time start = absl::Now();
-        (*responses)[s].Clear();
-        channels_[s]->stub()->async()->Register(
-            context, &request, &(*responses)[s],
-            [this, &request, responses, s, start, done = std::move(done)](grpc::Status status) {
-              RecordRpc("Register", status, request.ByteSizeLong(),
-                        (*responses)[s].ByteSizeLong(), start);
-              done(std::move(status));
-            });
-      });
-}
-
-PsClient::Layout PsClient::PlanLayout(const std::vector<TensorSpec>& tensors) const {
-  Layout layout;
-  layout.partition_index.resize(channels_.size());
-  layout.shard_slices.resize(channels_.size());
-  layout.tensor_slices.resize(tensors.size());
-  const common::PartitionConfig config{options_.max_partition_elements, num_shards()};
-  for (size_t t = 0; t < tensors.size(); ++t) {
-    int64_t elements = 1;
-    for (int64_t dim : tensors[t].shape()) elements *= dim;
-    layout.tensor_sizes.push_back(elements);
-    layout.tensor_slices[t].resize(channels_.size());
-    for (const common::PlacedPartition& placed :
-         common::PlaceTensor(tensors[t].name(), elements, config)) {
-      const PartitionSlice slice{static_cast<int>(t),
-                                 static_cast<uint32_t>(placed.partition),
-                                 placed.range.offset, placed.range.size,
-                                 layout.partition_sizes.size()};
-      layout.partition_index[placed.shard][{tensors[t].name(), slice.partition}] =
-          slice.version_index;
-      layout.partition_sizes.push_back(slice.size);
-      layout.shard_slices[placed.shard].push_back(slice);
-      layout.tensor_slices[t][placed.shard].push_back(slice);
-    }
-  }
-  return layout;
 }
 
 void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
@@ -260,28 +186,14 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
   if (slices.empty()) return;
   ShardChannel* channel = channels_[shard].get();
   const int connections = channel->num_connections();
-  // Contiguous runs of about equal size, one per connection, but none
-  // smaller than kMinElementsPerConnection: below that, another call costs
-  // more than the parallel connection gains (bench/results/
-  // channels_split_cpu.txt: at 1 MiB two connections beat four).
-  int64_t total = 0;
-  for (const PartitionSlice& slice : slices) total += slice.size;
-  const int used = static_cast<int>(std::clamp<int64_t>(
-      total / kMinElementsPerConnection, 1, connections));
-  std::vector<std::vector<PartitionSlice>> runs(used);
-  int64_t before = 0;
-  for (const PartitionSlice& slice : slices) {
-    const int run = static_cast<int>(std::min<int64_t>(
-        used - 1, (before + slice.size / 2) * used / std::max<int64_t>(total, 1)));
-    runs[run].push_back(slice);
-    before += slice.size;
-  }
+  std::vector<std::vector<PartitionSlice>> runs =
+      SplitOverConnections(slices, connections, kMinElementsPerConnection);
   WireOptions wire;
   wire.worker = options_.worker_index;
   wire.worker_incarnation = worker_incarnation_;
   wire.dtype = options_.wire_dtype;
   wire.topk = topk_.get();
-  for (int r = 0; r < used; ++r) {
+  for (int r = 0; r < static_cast<int>(runs.size()); ++r) {
     if (runs[r].empty()) continue;
     out->push_back(std::make_unique<GroupCall>(
         &group_context_, channel, (first + r) % connections,
@@ -289,10 +201,10 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
   }
 }
 
-void PsClient::BuildCalls(const Layout& layout) {
+void PsClient::BuildCalls(const PartitionLayout& layout) {
   group_context_.sync = sync_;
   // Replicated shards need no replay: the chain keeps what a member acked.
-  group_context_.replay = sync_ && router_ == nullptr ? &replay_ : nullptr;
+  group_context_.replay = sync_ && options_.replicas == 1 ? &replay_ : nullptr;
   groups_per_shard_.assign(channels_.size(), 0);
   for (int s = 0; s < num_shards(); ++s) {
     const size_t before = shard_groups_.size();
@@ -316,47 +228,24 @@ void PsClient::BuildCalls(const Layout& layout) {
                                                /*push_pull=*/!sync_);
 }
 
-absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchPartitions(
+absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchShard(
     int group, int shard, const PartitionIndex& index,
     const RegisterResponse& response) const {
-  const ShardChannel& channel = *channels_[shard];
-  // A replica holds the partitions of every group whose chain it is in.
-  std::vector<const PartitionInfo*> infos;
-  for (const PartitionInfo& info : response.partitions()) {
-    if (router_ != nullptr &&
-        common::ReplicaGroupFor(info.tensor(), info.partition(), num_shards()) != group) {
-      continue;
-    }
-    infos.push_back(&info);
+  RegisteredShard registered;
+  registered.shard = shard;
+  registered.address = channels_[shard]->address();
+  if (options_.replicas > 1) {
+    registered.group = group;
+    registered.num_groups = num_shards();
   }
-  const std::string of_group =
-      router_ == nullptr ? "" : absl::StrFormat(" of group %d", group);
-  if (infos.size() != index.size()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "shard %d (%s) holds %d partitions%s of these tensors but this worker "
-        "expects %d: do --max_partition_elements and the shard count match?",
-        shard, channel.address(), infos.size(), of_group, index.size()));
-  }
-  std::vector<std::pair<size_t, int64_t>> matched;
-  for (const PartitionInfo* info_ptr : infos) {
-    const PartitionInfo& info = *info_ptr;
-    auto it = index.find({info.tensor(), info.partition()});
-    if (it == index.end()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "shard %d (%s) holds partition %d of %s, which this worker does not "
-          "place there: do --max_partition_elements and the shard count match?",
-          shard, channel.address(), info.partition(), info.tensor()));
-    }
-    matched.emplace_back(it->second, info.version());
-  }
-  return matched;
+  return MatchPartitions(index, response, registered);
 }
 
 absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& response,
                                       bool restarted) {
   ShardChannel& channel = *channels_[shard];
   ASSIGN_OR_RETURN(const auto taken,
-                   MatchPartitions(shard, shard, partition_index_[shard], response));
+                   MatchShard(shard, shard, layout_.partition_index[shard], response));
   int64_t lost = 0;
   for (const auto& [i, version] : taken) {
     const int64_t known = versions_[i].load();
@@ -515,10 +404,10 @@ absl::Status PsClient::CheckGrads(absl::Span<const absl::Span<const float>> grad
         "push of %d tensors; %d are registered", grads.size(), tensors_.size()));
   }
   for (size_t t = 0; t < grads.size(); ++t) {
-    if (static_cast<int64_t>(grads[t].size()) != tensor_sizes_[t]) {
+    if (static_cast<int64_t>(grads[t].size()) != layout_.tensor_sizes[t]) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "gradient of %s has %d elements, not %d", tensors_[t].name(),
-          grads[t].size(), tensor_sizes_[t]));
+          grads[t].size(), layout_.tensor_sizes[t]));
     }
   }
   return absl::OkStatus();
@@ -530,10 +419,10 @@ absl::Status PsClient::CheckParams(absl::Span<const absl::Span<float>> params) c
         "pull into %d tensors; %d are registered", params.size(), tensors_.size()));
   }
   for (size_t t = 0; t < params.size(); ++t) {
-    if (static_cast<int64_t>(params[t].size()) != tensor_sizes_[t]) {
+    if (static_cast<int64_t>(params[t].size()) != layout_.tensor_sizes[t]) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "parameters of %s have %d elements, not %d", tensors_[t].name(),
-          params[t].size(), tensor_sizes_[t]));
+          params[t].size(), layout_.tensor_sizes[t]));
     }
   }
   return absl::OkStatus();
@@ -563,34 +452,7 @@ absl::Status PsClient::AdvanceClock(int64_t clock) {
   request.set_worker(options_.worker_index);
   request.set_clock(clock);
   request.set_worker_incarnation(worker_incarnation_);
-  // Replicated: the clock matters wherever the group's pushes and pulls go.
-  if (router_ != nullptr) {
-    return HeartbeatMembers(request, absl::InfiniteDuration()).status();
-  }
-  std::vector<HeartbeatResponse> responses(channels_.size());
-  absl::Status first;
-  for (const absl::Status& status :
-       CallShards(shards, "Heartbeat", options_.rpc_timeout, absl::InfiniteDuration(),
-                  HeartbeatStart(request, responses))) {
-    KeepFirstError(&first, status);
-  }
-  return first;
-}
-
-PsClient::StartFn PsClient::HeartbeatStart(const HeartbeatRequest& request,
-                                           std::vector<HeartbeatResponse>& responses) {
-  return [this, &request, &responses](int s, grpc::ClientContext* context, uint64_t,
-                                      std::function<void(grpc::Status)> done) {
-    const absl::Time start = absl::Now();
-    responses[s].Clear();
-    channels_[s]->stub()->async()->Heartbeat(
-        context, &request, &responses[s],
-        [this, &request, &responses, s, start, done = std::move(done)](grpc::Status status) {
-          RecordRpc("Heartbeat", status, request.ByteSizeLong(), responses[s].ByteSizeLong(),
-                    start);
-          done(std::move(status));
-        });
-  };
+  return control_->AdvanceClock(request, shards);
 }
 
 void PsClient::SetPulls(int64_t clock, int64_t min_version,
@@ -711,27 +573,12 @@ absl::StatusOr<HeartbeatResponse> PsClient::Heartbeat(int64_t clock, bool done,
   request.set_clock(clock);
   request.set_done(done);
   request.set_worker_incarnation(worker_incarnation_);
-  if (router_ != nullptr) return HeartbeatMembers(request, retry_for);
-  std::vector<HeartbeatResponse> responses(channels_.size());
-  RETURN_IF_ERROR(CallAllShards("Heartbeat", options_.rpc_timeout, retry_for,
-                                HeartbeatStart(request, responses)));
-  return responses[0];
+  return control_->Heartbeat(request, retry_for);
 }
 
 absl::StatusOr<std::vector<StatusResponse>> PsClient::ClusterStatus(
     std::vector<int>* unreachable) {
-  if (unreachable != nullptr) unreachable->clear();
-  if (router_ != nullptr) return ReachableStatus(unreachable);
-  StatusRequest request;
-  std::vector<StatusResponse> responses(channels_.size());
-  RETURN_IF_ERROR(CallAllShards(
-      "Status", options_.rpc_timeout, absl::InfiniteDuration(),
-      [&](int s, grpc::ClientContext* context, uint64_t, auto done) {
-        responses[s].Clear();
-        channels_[s]->stub()->async()->Status(context, &request, &responses[s],
-                                              std::move(done));
-      }));
-  return responses;
+  return control_->Status(unreachable);
 }
 
 }  // namespace shardtrain::client

@@ -1,4 +1,5 @@
-// PsClient: a worker's connection to every shard of the parameter server.
+// PsClient: a worker's connection to every shard of the parameter server;
+// the ParameterClient (client/parameter_client.h) a trainer runs on.
 //
 // The client knows the model's tensors and where each partition lives
 // (common/partition.h). Push sends a gradient for every tensor, Pull fetches
@@ -81,8 +82,12 @@
 #include "client/chain_router.h"
 #include "client/channels.h"
 #include "client/client_metrics.h"
+#include "client/control_calls.h"
 #include "client/group_call.h"
+#include "client/parameter_client.h"
+#include "client/partition_layout.h"
 #include "client/ps_client_options.h"
+#include "client/shard_calls.h"
 #include "client/shard_channel.h"
 #include "client/sync_replay.h"
 #include "client/tensor_exchange.h"
@@ -95,49 +100,37 @@
 
 namespace shardtrain::client {
 
-struct PushStats {
-  // Largest staleness the shards measured for this push.
-  int64_t max_staleness = 0;
-};
-
-struct PullStats {
-  // Longest time a shard held the pull (sync step or staleness bound).
-  double server_wait_seconds = 0;
-  // Smallest partition version received.
-  int64_t min_version = 0;
-};
-
-class PsClient {
+class PsClient final : public ParameterClient {
  public:
   // `rpc_metrics` and `fault_metrics` may be null; if not, they must
   // outlive the client.
   static absl::StatusOr<std::unique_ptr<PsClient>> Create(
       const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
       PsClientMetrics* fault_metrics = nullptr);
-  ~PsClient();
+  ~PsClient() override;
 
   // Sync mode decides how a push is re-sent after a shard restart (see the
   // file comment); async by default. Call before Register.
-  void set_sync_mode(bool sync) { sync_ = sync; }
+  void set_sync_mode(bool sync) override { sync_ = sync; }
 
   // Registers `tensors` on every shard (idempotent) and prepares the
   // requests. Tensor i of Push/Pull below is tensors[i]. Learns each
   // partition's version and the clock the shards recorded for this worker
   // (see known_versions() and registered_worker_clock()).
-  absl::Status Register(const std::vector<TensorSpec>& tensors);
+  absl::Status Register(const std::vector<TensorSpec>& tensors) override;
 
   // Pushes one gradient per tensor, each computed from the versions of the
   // last Pull. `clock` counts steps finished including this one. The
   // gradients may be overwritten once it returns (see the file comment).
   // REQUIRES: Register() succeeded; grads[i].size() == elements of tensor i.
   absl::Status Push(int64_t clock, absl::Span<const absl::Span<const float>> grads,
-                    PushStats* stats);
+                    PushStats* stats) override;
 
   // Fetches every tensor into `params`, waiting until each partition has at
   // least `min_version` updates and this worker's `clock` is within the
   // staleness bound.
   absl::Status Pull(int64_t clock, int64_t min_version,
-                    absl::Span<const absl::Span<float>> params, PullStats* stats);
+                    absl::Span<const absl::Span<float>> params, PullStats* stats) override;
 
   // Push(clock, grads) then Pull(clock, min_version, params) in one RPC per
   // shard connection: each shard applies the gradient and answers with the
@@ -146,7 +139,7 @@ class PsClient {
   absl::Status PushPull(int64_t clock, int64_t min_version,
                         absl::Span<const absl::Span<const float>> grads,
                         absl::Span<const absl::Span<float>> params,
-                        PushStats* push_stats, PullStats* pull_stats);
+                        PushStats* push_stats, PullStats* pull_stats) override;
 
   // Overlapped exchange of one tensor: sends its gradient (as soon as
   // `grad_ready`, if not empty, has returned OK; its error otherwise fails
@@ -158,18 +151,18 @@ class PsClient {
   // until FinishExchanges() returns; no Push/Pull/PushPull until then.
   void StartExchange(int tensor, int64_t clock, int64_t min_version,
                      absl::Span<const float> grad, GradReady grad_ready,
-                     absl::Span<float> params);
+                     absl::Span<float> params) override;
   // Waits for every started exchange; the first error wins. Afterwards the
   // gradients may be overwritten.
-  absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats);
+  absl::Status FinishExchanges(PushStats* push_stats, PullStats* pull_stats) override;
 
   // Tells every shard this worker is alive at `clock` (or done). Returns
   // the membership seen by shard 0 (replicated: by the first member that
   // answered). An unreachable shard is retried for at most `retry_for` (and
   // reconnect_timeout; replicated: member_timeout, then skipped while
   // another answered).
-  absl::StatusOr<HeartbeatResponse> Heartbeat(
-      int64_t clock, bool done, absl::Duration retry_for = absl::InfiniteDuration());
+  absl::StatusOr<HeartbeatResponse> Heartbeat(int64_t clock, bool done,
+                                              absl::Duration retry_for) override;
 
   // Status of every shard, in shard order. Replicated: of the shards that
   // answered within member_timeout (an error when none did); the others
@@ -180,15 +173,15 @@ class PsClient {
   // Smallest and largest partition version this client knows (as
   // registered, pulled, or taken from a restarted shard); {0, 0} before
   // Register.
-  std::pair<int64_t, int64_t> known_versions() const;
+  std::pair<int64_t, int64_t> known_versions() const override;
   // Sync: raises every partition version this client knows to at least
   // `step` (the job's step), as for a restarted shard: the partitions below
   // it catch up on this client's next push (server/shard.h). Returns the
   // steps skipped, summed over the partitions (updates lost).
-  int64_t RaiseKnownVersions(int64_t step);
+  int64_t RaiseKnownVersions(int64_t step) override;
   // The largest clock any shard recorded for this worker index (from the
   // last Register); 0 for a new job.
-  int64_t registered_worker_clock() const { return registered_worker_clock_; }
+  int64_t registered_worker_clock() const override { return registered_worker_clock_; }
   uint64_t worker_incarnation() const { return worker_incarnation_; }
 
   int num_shards() const { return static_cast<int>(channels_.size()); }
@@ -196,7 +189,7 @@ class PsClient {
   ShardChannel* channel(int s) const { return channels_[s].get(); }
   common::RpcMetrics* rpc_metrics() const { return rpc_metrics_; }
   // Replicated shards: the chains this client routes by; null otherwise.
-  ChainRouter* router() const { return router_.get(); }
+  ChainRouter* router() const { return router_; }
   const PsClientOptions& options() const { return options_; }
 
   // Tests: slices of sent requests that still reference gradients, over
@@ -208,76 +201,18 @@ class PsClient {
   int replay_references(int shard) const { return replay_.Referenced(shard); }
 
  private:
-  // (tensor, partition) -> index into versions_, for one shard.
-  using PartitionIndex = std::map<std::pair<std::string, uint32_t>, size_t>;
-  // Where a registration's partitions live: built whole before the client
-  // adopts it.
-  struct Layout {
-    std::vector<int64_t> tensor_sizes;
-    std::vector<int64_t> partition_sizes;                   // by version index
-    std::vector<PartitionIndex> partition_index;            // by shard
-    std::vector<std::vector<PartitionSlice>> shard_slices;  // by shard
-    // by tensor, then shard: that tensor's partitions there
-    std::vector<std::vector<std::vector<PartitionSlice>>> tensor_slices;
-  };
-
   PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
            PsClientMetrics* fault_metrics);
-  // Register's steps: the RPC to every shard; the placement of every
-  // partition (changes nothing); the calls over the adopted layout.
-  absl::Status RegisterOnEveryShard(const RegisterRequest& request,
-                                    std::vector<RegisterResponse>* responses);
-  // Replicated: reads the chains from etcd (waiting up to reconnect_timeout
-  // for every group's) and routes every channel through them.
-  absl::Status StartRouting();
-  // Replicated: Register on every chain member until each group's tail has
-  // answered; (*source)[g] is that tail.
-  absl::Status RegisterOnMembers(const RegisterRequest& request,
-                                 std::vector<RegisterResponse>* responses,
-                                 std::vector<int>* source);
-  Layout PlanLayout(const std::vector<TensorSpec>& tensors) const;
   // Groups for `slices` of shard `shard`, split over its connections
   // starting at connection `first`.
   void AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
                  std::vector<std::unique_ptr<GroupCall>>* out);
-  void BuildCalls(const Layout& layout);
-  // Pairs each partition of group `group` that shard `shard`'s `response`
-  // reports with its index in `index`; FAILED_PRECONDITION if the shard
-  // holds other partitions than this worker places there. Replicated: the
-  // response's partitions of other groups are left out.
-  absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchPartitions(
+  void BuildCalls(const PartitionLayout& layout);
+  // MatchPartitions (client/partition_layout.h) of shard `shard`'s
+  // Register answer against group `group`'s partitions in `index`.
+  absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchShard(
       int group, int shard, const PartitionIndex& index,
       const RegisterResponse& response) const;
-  // Runs one control RPC per shard at once through the shards' channels
-  // and waits for all; returns the first error (any other before a
-  // FAILED_PRECONDITION). `start(s, ...)` is ShardRpc::start for shard s.
-  using StartFn = std::function<void(int shard, grpc::ClientContext* context,
-                                     uint64_t shard_incarnation,
-                                     std::function<void(grpc::Status)> done)>;
-  absl::Status CallAllShards(const char* method, absl::Duration attempt_timeout,
-                             absl::Duration retry_for, const StartFn& start);
-  // The same for `shards`; each one's outcome, in order.
-  std::vector<absl::Status> CallShards(const std::vector<int>& shards, const char* method,
-                                       absl::Duration attempt_timeout,
-                                       absl::Duration retry_for, const StartFn& start);
-  // StartFn of a Heartbeat of `request` whose answer from shard s goes to
-  // responses[s]; both must outlive the calls.
-  StartFn HeartbeatStart(const HeartbeatRequest& request,
-                         std::vector<HeartbeatResponse>& responses);
-  // Replicated: CallShards on `shards`, each retried for at most
-  // member_timeout (and retry_for); one still unreachable then is skipped
-  // with a warning. (*answered)[i]: shards[i] answered OK. The first error
-  // a shard answered with, if any.
-  absl::Status CallReachable(const std::vector<int>& shards, const char* method,
-                             absl::Duration retry_for, const StartFn& start,
-                             std::vector<bool>* answered);
-  // Replicated: a heartbeat to every member shard, until one answered or
-  // `retry_for` (and reconnect_timeout) passed.
-  absl::StatusOr<HeartbeatResponse> HeartbeatMembers(const HeartbeatRequest& request,
-                                                     absl::Duration retry_for);
-  absl::StatusOr<std::vector<StatusResponse>> ReachableStatus(std::vector<int>* unreachable);
-  // Logs that `shard` was skipped, at most every 30 s per shard.
-  void WarnSkipped(int shard, const char* method, const absl::Status& status);
   // Starts `start(group, done)` for every blocking-call group, waits for
   // all, then for gRPC to release the gradients; the first error.
   absl::Status RunGroups(
@@ -316,19 +251,21 @@ class PsClient {
   const uint64_t worker_incarnation_;
   bool sync_ = false;
   std::vector<std::unique_ptr<ShardChannel>> channels_;
-  // Replicated shards only; the channels route through it. After the
-  // channels, so it goes first.
-  std::unique_ptr<ChainRouter> router_;
-  absl::Mutex warn_mu_;
-  std::vector<absl::Time> skip_warned_ ABSL_GUARDED_BY(warn_mu_);  // by shard
+  // The control RPCs over the channels, chosen in Create (DirectControl or
+  // ChainControl); after the channels, so they go first (a ChainControl
+  // owns the router the channels route by).
+  std::unique_ptr<ShardCalls> calls_;
+  std::unique_ptr<ControlCalls> control_;
+  // Replicated shards: control_'s router; null otherwise.
+  ChainRouter* router_ = nullptr;
   std::vector<TensorSpec> tensors_;
   std::vector<std::string> tensor_names_;
-  std::vector<int64_t> tensor_sizes_;
   // What Register sent; a resync sends it again. Constant between Registers.
   RegisterRequest register_request_;
   int64_t registered_worker_clock_ = 0;
-  // Per shard: (tensor, partition) -> index into versions_.
-  std::vector<PartitionIndex> partition_index_;
+  // Where the registered tensors' partitions live; constant between
+  // Registers.
+  PartitionLayout layout_;
   // Version of each partition as last pulled (or taken from a restarted
   // shard); PartitionSlice::version_index points here. Written by at most
   // one in-flight pull per partition, and by a resync of its shard.

@@ -365,7 +365,7 @@ TEST_F(PsClientReplicasTest, PushesGoToEachGroupsHeadAndPullsToItsTail) {
   EXPECT_EQ(NewOps("PushPull.push").size(), 0u);
 
   // Heartbeats reach every member.
-  ASSERT_OK_AND_ASSIGN(HeartbeatResponse beat, client->Heartbeat(3, false));
+  ASSERT_OK_AND_ASSIGN(HeartbeatResponse beat, client->Heartbeat(3, false, absl::InfiniteDuration()));
   ASSERT_EQ(beat.workers_size(), 1);
   EXPECT_EQ(beat.workers(0).clock(), 3);
   for (const auto& shard : shards_) EXPECT_GE(shard->calls("Heartbeat"), 1);
@@ -379,7 +379,7 @@ TEST_F(PsClientReplicasTest, ADeadMemberDoesNotStopTheWorker) {
   shards_[2]->Stop();
 
   absl::Time start = absl::Now();
-  ASSERT_OK(client->Heartbeat(1, false).status());
+  ASSERT_OK(client->Heartbeat(1, false, absl::InfiniteDuration()).status());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   std::vector<int> unreachable;
   ASSERT_OK_AND_ASSIGN(std::vector<StatusResponse> status, client->ClusterStatus(&unreachable));

@@ -43,14 +43,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/group_call.h"
+#include "client/parameter_client.h"
 #include "client/shard_channel.h"
 
 namespace shardtrain::client {
-
-// Blocks until a gradient handed to an exchange is ready to be read (e.g.
-// its copy from a device has landed) and returns that copy's status. An
-// empty one: the gradient is already there.
-using GradReady = absl::AnyInvocable<absl::Status()>;
 
 class TensorExchange {
  public:

@@ -68,7 +68,7 @@ absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound) {
              !max_staleness.compare_exchange_weak(seen, push.max_staleness)) {
       }
     }
-    ASSERT_TRUE(client->Heartbeat(kSteps, /*done=*/true).ok());
+    ASSERT_TRUE(client->Heartbeat(kSteps, /*done=*/true, absl::InfiniteDuration()).ok());
     if (w == 0) fast_wait = waited;
   };
   // Samples the clocks the shards see while the workers run.

@@ -18,7 +18,7 @@ namespace shardtrain::worker {
 // Sends a heartbeat with the trainer's clock every interval until stopped.
 class HeartbeatThread {
  public:
-  HeartbeatThread(client::PsClient* client, const std::atomic<int64_t>* clock,
+  HeartbeatThread(client::ParameterClient* client, const std::atomic<int64_t>* clock,
                   absl::Duration interval)
       : thread_([this, client, clock, interval] {
           while (!stop_.WaitForNotificationWithTimeout(interval)) {
@@ -38,7 +38,7 @@ class HeartbeatThread {
   std::thread thread_;
 };
 
-Trainer::Trainer(const TrainerOptions& options, client::PsClient* client,
+Trainer::Trainer(const TrainerOptions& options, client::ParameterClient* client,
                  WorkerMetrics* metrics, std::unique_ptr<Model> model)
     : options_(options),
       client_(client),
@@ -54,7 +54,7 @@ Trainer::~Trainer() {
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainerOptions& options, const ModelFactory& make_model,
-    client::PsClient* client, WorkerMetrics* metrics) {
+    client::ParameterClient* client, WorkerMetrics* metrics) {
   if (options.num_workers < 1 ||
       options.worker_index >= static_cast<uint32_t>(options.num_workers)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -431,7 +431,8 @@ void Trainer::StopHeartbeats() { heartbeats_.reset(); }
 
 absl::StatusOr<int64_t> Trainer::ClusterSteps() {
   ASSIGN_OR_RETURN(HeartbeatResponse response,
-                   client_->Heartbeat(clock_.load(), /*done=*/false));
+                   client_->Heartbeat(clock_.load(), /*done=*/false,
+                                      absl::InfiniteDuration()));
   int64_t steps = 0;
   for (const WorkerState& worker : response.workers()) steps += worker.clock();
   return steps;
@@ -441,7 +442,7 @@ absl::Status Trainer::WaitForOtherWorkers() {
   const absl::Time give_up = absl::Now() + options_.wait_for_workers;
   while (true) {
     ASSIGN_OR_RETURN(HeartbeatResponse response,
-                     client_->Heartbeat(clock_.load(), /*done=*/true));
+                     client_->Heartbeat(clock_.load(), /*done=*/true, absl::InfiniteDuration()));
     int finished = 0;
     for (const WorkerState& worker : response.workers()) {
       if (worker.done() || !worker.live()) ++finished;
@@ -582,7 +583,7 @@ absl::Status Trainer::FinishRun(const Dataset* test, RunTotals& totals) {
   RETURN_IF_ERROR(Drain());
   if (!options_.chief) {
     ASSIGN_OR_RETURN(HeartbeatResponse ignored,
-                     client_->Heartbeat(clock_.load(), /*done=*/true));
+                     client_->Heartbeat(clock_.load(), /*done=*/true, absl::InfiniteDuration()));
   } else if (!totals.final_evaluated) {
     // Resumed at (or rejoined at) the end, or no epochs: the chief still
     // waits for the others and reports the final model.

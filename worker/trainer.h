@@ -38,7 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/ps_client.h"
+#include "client/parameter_client.h"
 #include "worker/data/dataset.h"
 #include "worker/model/model.h"
 #include "worker/worker_metrics.h"
@@ -102,7 +102,7 @@ class Trainer {
   // trainer; `metrics` may be null.
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerOptions& options, const ModelFactory& make_model,
-      client::PsClient* client, WorkerMetrics* metrics);
+      client::ParameterClient* client, WorkerMetrics* metrics);
   ~Trainer();
 
   // Registers the model's tensors with the shards and sets clock() to
@@ -166,7 +166,7 @@ class Trainer {
   // result's totals.
   absl::Status FinishRun(const Dataset* test, RunTotals& totals);
 
-  Trainer(const TrainerOptions& options, client::PsClient* client,
+  Trainer(const TrainerOptions& options, client::ParameterClient* client,
           WorkerMetrics* metrics, std::unique_ptr<Model> model);
 
   // The phases of Step, in order.
@@ -219,7 +219,7 @@ class Trainer {
   absl::StatusOr<bool> RejoinIfAhead(int64_t step);
 
   const TrainerOptions options_;
-  client::PsClient* const client_;
+  client::ParameterClient* const client_;
   WorkerMetrics* const metrics_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> eval_model_;

@@ -273,7 +273,7 @@ py::dict PyClient::Heartbeat(int64_t clock, bool done) {
   {
     py::gil_scoped_release release;
     absl::ReaderMutexLock lock(&life_mu_);
-    if (client_ != nullptr) response = client_->Heartbeat(clock, done);
+    if (client_ != nullptr) response = client_->Heartbeat(clock, done, absl::InfiniteDuration());
   }
   ThrowIfError(response.status());
   return MessageToDict(*response);
