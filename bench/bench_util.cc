@@ -303,4 +303,23 @@ std::string StartBenchmark(int argc, char** argv, const char* usage) {
   return command_line;
 }
 
+// Parses --scaling: "SxW,SxW,..." with S in [1, 64] and W in [1, 64].
+absl::StatusOr<std::vector<std::pair<int, int>>> ParseScaling(absl::string_view text) {
+  std::vector<std::pair<int, int>> configs;
+  if (text.empty()) return configs;
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    const std::vector<std::string> parts = absl::StrSplit(entry, 'x');
+    int shards = 0;
+    int workers = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &shards) ||
+        !absl::SimpleAtoi(parts[1], &workers) || shards < 1 || shards > 64 || workers < 1 ||
+        workers > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", entry, "\" is not SxW with 1 <= S, W <= 64 (shards x workers, e.g. 4x2)"));
+    }
+    configs.emplace_back(shards, workers);
+  }
+  return configs;
+}
+
 }  // namespace shardtrain::bench

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/server.h>
@@ -210,6 +211,10 @@ absl::Status WriteTable(const std::string& path, const std::string& table);
 // (with `usage`), glog to stderr from WARNING up. Returns the command line
 // as given, for the results file.
 std::string StartBenchmark(int argc, char** argv, const char* usage);
+
+// Parses a scaling mode's configurations: "SxW,SxW,..." (S shards x W
+// workers, each in [1, 64]); none for "".
+absl::StatusOr<std::vector<std::pair<int, int>>> ParseScaling(absl::string_view text);
 
 }  // namespace shardtrain::bench
 

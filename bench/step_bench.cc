@@ -13,6 +13,19 @@
 //
 //   step_bench --model=mlp:784-4096-4096-10 --batch=64 --shards=1,2 --steps=20
 //       [--device=cuda --pageable]
+//
+// Scaling mode (--scaling=1x1,2x1,4x2,8x4 instead of --shards): S in-process
+// shards (async, sgd) x W workers, each a Trainer (overlap on) with its own
+// PsClient and thread, all stepping at once. Every configuration's shards
+// and workers are up from the start and run --steps steps each per round,
+// in an order rotating by round (--rounds rounds); each figure is the
+// median over rounds. Aggregate samples/s, the GB/s the workers' pushes and
+// pulls moved (f32: 2 x parameters x 4 bytes per worker step), this
+// process's CPU (workers and shards) per MB moved, and two ratios: to the
+// first configuration, and to compute alone (W workers each at the
+// compute1 baseline's rate, as if the parameter server cost nothing).
+//
+//   step_bench --scaling=1x1,2x1,4x1,2x2,4x4 --steps=10 --rounds=3
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -20,6 +33,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -32,7 +47,10 @@
 #include "absl/time/clock.h"
 #include "app/deadlock_detection.h"
 #include "app/malloc_tuning.h"
+#include "bench/bench_process.h"
+#include "bench/bench_util.h"
 #include "client/ps_client.h"
+#include "common/status_macros.h"
 #include "server/ps_server.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/tensor_specs.h"
@@ -45,6 +63,10 @@ ABSL_FLAG(int, steps, 12, "Measured steps per case (after 3 warm-up steps)");
 ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 ABSL_FLAG(int, cpu_threads, 1, "OpenBLAS threads (cpu)");
 ABSL_FLAG(std::string, out, "", "Also write the table here");
+ABSL_FLAG(std::string, scaling, "",
+          "Scaling mode instead of --shards: SxW,... (S in-process shards x W workers "
+          "stepping at once, async, overlap on), e.g. 1x1,2x1,4x2,8x4");
+ABSL_FLAG(int, rounds, 3, "Scaling mode: rounds (each runs every configuration once)");
 ABSL_FLAG(bool, pageable, false,
           "Also step both ways with the parameters in pageable host memory "
           "(TrainerOptions::pin_params off), to show what page-locking them saves on a GPU");
@@ -58,20 +80,6 @@ double TimeSeconds(Fn run) {
   const absl::Time start = absl::Now();
   run();
   return absl::ToDoubleSeconds(absl::Now() - start);
-}
-
-double Median(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
-  return values[values.size() / 2];
-}
-
-std::string CpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
 }
 
 struct Cluster {
@@ -93,12 +101,13 @@ struct Arm {
   double drain_s = 0;  // Overlap: waiting for exchanges after each step.
 };
 
-Cluster StartShards(int shards) {
+Cluster StartShards(int shards, int workers = 1) {
   Cluster cluster;
   for (int s = 0; s < shards; ++s) {
     server::PsServerOptions options;
     options.metrics_address = "";
     options.shard.shard_index = s;
+    options.shard.num_workers = workers;
     options.shard.partitioning.num_shards = shards;
     options.shard.optimizer.name = "sgd";
     options.shard.optimizer.learning_rate = 1e-4f;
@@ -111,6 +120,117 @@ Cluster StartShards(int shards) {
     cluster.servers.push_back(std::move(*server));
   }
   return cluster;
+}
+
+// Scaling mode: one configuration's shards and workers.
+struct ScaleConfig {
+  int shards = 0;
+  int workers = 0;
+  Cluster cluster;
+  std::vector<std::unique_ptr<client::PsClient>> clients;
+  std::vector<std::unique_ptr<worker::Trainer>> trainers;  // after their clients
+  std::vector<double> wall_s, cpu_s;                       // per round
+};
+
+// Every worker of `config` runs `steps` steps (and drains) on its own
+// thread; the wall time and this process's CPU time.
+absl::StatusOr<std::pair<double, double>> RunSteps(ScaleConfig& config, int steps, int batch,
+                                                   const std::vector<float>& x,
+                                                   const std::vector<int32_t>& labels) {
+  std::vector<absl::Status> statuses(config.workers);
+  const double cpu_before = bench::SelfCpuSeconds();
+  const absl::Time start = absl::Now();
+  std::vector<std::thread> threads;
+  for (int w = 0; w < config.workers; ++w) {
+    threads.emplace_back([&, w] {
+      worker::Trainer& trainer = *config.trainers[w];
+      for (int i = 0; i < steps && statuses[w].ok(); ++i) {
+        statuses[w] = trainer.Step(x.data(), labels.data(), batch).status();
+      }
+      if (statuses[w].ok()) statuses[w] = trainer.Drain();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  const double cpu = bench::SelfCpuSeconds() - cpu_before;
+  for (const absl::Status& status : statuses) RETURN_IF_ERROR(status);
+  return std::make_pair(wall, cpu);
+}
+
+absl::Status StartConfig(const worker::ModelFactory& make_model, int batch,
+                         const std::vector<float>& x, const std::vector<int32_t>& labels,
+                         ScaleConfig& config) {
+  config.cluster = StartShards(config.shards, config.workers);
+  for (int w = 0; w < config.workers; ++w) {
+    client::PsClientOptions options;
+    options.servers = config.cluster.addresses;
+    options.worker_index = static_cast<uint32_t>(w);
+    options.num_workers = config.workers;
+    ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> client,
+                     client::PsClient::Create(options, nullptr));
+    worker::TrainerOptions trainer_options;
+    trainer_options.worker_index = static_cast<uint32_t>(w);
+    trainer_options.num_workers = config.workers;
+    trainer_options.batch = batch;
+    trainer_options.overlap = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<worker::Trainer> trainer,
+                     worker::Trainer::Create(trainer_options, make_model, client.get(), nullptr));
+    RETURN_IF_ERROR(trainer->Initialize());
+    config.clients.push_back(std::move(client));
+    config.trainers.push_back(std::move(trainer));
+  }
+  // Warm-up: every worker at once, as measured.
+  return RunSteps(config, 3, batch, x, labels).status();
+}
+
+absl::StatusOr<std::string> RunScaling(const std::vector<std::pair<int, int>>& shapes,
+                                       const worker::ModelFactory& make_model, int batch,
+                                       int steps, int rounds, double compute_alone,
+                                       int64_t parameters, const std::vector<float>& x,
+                                       const std::vector<int32_t>& labels) {
+  std::vector<ScaleConfig> configs(shapes.size());
+  for (size_t c = 0; c < shapes.size(); ++c) {
+    std::tie(configs[c].shards, configs[c].workers) = shapes[c];
+    RETURN_IF_ERROR(StartConfig(make_model, batch, x, labels, configs[c]));
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      ScaleConfig& config = configs[(i + round) % configs.size()];
+      ASSIGN_OR_RETURN(const auto measured, RunSteps(config, steps, batch, x, labels));
+      config.wall_s.push_back(measured.first);
+      config.cpu_s.push_back(measured.second);
+    }
+  }
+  std::string table = absl::StrFormat(
+      "scaling: S in-process shards (async, sgd) x W workers (Trainer, overlap, own PsClient "
+      "and thread), %d steps per worker per round, %d rounds, medians over rounds\n"
+      "%-6s %10s %8s %9s %9s %10s %7s %9s\n",
+      steps, rounds, "SxW", "samples/s", "step ms", "GB/s", "CPU ms/MB", "x compute", "x 1st",
+      "cpu/step");
+  const double bytes_per_step = 2.0 * static_cast<double>(parameters) * sizeof(float);
+  double first_rate = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    ScaleConfig& config = configs[c];
+    const double wall = bench::Median(config.wall_s);
+    const double cpu = bench::Median(config.cpu_s);
+    const double worker_steps = static_cast<double>(config.workers) * steps;
+    const double rate = worker_steps * batch / wall;
+    if (c == 0) first_rate = rate;
+    const double megabytes = worker_steps * bytes_per_step / 1e6;
+    // W workers each at compute alone's rate: the parameter server free.
+    const double compute_rate = config.workers * batch / compute_alone;
+    absl::StrAppendFormat(&table, "%-6s %10.0f %8.1f %9.3f %9.3f %10.2f %7.2f %9.1f\n",
+                          absl::StrCat(config.shards, "x", config.workers), rate,
+                          wall / steps * 1e3, megabytes / 1e3 / wall, cpu * 1e3 / megabytes,
+                          rate / compute_rate, rate / first_rate, cpu / worker_steps * 1e3);
+  }
+  table +=
+      "samples/s: all workers; step ms: a round's wall time / steps (the workers step at\n"
+      "once); GB/s: the workers' f32 pushes and pulls (2 x parameters x 4 B per worker step)\n"
+      "per second of wall time; CPU ms/MB: this process (the workers' compute and the\n"
+      "shards) per MB moved; x compute: samples/s / (W x batch / compute1); x 1st:\n"
+      "samples/s / the first configuration's; cpu/step: CPU ms per worker step.\n";
+  return table;
 }
 
 }  // namespace
@@ -150,10 +270,20 @@ int main(int argc, char** argv) {
   std::vector<int32_t> labels(batch);
   for (int32_t& l : labels) l = static_cast<int32_t>(rng() % spec->layer_sizes.back());
 
+  const absl::StatusOr<std::vector<std::pair<int, int>>> scaling =
+      bench::ParseScaling(absl::GetFlag(FLAGS_scaling));
+  if (!scaling.ok()) {
+    std::cerr << "--scaling: " << scaling.status().message() << "\n";
+    return 2;
+  }
+  if (steps < 1 || absl::GetFlag(FLAGS_rounds) < 1) {
+    std::cerr << "--steps and --rounds must be >= 1\n";
+    return 2;
+  }
   std::string report = absl::StrFormat(
-      "step_bench  model %s  batch %d  device %s  (host %s, %d OpenBLAS threads)\n",
-      spec->ToString(), batch, worker::DeviceKindName(model_options.device), CpuModel(),
-      absl::GetFlag(FLAGS_cpu_threads));
+      "step_bench  model %s  batch %d  device %s  (%s, %d OpenBLAS threads)\n",
+      spec->ToString(), batch, worker::DeviceKindName(model_options.device),
+      bench::MachineDescription(), absl::GetFlag(FLAGS_cpu_threads));
 
   // Baseline 1: compute alone, gradients copied back to the host as a
   // step without overlap does.
@@ -173,6 +303,26 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < 2; ++i) compute_step();
   absl::StrAppendFormat(&report, "%.1fM parameters\n", parameters / 1e6);
+  if (!scaling->empty()) {
+    std::vector<double> compute_s;
+    for (int i = 0; i < std::max(steps, 5); ++i) compute_s.push_back(TimeSeconds(compute_step));
+    const double compute_alone = bench::Median(compute_s);
+    absl::StrAppendFormat(&report,
+                          "compute1 (forward+backward+gradient copies alone): %.1f ms\n",
+                          compute_alone * 1e3);
+    model.reset();
+    absl::StatusOr<std::string> table =
+        RunScaling(*scaling, *make_model, batch, steps, absl::GetFlag(FLAGS_rounds),
+                   compute_alone, parameters, x, labels);
+    if (!table.ok()) {
+      std::cerr << table.status() << "\n";
+      return 1;
+    }
+    report += *table;
+    std::cout << report;
+    if (!absl::GetFlag(FLAGS_out).empty()) std::ofstream(absl::GetFlag(FLAGS_out)) << report;
+    return 0;
+  }
   absl::StrAppendFormat(&report, "%-7s %-20s %9s %9s | %9s %9s %9s %9s %9s | %8s\n", "shards",
                         "mode", "compute1", "comm1", "compute", "push", "pull", "wait",
                         "step", "step/max");
@@ -253,12 +403,12 @@ int main(int argc, char** argv) {
         }
       }
     }
-    const double compute_alone = Median(compute_s);
-    const double comm_alone = Median(comm_s);
+    const double compute_alone = bench::Median(compute_s);
+    const double comm_alone = bench::Median(comm_s);
     for (Arm& arm : arms) {
       const worker::EpochResult after = arm.trainer->PhaseTotals();
       auto per_step_ms = [&](double total) { return total / steps * 1e3; };
-      const double step = Median(arm.step_s);
+      const double step = bench::Median(arm.step_s);
       absl::StrAppendFormat(
           &report, "%-7d %-20s %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.2f\n", shards,
           absl::StrCat(arm.overlap ? "overlap" : "sequential", arm.pinned ? "" : " pageable"),
