@@ -70,31 +70,4 @@ absl::Status PushLog::Import(const PushLogState& in) {
   return absl::OkStatus();
 }
 
-void ExportPushLogs(int num_workers, const PushLogOf& log_of,
-                    google::protobuf::RepeatedPtrField<PushLogState>* out) {
-  for (int w = 0; w < num_workers; ++w) {
-    PushLog& log = log_of(static_cast<uint32_t>(w));
-    absl::MutexLock lock(&log.mu());
-    PushLogState state;
-    if (!log.Export(&state)) continue;
-    state.set_worker(static_cast<uint32_t>(w));
-    *out->Add() = std::move(state);
-  }
-}
-
-absl::Status ImportPushLogs(const google::protobuf::RepeatedPtrField<PushLogState>& in,
-                            int num_workers, const PushLogOf& log_of, absl::string_view what) {
-  for (const PushLogState& state : in) {
-    if (state.worker() >= static_cast<uint32_t>(num_workers)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s of worker %d in group state; the job has %d workers", what,
-                          state.worker(), num_workers));
-    }
-    PushLog& log = log_of(state.worker());
-    absl::MutexLock lock(&log.mu());
-    RETURN_IF_ERROR(log.Import(state));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace shardtrain::server

@@ -6,7 +6,8 @@
 // an older sequence cannot be told apart and is refused. A new worker
 // incarnation (a restarted worker) starts a new log once its first push is
 // applied. Replicas follow the head's log (Record) and a shard that copies
-// a group's state copies its logs (Export, Import).
+// a group's state copies its logs (Export, Import; server/push_logs.h holds
+// a shard's logs).
 //
 //   absl::MutexLock lock(&log.mu());  // held from the check to the record
 //   ASSIGN_OR_RETURN(std::optional<int64_t> staleness, log.Find(incarnation, seq));
@@ -20,14 +21,12 @@
 #define SHARDTRAIN_SERVER_PUSH_LOG_H_
 
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/shardtrain.pb.h"
 
@@ -71,18 +70,6 @@ class PushLog {
   // sequence was not applied. Allocated on first use.
   std::vector<int64_t> applied_ ABSL_GUARDED_BY(mu_);
 };
-
-// A replica group's logs, one per worker w in [0, num_workers): log_of(w).
-using PushLogOf = std::function<PushLog&(uint32_t worker)>;
-
-// Appends each worker's log (Export, under its lock) to `out`.
-void ExportPushLogs(int num_workers, const PushLogOf& log_of,
-                    google::protobuf::RepeatedPtrField<PushLogState>* out);
-// Imports ExportPushLogs' logs, each under its lock. INVALID_ARGUMENT for a
-// log of a worker outside [0, num_workers) or one Import refuses; `what`
-// names the logs in the message.
-absl::Status ImportPushLogs(const google::protobuf::RepeatedPtrField<PushLogState>& in,
-                            int num_workers, const PushLogOf& log_of, absl::string_view what);
 
 }  // namespace shardtrain::server
 

@@ -70,26 +70,11 @@ wire::PushPullView& ThreadPushPullView() {
   return view;
 }
 
-// Moves the waiters of `list` that `take` picks out of it, in order.
-template <typename Waiter, typename Take>
-std::vector<Waiter*> TakeIf(std::list<Waiter*>& list, Take take) {
-  std::vector<Waiter*> taken;
-  for (auto it = list.begin(); it != list.end();) {
-    if (take(*it)) {
-      taken.push_back(*it);
-      it = list.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return taken;
-}
-
 }  // namespace
 
 // A pull that may have to wait. Owned by gRPC from the handler's return
-// until OnDone; the waiters_ list only borrows it, and whoever removes it
-// from that list is the one who calls Finish.
+// until OnDone; the pulls_ lot only borrows it, and whoever takes it out
+// of the lot is the one who calls Finish.
 class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
  public:
   WaitingReactor(ParameterServerService* service, const char* method,
@@ -109,6 +94,7 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
 
   void OnCancel() override { service_->OnWaiterCancelled(this); }
   void OnDone() override { delete this; }
+  absl::Time deadline() const { return deadline_; }
 
   ParameterServerService* const service_;
   const char* const method_;
@@ -187,7 +173,7 @@ class ParameterServerService::GroupStateWriter
 
 // A training Lookup of a sync table that waits for the step its worker
 // pushed (SparseTables::LookupWaits). Owned by gRPC as WaitingReactor is;
-// whoever removes it from lookup_waiters_ calls Finish.
+// whoever takes it out of the lookups_ lot calls Finish.
 class ParameterServerService::LookupWaiter : public grpc::ServerUnaryReactor {
  public:
   LookupWaiter(ParameterServerService* service, absl::Time start, absl::Time deadline,
@@ -201,6 +187,7 @@ class ParameterServerService::LookupWaiter : public grpc::ServerUnaryReactor {
 
   void OnCancel() override { service_->OnLookupCancelled(this); }
   void OnDone() override { delete this; }
+  absl::Time deadline() const { return deadline_; }
 
   ParameterServerService* const service_;
   const absl::Time start_;
@@ -221,7 +208,8 @@ ParameterServerService::ParameterServerService(Shard* shard,
       checkpointer_(checkpointer),
       max_pull_wait_(max_pull_wait),
       local_path_(std::make_unique<LocalPushPath>(shard, /*order=*/nullptr)),
-      push_path_(local_path_.get()) {
+      push_path_(local_path_.get()),
+      pulls_(&shard_metrics->waiting_pulls()) {
   SetMessageAllocatorFor_Register(&register_arena_);
 }
 
@@ -416,16 +404,12 @@ grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerCon
   if (status.ok() && shard_->tables().LookupWaits(lookup)) {
     auto* waiter = new LookupWaiter(this, start, PullDeadline(context, start),
                                     request->Length(), std::move(lookup), response);
-    {
-      // Checked again under mu_, which the push that applies the step takes
-      // before it wakes the waiters: the wake-up cannot be missed.
-      absl::MutexLock lock(&mu_);
-      if (shard_->tables().LookupWaits(waiter->request_)) {
-        lookup_waiters_.push_back(waiter);
-        return waiter;
-      }
+    // Checked again as it is parked: the push that applies the step wakes
+    // the lot after applying it, so the wake-up cannot be missed.
+    if (!lookups_.Park(waiter,
+                       [&] { return shard_->tables().LookupWaits(waiter->request_); })) {
+      AnswerLookup(waiter);
     }
-    AnswerLookup(waiter);
     return waiter;
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -470,23 +454,15 @@ void ParameterServerService::AnswerLookup(LookupWaiter* waiter) {
 }
 
 void ParameterServerService::WakeLookups() {
-  std::vector<LookupWaiter*> ready;
-  {
-    absl::MutexLock lock(&mu_);
-    ready = TakeIf(lookup_waiters_, [this](const LookupWaiter* waiter) {
-      return !shard_->tables().LookupWaits(waiter->request_);
-    });
+  for (LookupWaiter* waiter : lookups_.Take([this](const LookupWaiter* waiter) {
+         return !shard_->tables().LookupWaits(waiter->request_);
+       })) {
+    AnswerLookup(waiter);
   }
-  for (LookupWaiter* waiter : ready) AnswerLookup(waiter);
 }
 
 void ParameterServerService::OnLookupCancelled(LookupWaiter* waiter) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = std::find(lookup_waiters_.begin(), lookup_waiters_.end(), waiter);
-    if (it == lookup_waiters_.end()) return;  // already answered
-    lookup_waiters_.erase(it);
-  }
+  if (!lookups_.Remove(waiter)) return;  // already answered
   FinishRaw(waiter, "Lookup", absl::CancelledError("the client went away"), waiter->start_,
             waiter->request_bytes_, *waiter->response_);
 }
@@ -617,17 +593,10 @@ void ParameterServerService::BeginPull(WaitingReactor* reactor) {
     FinishWaiter(reactor, common::ToGrpcStatus(valid));
     return;
   }
-  shard_->NotePull(pull);  // may complete steps and wake waiters: before mu_
-  {
-    absl::MutexLock lock(&mu_);
-    // Checked under mu_ so a wake-up between the check and the insertion
-    // cannot be missed: WakeWaiters takes mu_ too.
-    if (!shard_->PullReady(pull)) {
-      waiters_.push_back(reactor);
-      shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
-      return;
-    }
-  }
+  shard_->NotePull(pull);  // may complete steps and wake the lot: not in Park
+  // Checked as it is parked, so a wake-up between the check and the parking
+  // cannot be missed.
+  if (pulls_.Park(reactor, [&] { return !shard_->PullReady(pull); })) return;
   AnswerWaiter(reactor);
 }
 
@@ -651,13 +620,13 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
     builder.Finish(wait_seconds, shard_->incarnation(), waiter->response_);
   }
   if (waiter->committed_read_) {
-    absl::MutexLock lock(&mu_);
-    // Under mu_, as in BeginPull: MarkCommitted's wake-up takes mu_ after
-    // raising the versions this checks.
-    if (!shard_->PullCommitted(waiter->request_, waiter->read_versions_)) {
-      waiter->sealed_ = true;
-      waiters_.push_back(waiter);
-      shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
+    // Sealed before it is parked (the lot's Take reads it); checked as it is
+    // parked, as in BeginPull: MarkCommitted wakes the lot after raising the
+    // versions this checks.
+    waiter->sealed_ = true;
+    if (pulls_.Park(waiter, [&] {
+          return !shard_->PullCommitted(waiter->request_, waiter->read_versions_);
+        })) {
       return;
     }
   }
@@ -672,23 +641,16 @@ void ParameterServerService::FinishWaiter(WaitingReactor* waiter,
 }
 
 void ParameterServerService::WakeWaiters() {
-  std::vector<WaitingReactor*> ready;
+  // A sealed pull's response is written: it is sent. The others are read
+  // now. Sorted before any is finished: gRPC may delete a finished one.
   std::vector<WaitingReactor*> committed;
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      WaitingReactor* waiter = *it;
-      if (waiter->sealed_ ? shard_->PullCommitted(waiter->request_, waiter->read_versions_)
-                          : shard_->PullReady(waiter->request_)) {
-        (waiter->sealed_ ? committed : ready).push_back(waiter);
-        it = waiters_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!ready.empty() || !committed.empty()) {
-      shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
-    }
+  std::vector<WaitingReactor*> ready;
+  for (WaitingReactor* waiter : pulls_.Take([this](const WaitingReactor* waiter) {
+         return waiter->sealed_
+                    ? shard_->PullCommitted(waiter->request_, waiter->read_versions_)
+                    : shard_->PullReady(waiter->request_);
+       })) {
+    (waiter->sealed_ ? committed : ready).push_back(waiter);
   }
   for (WaitingReactor* waiter : committed) FinishWaiter(waiter, grpc::Status::OK);
   for (WaitingReactor* waiter : ready) AnswerWaiter(waiter);
@@ -696,18 +658,7 @@ void ParameterServerService::WakeWaiters() {
 
 void ParameterServerService::ExpireWaiters(absl::Time now) {
   push_path_->Tick(now);
-  std::vector<WaitingReactor*> expired;
-  std::vector<LookupWaiter*> expired_lookups;
-  {
-    absl::MutexLock lock(&mu_);
-    auto past = [now](const auto* waiter) { return waiter->deadline_ <= now; };
-    expired_lookups = TakeIf(lookup_waiters_, past);
-    expired = TakeIf(waiters_, past);
-    if (!expired.empty()) {
-      shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
-    }
-  }
-  for (LookupWaiter* waiter : expired_lookups) {
+  for (LookupWaiter* waiter : lookups_.TakeExpired(now)) {
     FinishRaw(waiter, "Lookup",
               absl::DeadlineExceededError(absl::StrFormat(
                   "lookup of sync table \"%s\" by worker %d waited %s for the other workers' "
@@ -716,7 +667,7 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
                   absl::FormatDuration(now - waiter->start_))),
               waiter->start_, waiter->request_bytes_, *waiter->response_);
   }
-  for (WaitingReactor* waiter : expired) {
+  for (WaitingReactor* waiter : pulls_.TakeExpired(now)) {
     const std::string why =
         waiter->sealed_
             ? "the chain's tail acknowledging the versions it read"
@@ -734,31 +685,17 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
 }
 
 void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = std::find(waiters_.begin(), waiters_.end(), waiter);
-    if (it == waiters_.end()) return;  // already answered
-    waiters_.erase(it);
-    shard_metrics_->waiting_pulls().Set(static_cast<double>(waiters_.size()));
-  }
+  if (!pulls_.Remove(waiter)) return;  // already answered
   FinishWaiter(waiter, grpc::Status::CANCELLED);
 }
 
 void ParameterServerService::CancelAllWaiters() {
   push_path_->CancelAll();
-  std::list<WaitingReactor*> all;
-  std::list<LookupWaiter*> lookups;
-  {
-    absl::MutexLock lock(&mu_);
-    all.swap(waiters_);
-    lookups.swap(lookup_waiters_);
-    shard_metrics_->waiting_pulls().Set(0);
-  }
-  for (LookupWaiter* waiter : lookups) {
+  for (LookupWaiter* waiter : lookups_.TakeAll()) {
     FinishRaw(waiter, "Lookup", absl::UnavailableError("shard is shutting down"),
               waiter->start_, waiter->request_bytes_, *waiter->response_);
   }
-  for (WaitingReactor* waiter : all) {
+  for (WaitingReactor* waiter : pulls_.TakeAll()) {
     FinishWaiter(waiter, grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                       "shard is shutting down"));
   }

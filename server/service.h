@@ -12,7 +12,7 @@
 // stock protobuf clients are served unchanged; a body that does not parse
 // is INVALID_ARGUMENT "request body is not a valid shardtrain.PushRequest:
 // ..." (the other methods get the same from server/bad_body_interceptor.h). A Pull (or the pull half of a PushPull) that cannot be answered
-// yet is parked as a Waiter, holding no thread; the shard's progress
+// yet is parked (server/parked_lot.h), holding no thread; the shard's progress
 // callback re-checks parked pulls and answers those now ready. A parked pull
 // ends with DEADLINE_EXCEEDED at the client's deadline or the server's
 // max_pull_wait, with CANCELLED if the client goes away, or with UNAVAILABLE
@@ -22,15 +22,14 @@
 #ifndef SHARDTRAIN_SERVER_SERVICE_H_
 #define SHARDTRAIN_SERVER_SERVICE_H_
 
-#include <list>
 #include <memory>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
+#include "server/parked_lot.h"
 #include "server/push_path.h"
 #include "server/replication/replicator.h"
 #include "server/shard.h"
@@ -200,9 +199,10 @@ class ParameterServerService final : public ParameterServerBase {
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;
 
-  absl::Mutex mu_;
-  std::list<WaitingReactor*> waiters_ ABSL_GUARDED_BY(mu_);
-  std::list<LookupWaiter*> lookup_waiters_ ABSL_GUARDED_BY(mu_);
+  // Parked pulls (shardtrain_waiting_pulls counts them) and parked
+  // training lookups.
+  ParkedLot<WaitingReactor> pulls_;
+  ParkedLot<LookupWaiter> lookups_;
 };
 
 }  // namespace shardtrain::server

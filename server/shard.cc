@@ -123,13 +123,6 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
       membership_(options.num_workers, options.heartbeat_timeout,
                   options.join_timeout, start_time_),
       groups_(GroupsHeld(options)) {
-  group_slot_.assign(options.partitioning.num_shards, -1);
-  for (size_t slot = 0; slot < groups_.size(); ++slot) {
-    group_slot_[groups_[slot]] = static_cast<int>(slot);
-    for (int w = 0; w < options.num_workers; ++w) {
-      push_logs_.push_back(std::make_unique<PushLog>());
-    }
-  }
   store_.SetOnCreate([this](Partition* part) {
     // Per-partition series only for the first partitions: /metrics stays
     // bounded; the min/max gauges cover all.
@@ -308,7 +301,7 @@ absl::Status Shard::Register(const RegisterRequest& request,
     Membership::Join join = Membership::Join::kNone;
     response->set_worker_clock(membership_.Register(
         static_cast<int>(request.worker()), request.worker_incarnation(),
-        absl::Now(), &join, RejoinStep()));
+        absl::Now(), &join, updater_.RejoinStep()));
     CountJoin(join);
     UpdateMembershipMetrics();
     if (join != Membership::Join::kNone) NotifyProgress();
@@ -316,61 +309,6 @@ absl::Status Shard::Register(const RegisterRequest& request,
     response->set_worker_clock(membership_.Clock(static_cast<int>(request.worker())));
   }
   return absl::OkStatus();
-}
-
-int Shard::RequiredGradients(const Partition& part) const {
-  const int replicas = options_.replicas_to_aggregate > 0
-                           ? options_.replicas_to_aggregate
-                           : options_.num_workers;
-  const int64_t step = part.version.load(std::memory_order_relaxed);
-  return std::max(
-      1, std::min(replicas, membership_.ContributorsForStep(step, part.contributed)));
-}
-
-void Shard::NoteVersion(int64_t version) {
-  int64_t seen = max_version_.load();
-  while (version > seen && !max_version_.compare_exchange_weak(seen, version)) {
-  }
-}
-
-void Shard::ApplyUpdate(Partition& part, const wire::PayloadView* dense,
-                        const float* grad, float lr_scale) {
-  const int64_t step = part.version.load(std::memory_order_relaxed);
-  absl::InlinedVector<float*, Optimizer::kMaxSlots> slots;
-  for (std::vector<float>& slot : part.slots) slots.push_back(slot.data());
-  if (dense != nullptr) {
-    optimizer_->ApplyPayload(step, lr_scale, *dense, absl::MakeSpan(part.params), slots);
-  } else {
-    optimizer_->Apply(step, lr_scale, absl::MakeSpan(part.params),
-                      absl::MakeConstSpan(grad, part.params.size()), slots);
-  }
-  part.version.store(step + 1, std::memory_order_release);
-  NoteVersion(step + 1);
-  if (part.version_gauge != nullptr) {
-    part.version_gauge->Set(static_cast<double>(step + 1));
-  }
-  metrics_->updates_applied().Increment();
-  updates_applied_.fetch_add(1, std::memory_order_relaxed);
-}
-
-bool Shard::MaybeFinishStep(Partition& part, bool close) {
-  if (part.contributions == 0 ||
-      (!close && part.contributions < RequiredGradients(part))) {
-    return false;
-  }
-  const float inverse = 1.0f / static_cast<float>(part.contributions);
-  float* __restrict accum = part.accum.data();
-  for (size_t i = 0; i < part.accum.size(); ++i) accum[i] *= inverse;
-  ApplyUpdate(part, /*dense=*/nullptr, accum, 1.0f);
-  // Coordinated step checkpoints: copy the partition at every N-th step.
-  if (step_snapshot_.Due(part.version.load(std::memory_order_relaxed))) {
-    step_snapshot_.Capture(part);
-  }
-  std::fill(part.accum.begin(), part.accum.end(), 0.0f);
-  std::fill(part.contributed.begin(), part.contributed.end(), false);
-  part.contributions = 0;
-  part.resuming = false;
-  return true;
 }
 
 absl::Status Shard::ValidatePull(const PullRequest& request) const {
@@ -542,7 +480,7 @@ absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
   const absl::Time now = absl::Now();
   const Membership::UpdateResult update = membership_.Update(
       static_cast<int>(request.worker()), request.worker_incarnation(),
-      request.clock(), request.done(), now, RejoinStep());
+      request.clock(), request.done(), now, updater_.RejoinStep());
   CountJoin(update.join);
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
@@ -571,15 +509,15 @@ bool Shard::FinishSteps() {
   enum class Lead : uint8_t { kUnasked, kYes, kNo };
   std::vector<Lead> leads(groups_.size(), Lead::kUnasked);
   for (Partition* part : store_.All()) {
-    Lead& lead = leads[group_slot_[part->group]];
+    Lead& lead = leads[push_logs_.SlotOf(part->group)];
     if (lead == Lead::kUnasked) lead = Leads(part->group) ? Lead::kYes : Lead::kNo;
     if (lead == Lead::kNo) continue;  // followers close steps as told
     absl::MutexLock lock(&part->mu);
     const int64_t op = part->ops;
-    if (!MaybeFinishStep(*part)) continue;
+    if (!updater_.MaybeFinishStep(*part)) continue;
     finished = true;
     ++part->ops;
-    ReplicatedOp& close = closes[group_slot_[part->group]].emplace_back();
+    ReplicatedOp& close = closes[push_logs_.SlotOf(part->group)].emplace_back();
     close.set_op(op);
     close.set_version_after(part->version.load(std::memory_order_relaxed));
     close.mutable_close()->set_tensor(part->tensor);
@@ -679,7 +617,7 @@ void Shard::FillStatus(const StatusRequest& request,
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
   }
-  response->set_updates_applied(updates_applied_.load());
+  response->set_updates_applied(updater_.updates_applied());
   response->set_dropped_gradients(dropped_gradients_.load());
   response->set_max_staleness_seen(max_staleness_seen_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(now - start_time_));
@@ -722,7 +660,7 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
                                         optimizer_->options().name, part));
     part.version.store(record.version());
     part.committed.store(record.version(), std::memory_order_release);
-    NoteVersion(record.version());
+    updater_.NoteVersion(record.version());
     part.resuming = true;
     if (part.version_gauge != nullptr) {
       part.version_gauge->Set(static_cast<double>(record.version()));

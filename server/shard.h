@@ -2,19 +2,9 @@
 //
 // It owns the tensor store, the optimizer and membership, and implements the
 // semantics of every RPC independent of gRPC, so tests can drive it
-// directly:
-//  - sync mode: a push adds a worker's gradient to the step's accumulator;
-//    when the step has one gradient from each contributing worker (or
-//    replicas_to_aggregate), their mean is applied once and the version
-//    moves on. A push for a finished step is dropped, counted and rejected.
-//    Until a partition's first step completes after creation or a restore,
-//    a push from a later step fast-forwards it (the skipped steps are
-//    counted as lost updates), so a shard restored from an older checkpoint
-//    rejoins the job's step; a step it was redoing (from gradients sent
-//    again, client/sync_replay.h) is first closed with the gradients it has.
-//  - async mode: each gradient is applied on arrival and its staleness
-//    recorded; with a staleness bound, pulls of a worker too far ahead of
-//    the slowest one wait (SSP).
+// directly. A push is checked in full (server/decoded_push.h) and its parts
+// applied in the job's mode (server/partition_updater.h: sync steps
+// averaged once every worker's gradient is in, async updates on arrival).
 // Every request is validated in full, resource limits included, before any
 // state changes, so a rejected request leaves the shard exactly as it was.
 //
@@ -53,7 +43,8 @@
 #include "proto/shardtrain.pb.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
-#include "server/push_log.h"
+#include "server/partition_updater.h"
+#include "server/push_logs.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
 #include "server/sparse_tables.h"
@@ -87,9 +78,6 @@ class Shard {
     // names its partition itself (ReplicatedOp.close).
     std::vector<Partition*> partitions;
   };
-  // Push that also reports where each part was applied (may be null).
-  absl::Status Push(const wire::PushView& request, PushResponse* response,
-                    Applied* applied);
 
   // The replica group all parts of a push (or pull) belong to, from the
   // placement alone (the tensor need not be registered here):
@@ -98,7 +86,8 @@ class Shard {
   absl::StatusOr<int> GroupOf(const wire::PushView& request) const;
   absl::StatusOr<int> GroupOf(const PullRequest& request) const;
   int GroupOf(const PartitionKey& key) const;
-  // Push with the request's group already known (GroupOf(request)).
+  // Push with the request's group already known (GroupOf(request)), which
+  // also reports where each part was applied (`applied` may be null).
   absl::Status Push(const wire::PushView& request, int group, PushResponse* response,
                     Applied* applied);
 
@@ -229,20 +218,6 @@ class Shard {
   StepSnapshot& step_snapshot() { return step_snapshot_; }
 
  private:
-  struct DecodedPart {
-    Partition* partition = nullptr;
-    const wire::PayloadView* payload = nullptr;  // in the request
-    int64_t version = 0;
-    // A dense payload (checked) is applied straight from its received
-    // bytes; a sparse one from `decoded`, thread-local scratch.
-    bool dense = false;
-    absl::Span<const float> decoded;
-    // sync: the push is for a later step than a resuming partition's.
-    bool ahead = false;
-    // The part's index in the request.
-    size_t request_index = 0;
-  };
-
   Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
         ShardMetrics* metrics);
 
@@ -258,13 +233,6 @@ class Shard {
   // values.
   absl::Status CheckInitialValues(const RegisterRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(register_mu_);
-  absl::StatusOr<std::vector<DecodedPart>> DecodePush(
-      const wire::PushView& request) const;
-  // The push log of `worker` for `group` (one per group held).
-  PushLog& LogOf(int group, uint32_t worker) const {
-    return *push_logs_[static_cast<size_t>(group_slot_[group]) * options_.num_workers +
-                       worker];
-  }
   // Applies a push with a sequence at most once (see PushLog).
   absl::Status DedupedPush(const wire::PushView& request, int group,
                            PushResponse* response, Applied* applied);
@@ -288,42 +256,6 @@ class Shard {
   // gradients they now need (workers departed or rejoined); reports the
   // closes through the hooks. True if any closed.
   bool FinishSteps();
-  // The steps of ApplyPush for one part; `p` is its partition, locked.
-  // Whether `part` may be applied now (sets part.ahead for a resuming sync
-  // partition that the push overtakes); changes nothing else.
-  absl::Status CheckPart(const Partition& p, DecodedPart& part, uint32_t worker) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Sync: adds the gradient to its step (closing the step first if the push
-  // overtakes a restored partition) and finishes the step if it is
-  // complete, or, for a follower (`follow` not null), if the head did.
-  // Returns the updates the overtaken partition lost.
-  int64_t AddSyncGradient(Partition& p, const DecodedPart& part, uint32_t worker,
-                          const ReplicatedOp* follow = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Async: applies the gradient now; returns its staleness.
-  int64_t ApplyAsyncGradient(Partition& p, const DecodedPart& part)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Sync: gradients that complete `part`'s current step: one per worker
-  // that still counts for it or has already contributed to it (at most
-  // replicas_to_aggregate, at least 1).
-  int RequiredGradients(const Partition& part) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
-  // Raises max_version_ to `version`.
-  void NoteVersion(int64_t version);
-  // The sync step from which a worker coming back now (after being dropped)
-  // contributes: the steps already under way here (up to the highest
-  // partition version) go on without it.
-  int64_t RejoinStep() const { return max_version_.load() + 1; }
-  // Applies a gradient to `part` as update number part->version: `dense`
-  // read where it lies if not null, else part.params.size() floats at `grad`.
-  void ApplyUpdate(Partition& part, const wire::PayloadView* dense,
-                   const float* grad, float lr_scale)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
-  // Sync: applies the step's mean if enough gradients are in.
-  // `close`: apply the mean of the gradients present even if fewer than
-  // required (a restarted shard overtaken by the job, see ApplyPush).
-  bool MaybeFinishStep(Partition& part, bool close = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
   void NotifyProgress();
   void UpdateMembershipMetrics();
   void CountJoin(Membership::Join join);
@@ -338,27 +270,24 @@ class Shard {
 
   // Held across the limit checks and the registration of a Register.
   absl::Mutex register_mu_;
-  // The replica groups held, and each group's index among them (-1: not
-  // held), by group.
-  std::vector<int> groups_;
-  std::vector<int> group_slot_;
-  // One per (group held, worker); taken before any partition lock.
-  std::vector<std::unique_ptr<PushLog>> push_logs_;
+  // The replica groups held (the shard's own first).
+  const std::vector<int> groups_;
+  // Push sequences applied, per group held and worker; a log is locked
+  // before any partition.
+  PushLogs push_logs_{groups_, options_.num_workers};
   mutable absl::Mutex hooks_mu_;
   ReplicationHooks hooks_ ABSL_GUARDED_BY(hooks_mu_);
   std::atomic<int64_t> duplicate_pushes_{0};
-
-  // The highest version of any partition.
-  std::atomic<int64_t> max_version_{0};
-  std::atomic<int64_t> updates_applied_{0};
   std::atomic<int64_t> dropped_gradients_{0};
   std::atomic<int64_t> max_staleness_seen_{0};
 
   mutable absl::Mutex callback_mu_;
   std::function<void()> progress_callback_ ABSL_GUARDED_BY(callback_mu_);
 
-  // Filled by MaybeFinishStep; emptied by the checkpoint writer.
+  // Filled by the updater's sync steps; emptied by the checkpoint writer.
   StepSnapshot step_snapshot_{options_.checkpoint_every_steps};
+  PartitionUpdater updater_{options_, optimizer_.get(), &membership_, metrics_,
+                            &step_snapshot_};
   SparseTables tables_{options_, groups_, incarnation_, metrics_};
 };
 

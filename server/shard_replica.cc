@@ -52,10 +52,10 @@ absl::Status Shard::ApplyForwardedPart(Partition& p, const DecodedPart& part,
     if (part.version > version && op.version_after() > version &&
         !p.contributed[worker]) {
       // The head let a resuming partition catch up to the worker's step
-      // (Shard::CheckPart); the replica does the same.
+      // (PartitionUpdater::CheckPart); the replica does the same.
       DecodedPart ahead = part;
       ahead.ahead = true;
-      AddSyncGradient(p, ahead, worker, &op);
+      updater_.AddSyncGradient(p, ahead, worker, &op);
     } else {
       if (part.version != version || p.contributed[worker]) {
         return absl::InternalError(absl::StrFormat(
@@ -64,10 +64,10 @@ absl::Status Shard::ApplyForwardedPart(Partition& p, const DecodedPart& part,
             p.tensor, p.index, worker, part.version, version,
             p.contributed[worker] ? " with its gradient already in" : ""));
       }
-      AddSyncGradient(p, part, worker, &op);
+      updater_.AddSyncGradient(p, part, worker, &op);
     }
   } else {
-    *staleness = ApplyAsyncGradient(p, part);
+    *staleness = updater_.ApplyAsyncGradient(p, part);
   }
   ++p.ops;
   const int64_t now = p.version.load(std::memory_order_relaxed);
@@ -100,7 +100,7 @@ absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duratio
   }
   std::vector<DecodedPart> parts;
   if (num_parts > 0) {
-    ASSIGN_OR_RETURN(parts, DecodePush(request));
+    ASSIGN_OR_RETURN(parts, DecodePush(request, store_, options_.limits.max_parts_per_request, metrics_));
   }
   const auto timed_out = [&](const Partition& p, int64_t op) {
     return absl::UnavailableError(absl::StrFormat(
@@ -144,7 +144,7 @@ absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duratio
     Partition& p = *found;
     if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
     if (p.ops == op.op()) {
-      MaybeFinishStep(p, /*close=*/true);
+      updater_.MaybeFinishStep(p, /*close=*/true);
       ++p.ops;
       progressed = true;
     }
@@ -154,14 +154,14 @@ absl::Status Shard::ApplyReplicated(const wire::PushView& request, absl::Duratio
   if (num_parts > 0) {
     // The replica's push log and membership follow the head's.
     if (request.sequence != 0) {
-      PushLog& log = LogOf(parts.front().partition->group, request.worker);
+      PushLog& log = push_logs_.Of(parts.front().partition->group, request.worker);
       absl::MutexLock lock(&log.mu());
       log.Record(request.worker_incarnation, request.sequence, max_staleness);
     }
     metrics_->gradients_received().Increment(static_cast<double>(num_parts));
     const Membership::UpdateResult update =
         membership_.Update(static_cast<int>(request.worker), request.worker_incarnation,
-                           request.clock, false, absl::Now(), RejoinStep());
+                           request.clock, false, absl::Now(), updater_.RejoinStep());
     CountJoin(update.join);
     UpdateMembershipMetrics();
   }
@@ -176,21 +176,15 @@ GroupStateResponse Shard::ExportGroup(int group) const {
     absl::ReaderMutexLock lock(&part->mu);
     WritePartitionRecord(*part, PartitionRecordContents::kReplica, state.add_records());
   }
-  if (group < 0 || group >= static_cast<int>(group_slot_.size()) ||
-      group_slot_[group] < 0) {
-    return state;
-  }
-  ExportPushLogs(options_.num_workers,
-                 [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); },
-                 state.mutable_push_logs());
+  if (!push_logs_.Holds(group)) return state;
+  push_logs_.Export(group, state.mutable_push_logs());
   tables_.ExportGroup(group, GroupStateRecordBytes(options_.limits.max_response_bytes),
                       &state);
   return state;
 }
 
 absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
-  if (group < 0 || group >= static_cast<int>(group_slot_.size()) ||
-      group_slot_[group] < 0) {
+  if (!push_logs_.Holds(group)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("shard %d does not hold group %d", options_.shard_index, group));
   }
@@ -211,14 +205,12 @@ absl::Status Shard::ImportGroup(int group, const GroupStateResponse& state) {
     part.version.store(record.version(), std::memory_order_release);
     // This shard joins as the group's tail: what it holds, the tail holds.
     part.committed.store(record.version(), std::memory_order_release);
-    NoteVersion(record.version());
+    updater_.NoteVersion(record.version());
     if (part.version_gauge != nullptr) {
       part.version_gauge->Set(static_cast<double>(record.version()));
     }
   }
-  RETURN_IF_ERROR(ImportPushLogs(
-      state.push_logs(), options_.num_workers,
-      [this, group](uint32_t w) -> PushLog& { return LogOf(group, w); }, "push log"));
+  RETURN_IF_ERROR(push_logs_.Import(group, state.push_logs(), "push log"));
   NotifyProgress();
   return absl::OkStatus();
 }

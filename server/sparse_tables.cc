@@ -63,13 +63,7 @@ SparseTables::SparseTables(const ShardOptions& options, std::vector<int> groups,
       groups_(std::move(groups)),
       incarnation_(incarnation),
       metrics_(metrics),
-      push_logs_(groups_.size() * static_cast<size_t>(options.num_workers)) {
-  for (size_t slot = 0; slot < groups_.size(); ++slot) {
-    const int group = groups_[slot];
-    if (group >= static_cast<int>(group_slot_.size())) group_slot_.resize(group + 1, -1);
-    group_slot_[group] = static_cast<int>(slot);
-  }
-}
+      push_logs_(groups_, options.num_workers) {}
 
 absl::Status SparseTables::CheckIncarnation(uint64_t shard_incarnation) const {
   if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
@@ -397,7 +391,7 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   Table* const table = push.table;
   response->set_incarnation(incarnation_);
   absl::MutexLock lock(&table->mu);
-  PushLog& log = LogOf(SlotOf(table->group), request.worker());
+  PushLog& log = push_logs_.Of(table->group, request.worker());
   absl::MutexLock log_lock(&log.mu());
   if (request.sequence() != 0) {
     ASSIGN_OR_RETURN(std::optional<int64_t> seen,
@@ -503,7 +497,7 @@ absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wa
     return absl::OkStatus();
   }
   const PushSparseRequest& request = op.push();
-  PushLog& log = LogOf(SlotOf(table->group), request.worker());
+  PushLog& log = push_logs_.Of(table->group, request.worker());
   absl::MutexLock log_lock(&log.mu());
   absl::StatusOr<int64_t> dropped = ApplyPush(*table, request.worker(), push.ids,
                                               push.grads.data(), op.now(), step_applied);
@@ -555,9 +549,7 @@ void SparseTables::ExportGroup(int group, int64_t max_record_bytes,
   // After the tables: a push applied in between is in the log (and its
   // forward, already applied, is skipped), never applied without its
   // sequence.
-  ExportPushLogs(options_.num_workers,
-                 [this, slot](uint32_t w) -> PushLog& { return LogOf(slot, w); },
-                 state->mutable_table_push_logs());
+  push_logs_.Export(group, state->mutable_table_push_logs());
 }
 
 absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& state) {
@@ -592,9 +584,7 @@ absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& stat
     absl::MutexLock lock(&table.mu);
     RETURN_IF_ERROR(ReadRecord(record, first, table));
   }
-  RETURN_IF_ERROR(ImportPushLogs(
-      state.table_push_logs(), options_.num_workers,
-      [this, slot](uint32_t w) -> PushLog& { return LogOf(slot, w); }, "table push log"));
+  RETURN_IF_ERROR(push_logs_.Import(group, state.table_push_logs(), "table push log"));
   return absl::OkStatus();
 }
 

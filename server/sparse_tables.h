@@ -49,7 +49,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "proto/shardtrain.pb.h"
-#include "server/push_log.h"
+#include "server/push_logs.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
 #include "sparse/embedding_table.h"
@@ -213,25 +213,18 @@ class SparseTables {
   // of the table's records.
   absl::Status ReadRecord(const CheckpointRecord& record, bool first, Table& table)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
-  int SlotOf(int group) const {
-    return group >= 0 && group < static_cast<int>(group_slot_.size()) ? group_slot_[group] : -1;
-  }
-  PushLog& LogOf(int slot, uint32_t worker) const {
-    return push_logs_[static_cast<size_t>(slot) * static_cast<size_t>(options_.num_workers) +
-                      worker];
-  }
+  int SlotOf(int group) const { return push_logs_.SlotOf(group); }
 
   const ShardOptions options_;
   const std::vector<int> groups_;
-  std::vector<int> group_slot_;  // by group: its index in groups_, or -1
   const uint64_t incarnation_;
   ShardMetrics* const metrics_;
 
   mutable absl::Mutex mu_;
   // Tables are never removed: a TableSet* and its Table*s stay valid.
   absl::flat_hash_map<std::string, std::unique_ptr<TableSet>> tables_ ABSL_GUARDED_BY(mu_);
-  // PushSparse sequences applied, per group slot and worker (LogOf).
-  mutable std::vector<PushLog> push_logs_;
+  // PushSparse sequences applied, per group held and worker.
+  PushLogs push_logs_;
 };
 
 }  // namespace shardtrain::server
