@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/group_call.h"
+#include "client/batch_call.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 

@@ -1,4 +1,4 @@
-// ShardChannel and GroupCall with chain routing (replicated shards): two
+// ShardChannel and BatchCall with chain routing (replicated shards): two
 // in-process test shards behind real gRPC, chains in a real etcd.
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -16,7 +16,7 @@
 #include "absl/time/clock.h"
 #include "client/chain_router.h"
 #include "client/channels.h"
-#include "client/group_call.h"
+#include "client/batch_call.h"
 #include "client/shard_channel.h"
 #include "client/testing/etcd_chains.h"
 #include "common/payload.h"
@@ -200,17 +200,17 @@ class ChainRoutingTest : public ::testing::Test {
   }
 
   // A call of group `group`: one partition of tensor "w".
-  std::unique_ptr<GroupCall> Call(int group) {
+  std::unique_ptr<BatchCall> Call(int group) {
     WireOptions wire;
     wire.worker = 3;
     wire.worker_incarnation = 77;
-    return std::make_unique<GroupCall>(
+    return std::make_unique<BatchCall>(
         &context_, channels_[group].get(), /*connection=*/0,
         std::make_unique<WireRequests>(
             wire, std::vector<PartitionSlice>{{0, 0, 0, kPartitionSize, 0}}, &names_));
   }
 
-  absl::Status Push(GroupCall& call) {
+  absl::Status Push(BatchCall& call) {
     call.requests().SetPush(1, call.NextSequence(),
                             [this](int) { return absl::Span<const float>(grad_); }, versions_);
     absl::Notification done;
@@ -223,7 +223,7 @@ class ChainRoutingTest : public ::testing::Test {
     return status;
   }
 
-  absl::Status Pull(GroupCall& call) {
+  absl::Status Pull(BatchCall& call) {
     call.requests().SetPull(1, 0, [this](int) { return absl::Span<float>(params_); });
     absl::Notification done;
     absl::Status status;
@@ -249,7 +249,7 @@ class ChainRoutingTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(300));
       EXPECT_OK(chains_->Change(0, {1}).status());
     });
-    std::unique_ptr<GroupCall> call = Call(0);
+    std::unique_ptr<BatchCall> call = Call(0);
     const absl::Time start = absl::Now();
     EXPECT_OK(Push(*call));
     const absl::Duration took = absl::Now() - start;
@@ -285,8 +285,8 @@ class ChainRoutingTest : public ::testing::Test {
   std::unique_ptr<ChainRouter> router_;
   const std::vector<std::string> names_ = {"w"};
   VersionTable versions_;
-  GroupContext context_ = [this] {
-    GroupContext context;
+  BatchContext context_ = [this] {
+    BatchContext context;
     context.versions = &versions_;
     return context;
   }();
@@ -296,7 +296,7 @@ class ChainRoutingTest : public ::testing::Test {
 
 TEST_F(ChainRoutingTest, UnroutedChannelsIgnoreTheRole) {
   // Replicas 1: a pull (role tail) of shard 0 goes to shard 0, unstamped.
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   ASSERT_OK(Push(*call));
   ASSERT_OK(Pull(*call));
   EXPECT_THAT(shards_[0]->received(),
@@ -308,8 +308,8 @@ TEST_F(ChainRoutingTest, UnroutedChannelsIgnoreTheRole) {
 TEST_F(ChainRoutingTest, PushesGoToTheHeadAndPullsToTheTailWithTheEpoch) {
   Route();
   if (IsSkipped()) return;
-  std::unique_ptr<GroupCall> group0 = Call(0);
-  std::unique_ptr<GroupCall> group1 = Call(1);
+  std::unique_ptr<BatchCall> group0 = Call(0);
+  std::unique_ptr<BatchCall> group1 = Call(1);
   ASSERT_OK(Push(*group0));
   ASSERT_OK(Pull(*group0));
   EXPECT_EQ(params_[0], 1.0f);  // answered by shard 1, the tail
@@ -338,7 +338,7 @@ TEST_F(ChainRoutingTest, AStaleEpochRefusalIsRetriedWhereTheNewConfigSays) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "stale chain epoch 1 for group 0 (now 2)");
   });
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   ASSERT_OK(Push(*call));
   EXPECT_THAT(shards_[0]->received(), ElementsAre(Received{"Push", 1, 0, 1}));
   // The retry keeps the push's sequence number.
@@ -360,7 +360,7 @@ TEST_F(ChainRoutingTest, ARefusalUnderANewerChainIsRetriedAtOnce) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         "stale chain epoch 1 for group 0: shard 0 is not its head (shard 1 is)");
   });
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   const absl::Time start = absl::Now();
   ASSERT_OK(Push(*call));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "the retry waited for a backoff";
@@ -384,7 +384,7 @@ TEST_F(ChainRoutingTest, MomentaryRefusalsAreRetriedWithinMilliseconds) {
             ? "not serving group 0 yet: shard 0 is at chain epoch 0, behind the request's 1"
             : "not serving group 0: shard 0 is handing its head over (chain epoch 1); retry");
   });
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   const absl::Time start = absl::Now();
   ASSERT_OK(Push(*call));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << "a momentary refusal waited for a backoff";
@@ -427,7 +427,7 @@ TEST_F(ChainRoutingTest, ACallToAShardStillInTheChainIsLeftAlone) {
   Route();
   if (IsSkipped()) return;
   shards_[0]->Hang(true);
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   absl::Notification done;
   absl::Status status;
   call->requests().SetPush(1, call->NextSequence(),
@@ -452,7 +452,7 @@ TEST_F(ChainRoutingTest, ErrorsNameTheGroupAndTheShardTried) {
   shards_[1]->set_policy([](const Received&) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no such tensor");
   });
-  std::unique_ptr<GroupCall> call = Call(0);
+  std::unique_ptr<BatchCall> call = Call(0);
   const absl::Status pulled = Pull(*call);
   EXPECT_EQ(pulled.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(pulled.message(),

@@ -1,6 +1,6 @@
 #include "client/direct_control.h"
 
-#include "client/group_call.h"
+#include "client/batch_call.h"
 #include "common/status_macros.h"
 
 namespace shardtrain::client {

@@ -15,6 +15,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "client/chain_control.h"
 #include "client/direct_control.h"
+#include "client/shard_calls.h"
 #include "common/grpc_status.h"
 #include "common/initializer.h"
 #include "common/partition.h"
@@ -26,6 +27,28 @@ namespace {
 
 // 512 KiB of f32 (bench/results/channels_split_cpu.txt).
 constexpr int64_t kMinElementsPerConnection = 128 * 1024;
+
+// INVALID_ARGUMENT unless `spans` has one span per registered tensor, of
+// its size; the messages name the `call` ("push of") and the `noun` and
+// `verb` of a span ("gradient", "has").
+template <typename T>
+absl::Status CheckSpans(absl::Span<const absl::Span<T>> spans, const char* call,
+                        const char* noun, const char* verb,
+                        const std::vector<TensorSpec>& tensors,
+                        const std::vector<int64_t>& sizes) {
+  if (spans.size() != tensors.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(call, " ", spans.size(), " tensors; ",
+                                                   tensors.size(), " are registered"));
+  }
+  for (size_t t = 0; t < spans.size(); ++t) {
+    if (static_cast<int64_t>(spans[t].size()) != sizes[t]) {
+      return absl::InvalidArgumentError(absl::StrCat(noun, " of ", tensors[t].name(), " ",
+                                                     verb, " ", spans[t].size(),
+                                                     " elements, not ", sizes[t]));
+    }
+  }
+  return absl::OkStatus();
+}
 
 uint64_t NewIncarnation() {
   absl::BitGen gen;
@@ -102,7 +125,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   } else {
     client->control_ = std::make_unique<DirectControl>(client->calls_.get());
   }
-  GroupContext& context = client->group_context_;
+  BatchContext& context = client->batch_context_;
   context.versions = &client->versions_;
   context.push_timeout = options.rpc_timeout;
   context.pull_timeout = options.pull_timeout;
@@ -151,8 +174,8 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   // Nothing may still write into versions_ or read topk_ while they are
   // replaced.
   exchange_.reset();
-  shard_groups_.clear();
-  tensor_groups_.clear();
+  shard_batches_.clear();
+  tensor_batches_.clear();
   register_request_ = std::move(request);
   // KIND_VALUES initial values stay in register_request_ only (a resync
   // sends them again); the layout needs the shapes.
@@ -179,8 +202,8 @@ absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {
   return absl::OkStatus();
 }
 
-void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
-                         std::vector<std::unique_ptr<GroupCall>>* out) {
+void PsClient::AddBatches(int shard, const std::vector<PartitionSlice>& slices, int first,
+                          std::vector<std::unique_ptr<BatchCall>>* out) {
   // A shard holding none of the partitions gets no call (an empty push is
   // refused).
   if (slices.empty()) return;
@@ -195,36 +218,36 @@ void PsClient::AddGroups(int shard, const std::vector<PartitionSlice>& slices, i
   wire.topk = topk_.get();
   for (int r = 0; r < static_cast<int>(runs.size()); ++r) {
     if (runs[r].empty()) continue;
-    out->push_back(std::make_unique<GroupCall>(
-        &group_context_, channel, (first + r) % connections,
+    out->push_back(std::make_unique<BatchCall>(
+        &batch_context_, channel, (first + r) % connections,
         std::make_unique<WireRequests>(wire, std::move(runs[r]), &tensor_names_)));
   }
 }
 
 void PsClient::BuildCalls(const PartitionLayout& layout) {
-  group_context_.sync = sync_;
+  batch_context_.sync = sync_;
   // Replicated shards need no replay: the chain keeps what a member acked.
-  group_context_.replay = sync_ && options_.replicas == 1 ? &replay_ : nullptr;
-  groups_per_shard_.assign(channels_.size(), 0);
+  batch_context_.replay = sync_ && options_.replicas == 1 ? &replay_ : nullptr;
+  batches_per_shard_.assign(channels_.size(), 0);
   for (int s = 0; s < num_shards(); ++s) {
-    const size_t before = shard_groups_.size();
-    AddGroups(s, layout.shard_slices[s], 0, &shard_groups_);
-    groups_per_shard_[s] = static_cast<int>(shard_groups_.size() - before);
+    const size_t before = shard_batches_.size();
+    AddBatches(s, layout.shard_slices[s], 0, &shard_batches_);
+    batches_per_shard_[s] = static_cast<int>(shard_batches_.size() - before);
   }
-  std::vector<std::vector<GroupCall*>> by_tensor(layout.tensor_slices.size());
+  std::vector<std::vector<BatchCall*>> by_tensor(layout.tensor_slices.size());
   for (size_t t = 0; t < layout.tensor_slices.size(); ++t) {
     for (int s = 0; s < num_shards(); ++s) {
-      const size_t first = tensor_groups_.size();
+      const size_t first = tensor_batches_.size();
       // Small tensors of one partition start on different connections, so
       // that the exchange spreads them too.
-      AddGroups(s, layout.tensor_slices[t][s], static_cast<int>(t), &tensor_groups_);
-      for (size_t g = first; g < tensor_groups_.size(); ++g) {
-        by_tensor[t].push_back(tensor_groups_[g].get());
+      AddBatches(s, layout.tensor_slices[t][s], static_cast<int>(t), &tensor_batches_);
+      for (size_t g = first; g < tensor_batches_.size(); ++g) {
+        by_tensor[t].push_back(tensor_batches_[g].get());
       }
     }
   }
   exchange_ = std::make_unique<TensorExchange>(std::move(by_tensor), &versions_,
-                                               group_context_.replay, options_.rpc_timeout,
+                                               batch_context_.replay, options_.rpc_timeout,
                                                /*push_pull=*/!sync_);
 }
 
@@ -369,9 +392,9 @@ void PsClient::ReplayPushes(ShardChannel* channel,
 
 int PsClient::referenced_slices() const {
   int referenced = 0;
-  for (const auto* groups : {&shard_groups_, &tensor_groups_}) {
-    for (const std::unique_ptr<GroupCall>& group : *groups) {
-      referenced += group->requests().refs().Outstanding();
+  for (const auto* batches : {&shard_batches_, &tensor_batches_}) {
+    for (const std::unique_ptr<BatchCall>& batch : *batches) {
+      referenced += batch->requests().refs().Outstanding();
     }
   }
   return referenced;
@@ -398,47 +421,17 @@ int64_t PsClient::RaiseKnownVersions(int64_t step) {
   return lost;
 }
 
-absl::Status PsClient::CheckGrads(absl::Span<const absl::Span<const float>> grads) const {
-  if (grads.size() != tensors_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "push of %d tensors; %d are registered", grads.size(), tensors_.size()));
-  }
-  for (size_t t = 0; t < grads.size(); ++t) {
-    if (static_cast<int64_t>(grads[t].size()) != layout_.tensor_sizes[t]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "gradient of %s has %d elements, not %d", tensors_[t].name(),
-          grads[t].size(), layout_.tensor_sizes[t]));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status PsClient::CheckParams(absl::Span<const absl::Span<float>> params) const {
-  if (params.size() != tensors_.size()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pull into %d tensors; %d are registered", params.size(), tensors_.size()));
-  }
-  for (size_t t = 0; t < params.size(); ++t) {
-    if (static_cast<int64_t>(params[t].size()) != layout_.tensor_sizes[t]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "parameters of %s have %d elements, not %d", tensors_[t].name(),
-          params[t].size(), layout_.tensor_sizes[t]));
-    }
-  }
-  return absl::OkStatus();
-}
-
 bool PsClient::DefersClock(int shard) const {
-  return !sync_ && groups_per_shard_[shard] > 1;
+  return !sync_ && batches_per_shard_[shard] > 1;
 }
 
 void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads) {
-  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+  for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
     // See DefersClock: the parts carry the clock before this step.
     const int64_t sent_clock =
-        DefersClock(group->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
-    group->requests().SetPush(
-        sent_clock, group->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
+        DefersClock(batch->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
+    batch->requests().SetPush(
+        sent_clock, batch->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
   }
 }
 
@@ -457,35 +450,35 @@ absl::Status PsClient::AdvanceClock(int64_t clock) {
 
 void PsClient::SetPulls(int64_t clock, int64_t min_version,
                         absl::Span<const absl::Span<float>> params) {
-  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
-    group->requests().SetPull(clock, min_version, [params](int t) { return params[t]; });
+  for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
+    batch->requests().SetPull(clock, min_version, [params](int t) { return params[t]; });
   }
 }
 
 void PsClient::CollectPush(PushStats* stats) const {
   stats->max_staleness = 0;
-  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
-    stats->max_staleness = std::max(stats->max_staleness, group->push_result().max_staleness);
+  for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
+    stats->max_staleness = std::max(stats->max_staleness, batch->push_result().max_staleness);
   }
 }
 
 void PsClient::CollectPull(PullStats* stats) const {
   stats->server_wait_seconds = 0;
   stats->min_version = INT64_MAX;
-  for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
+  for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
     stats->server_wait_seconds =
-        std::max(stats->server_wait_seconds, group->pull_result().wait_seconds);
-    stats->min_version = std::min(stats->min_version, group->pull_result().min_version);
+        std::max(stats->server_wait_seconds, batch->pull_result().wait_seconds);
+    stats->min_version = std::min(stats->min_version, batch->pull_result().min_version);
   }
 }
 
-absl::Status PsClient::RunGroups(
-    const std::function<void(GroupCall*, std::function<void(absl::Status)>)>& start,
+absl::Status PsClient::RunBatches(
+    const std::function<void(BatchCall*, std::function<void(absl::Status)>)>& start,
     bool pushed) {
-  std::vector<absl::Status> statuses(shard_groups_.size());
-  absl::BlockingCounter pending(static_cast<int>(shard_groups_.size()));
-  for (size_t g = 0; g < shard_groups_.size(); ++g) {
-    start(shard_groups_[g].get(), [&statuses, &pending, g](absl::Status status) {
+  std::vector<absl::Status> statuses(shard_batches_.size());
+  absl::BlockingCounter pending(static_cast<int>(shard_batches_.size()));
+  for (size_t g = 0; g < shard_batches_.size(); ++g) {
+    start(shard_batches_[g].get(), [&statuses, &pending, g](absl::Status status) {
       statuses[g] = std::move(status);
       pending.DecrementCount();
     });
@@ -498,8 +491,8 @@ absl::Status PsClient::RunGroups(
     // still read them, neither gRPC nor a later replay.
     if (sync_) replay_.Detach();
     const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-    for (const std::unique_ptr<GroupCall>& group : shard_groups_) {
-      KeepFirstError(&first, group->Release(deadline));
+    for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
+      KeepFirstError(&first, batch->Release(deadline));
     }
   }
   return first;
@@ -508,11 +501,12 @@ absl::Status PsClient::RunGroups(
 absl::Status PsClient::Push(int64_t clock,
                             absl::Span<const absl::Span<const float>> grads,
                             PushStats* stats) {
-  RETURN_IF_ERROR(CheckGrads(grads));
+  RETURN_IF_ERROR(
+      CheckSpans(grads, "push of", "gradient", "has", tensors_, layout_.tensor_sizes));
   SetPushes(clock, grads);
-  RETURN_IF_ERROR(RunGroups(
-      [](GroupCall* group, std::function<void(absl::Status)> done) {
-        group->StartPush(std::move(done));
+  RETURN_IF_ERROR(RunBatches(
+      [](BatchCall* batch, std::function<void(absl::Status)> done) {
+        batch->StartPush(std::move(done));
       },
       /*pushed=*/true));
   RETURN_IF_ERROR(AdvanceClock(clock));
@@ -523,11 +517,12 @@ absl::Status PsClient::Push(int64_t clock,
 absl::Status PsClient::Pull(int64_t clock, int64_t min_version,
                             absl::Span<const absl::Span<float>> params,
                             PullStats* stats) {
-  RETURN_IF_ERROR(CheckParams(params));
+  RETURN_IF_ERROR(
+      CheckSpans(params, "pull into", "parameters", "have", tensors_, layout_.tensor_sizes));
   SetPulls(clock, min_version, params);
-  RETURN_IF_ERROR(RunGroups(
-      [](GroupCall* group, std::function<void(absl::Status)> done) {
-        group->StartPull(std::move(done));
+  RETURN_IF_ERROR(RunBatches(
+      [](BatchCall* batch, std::function<void(absl::Status)> done) {
+        batch->StartPull(std::move(done));
       },
       /*pushed=*/false));
   CollectPull(stats);
@@ -538,15 +533,17 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
                                 absl::Span<const absl::Span<const float>> grads,
                                 absl::Span<const absl::Span<float>> params,
                                 PushStats* push_stats, PullStats* pull_stats) {
-  RETURN_IF_ERROR(CheckGrads(grads));
-  RETURN_IF_ERROR(CheckParams(params));
+  RETURN_IF_ERROR(
+      CheckSpans(grads, "push of", "gradient", "has", tensors_, layout_.tensor_sizes));
+  RETURN_IF_ERROR(
+      CheckSpans(params, "pull into", "parameters", "have", tensors_, layout_.tensor_sizes));
   // Replicated shards: one RPC too, to the chain's head, which answers the
   // pull half once the tail has the push and what it read.
   SetPushes(clock, grads);
   SetPulls(clock, min_version, params);
-  RETURN_IF_ERROR(RunGroups(
-      [](GroupCall* group, std::function<void(absl::Status)> done) {
-        group->StartPushPull(std::move(done));
+  RETURN_IF_ERROR(RunBatches(
+      [](BatchCall* batch, std::function<void(absl::Status)> done) {
+        batch->StartPushPull(std::move(done));
       },
       /*pushed=*/true));
   RETURN_IF_ERROR(AdvanceClock(clock));

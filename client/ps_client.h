@@ -7,7 +7,7 @@
 // in parallel over the gRPC callback API and returns when every shard has
 // answered. StartExchange/FinishExchanges overlap the same traffic with
 // backward, tensor by tensor (client/tensor_exchange.h). Both start the same
-// per-shard calls (client/group_call.h) whose requests and answers are
+// per-shard batch calls (client/batch_call.h) whose requests and answers are
 // built, encoded and decoded in one place (client/wire_requests.h); the
 // blocking calls only wait for them.
 //
@@ -34,30 +34,18 @@
 // 512 KiB of f32), so that one large push keeps every connection busy.
 //
 // Faults. Every RPC goes through its shard's ShardChannel
-// (client/shard_channel.h): it is retried while the shard is unreachable, up
-// to `reconnect_timeout` after the call's first failure. Each client draws a
-// random non-zero worker incarnation, sent on Register/Push/Pull/Heartbeat,
-// and numbers its pushes per shard (1, 2, ...; a retry resends the same
-// number) so a shard applies each push at most once. When a shard refuses a
-// call with ABORTED (it restarted since this client learned its versions),
-// the client re-registers its tensors there, takes the shard's partition
-// versions, counts the updates it knew of that the shard lost, and retries:
-// in sync mode a push keeps its step; in async mode its versions become
-// min(computed from, the shard's now).
+// (client/shard_channel.h), which retries it while the shard is unreachable
+// and resynchronises a shard that restarted (ABORTED): Resync re-registers
+// the tensors there, takes the shard's versions and counts the updates it
+// lost; in sync mode a push keeps its step, in async mode its versions
+// become min(computed from, the shard's now). Pushes carry a random worker
+// incarnation and a per-shard sequence, so a shard applies each at most once.
 //
-// Replicated shards (replicas > 1). Each partition lives on the chain of
-// its replica group g (the shard index common::ShardFor gives; the client's
-// per-shard groups are exactly these), kept in etcd (ChainRouter,
-// client/chain_router.h). A group's pushes go to its chain's head, its pulls
-// to its tail, stamped with the chain's epoch; a refused or failed call
-// re-reads the chain and retries where it now says (ShardChannel). A
-// PushPull goes to the head, which answers its pull half once the tail
-// holds the push and every version it read. Register goes to every shard that is
-// a member of some chain and takes each group's versions from its tail;
-// Heartbeat goes to every member. A member that cannot be reached within
-// member_timeout is skipped with a warning (its chain drops it within the
-// shards' lease TTL), so one dead shard never stops the worker. No restart
-// resync and no sync replay: the chain keeps the state of a dead member.
+// Replicated shards (replicas > 1): the channel of shard g stands for replica
+// group g, whose pushes go to its chain's head and pulls to its tail
+// (ShardChannel over ChainRouter); Register, Heartbeat and Status are
+// ChainControl's (client/chain_control.h). No restart resync and no sync
+// replay: the chain keeps the state of a dead member.
 //
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
@@ -66,39 +54,31 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <grpcpp/channel.h>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/support/client_interceptor.h>
-
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/batch_call.h"
 #include "client/chain_router.h"
-#include "client/channels.h"
 #include "client/client_metrics.h"
 #include "client/control_calls.h"
-#include "client/group_call.h"
 #include "client/parameter_client.h"
 #include "client/partition_layout.h"
 #include "client/ps_client_options.h"
-#include "client/shard_calls.h"
 #include "client/shard_channel.h"
 #include "client/sync_replay.h"
 #include "client/tensor_exchange.h"
 #include "client/wire_requests.h"
-#include "common/credentials.h"
 #include "common/metrics.h"
-#include "common/partition.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 
 namespace shardtrain::client {
+
+class ShardCalls;  // client/shard_calls.h
 
 class PsClient final : public ParameterClient {
  public:
@@ -193,7 +173,7 @@ class PsClient final : public ParameterClient {
   const PsClientOptions& options() const { return options_; }
 
   // Tests: slices of sent requests that still reference gradients, over
-  // every call group (0 whenever Push, PushPull or FinishExchanges has
+  // every batch (0 whenever Push, PushPull or FinishExchanges has
   // returned).
   int referenced_slices() const;
   // Tests: pushes noted for replay to `shard` whose payloads are still
@@ -203,20 +183,20 @@ class PsClient final : public ParameterClient {
  private:
   PsClient(const PsClientOptions& options, common::RpcMetrics* rpc_metrics,
            PsClientMetrics* fault_metrics);
-  // Groups for `slices` of shard `shard`, split over its connections
+  // Batches for `slices` of shard `shard`, split over its connections
   // starting at connection `first`.
-  void AddGroups(int shard, const std::vector<PartitionSlice>& slices, int first,
-                 std::vector<std::unique_ptr<GroupCall>>* out);
+  void AddBatches(int shard, const std::vector<PartitionSlice>& slices, int first,
+                  std::vector<std::unique_ptr<BatchCall>>* out);
   void BuildCalls(const PartitionLayout& layout);
   // MatchPartitions (client/partition_layout.h) of shard `shard`'s
   // Register answer against group `group`'s partitions in `index`.
   absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> MatchShard(
       int group, int shard, const PartitionIndex& index,
       const RegisterResponse& response) const;
-  // Starts `start(group, done)` for every blocking-call group, waits for
+  // Starts `start(batch, done)` for every blocking-call batch, waits for
   // all, then for gRPC to release the gradients; the first error.
-  absl::Status RunGroups(
-      const std::function<void(GroupCall*, std::function<void(absl::Status)>)>& start,
+  absl::Status RunBatches(
+      const std::function<void(BatchCall*, std::function<void(absl::Status)>)>& start,
       bool pushed);
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
@@ -227,8 +207,6 @@ class PsClient final : public ParameterClient {
   // versions. `restarted`: count and log the updates lost.
   absl::Status TakeShardState(int shard, const RegisterResponse& response,
                               bool restarted);
-  absl::Status CheckGrads(absl::Span<const absl::Span<const float>> grads) const;
-  absl::Status CheckParams(absl::Span<const absl::Span<float>> params) const;
   // Async: a blocking push to a shard it reaches over several connections
   // (several RPCs that land one by one) must not advance this worker's
   // clock there before every part is applied, or a pull the staleness
@@ -271,17 +249,17 @@ class PsClient final : public ParameterClient {
   // one in-flight pull per partition, and by a resync of its shard.
   VersionTable versions_;
   // Set when options_.topk_ratio > 0: one residual per partition, indexed
-  // like versions_. Before the groups, which use it, so it outlives them.
+  // like versions_. Before the batches, which use it, so it outlives them.
   std::unique_ptr<common::TopKCompressor> topk_;
   // Sync mode: acknowledged pushes to send again to a shard that restarts
-  // before their step completes. Before the groups, which use it.
+  // before their step completes. Before the batches, which use it.
   SyncReplay replay_;
-  GroupContext group_context_;
-  // The blocking calls' groups (by shard, then connection) and the
+  BatchContext batch_context_;
+  // The blocking calls' batches (by shard, then connection) and the
   // exchange's (by tensor, shard, connection).
-  std::vector<std::unique_ptr<GroupCall>> shard_groups_;
-  std::vector<int> groups_per_shard_;  // of shard_groups_
-  std::vector<std::unique_ptr<GroupCall>> tensor_groups_;
+  std::vector<std::unique_ptr<BatchCall>> shard_batches_;
+  std::vector<int> batches_per_shard_;  // of shard_batches_
+  std::vector<std::unique_ptr<BatchCall>> tensor_batches_;
   std::unique_ptr<TensorExchange> exchange_;
 };
 

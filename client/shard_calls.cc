@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/synchronization/blocking_counter.h"
-#include "client/group_call.h"
+#include "client/batch_call.h"
 
 namespace shardtrain::client {
 

@@ -1,6 +1,6 @@
 // ShardChannel: the one place where a worker's RPCs to a shard are retried.
 //
-// Every RPC the worker sends (the data path's GroupCalls, client/group_call.h,
+// Every RPC the worker sends (the data path's BatchCalls, client/batch_call.h,
 // for the blocking calls and the overlapped exchange alike, and the control
 // RPCs) goes through ShardChannel::Call, which runs it on the gRPC callback
 // API and, while the shard cannot be reached, tries again:

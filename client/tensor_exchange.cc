@@ -7,10 +7,10 @@
 
 namespace shardtrain::client {
 
-TensorExchange::TensorExchange(std::vector<std::vector<GroupCall*>> groups,
+TensorExchange::TensorExchange(std::vector<std::vector<BatchCall*>> batches,
                                VersionTable* versions, SyncReplay* replay,
                                absl::Duration release_timeout, bool push_pull)
-    : groups_(std::move(groups)),
+    : batches_(std::move(batches)),
       versions_(versions),
       replay_(replay),
       release_timeout_(release_timeout),
@@ -34,7 +34,7 @@ void TensorExchange::Start(int tensor, int64_t clock, int64_t min_version,
                            absl::Span<const float> grad, GradReady grad_ready,
                            absl::Span<float> params) {
   absl::MutexLock lock(&mu_);
-  pending_ += static_cast<int>(groups_[tensor].size());
+  pending_ += static_cast<int>(batches_[tensor].size());
   started_.push_back(tensor);
   queue_.push_back(Task{tensor, clock, min_version, grad, std::move(grad_ready), params});
 }
@@ -64,13 +64,13 @@ void TensorExchange::Send(Task& task) {
       const absl::Status failed(
           copied.code(), absl::StrFormat("copying the gradient of tensor %d: %s",
                                          task.tensor, copied.message()));
-      for (size_t i = 0; i < groups_[task.tensor].size(); ++i) Complete(failed);
+      for (size_t i = 0; i < batches_[task.tensor].size(); ++i) Complete(failed);
       return;
     }
   }
   const auto grad_of = [&task](int) { return task.grad; };
   const auto params_of = [&task](int) { return task.params; };
-  for (GroupCall* call : groups_[task.tensor]) {
+  for (BatchCall* call : batches_[task.tensor]) {
     // One sequence number per push, kept by its retries.
     call->requests().SetPush(task.clock, call->NextSequence(), grad_of, *versions_);
     call->requests().SetPull(task.clock, task.min_version, params_of);
@@ -82,7 +82,7 @@ void TensorExchange::Send(Task& task) {
   }
 }
 
-void TensorExchange::OnPushed(GroupCall* call, const absl::Status& status) {
+void TensorExchange::OnPushed(BatchCall* call, const absl::Status& status) {
   if (!status.ok()) {
     Complete(status);
     return;
@@ -94,7 +94,7 @@ void TensorExchange::OnPushed(GroupCall* call, const absl::Status& status) {
   call->StartPull([this, call](absl::Status status) { OnPulled(call, status); });
 }
 
-void TensorExchange::OnPulled(GroupCall* call, const absl::Status& status) {
+void TensorExchange::OnPulled(BatchCall* call, const absl::Status& status) {
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     max_wait_seconds_ = std::max(max_wait_seconds_, call->pull_result().wait_seconds);
@@ -103,7 +103,7 @@ void TensorExchange::OnPulled(GroupCall* call, const absl::Status& status) {
   Complete(status);
 }
 
-void TensorExchange::OnPushPulled(GroupCall* call, const absl::Status& status) {
+void TensorExchange::OnPushPulled(BatchCall* call, const absl::Status& status) {
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     max_staleness_ = std::max(max_staleness_, call->push_result().max_staleness);
@@ -141,7 +141,7 @@ absl::Status TensorExchange::Finish(int64_t* max_staleness, double* max_wait_sec
   if (replay_ != nullptr) replay_->Detach();
   const absl::Time deadline = absl::Now() + release_timeout_;
   for (int tensor : started) {
-    for (GroupCall* call : groups_[tensor]) KeepFirstError(&status, call->Release(deadline));
+    for (BatchCall* call : batches_[tensor]) KeepFirstError(&status, call->Release(deadline));
   }
   return status;
 }

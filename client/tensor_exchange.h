@@ -13,12 +13,12 @@
 // everything started. Encoding and sending run on the exchange's own thread,
 // so the thread computing backward only enqueues.
 //
-// The RPCs are the same GroupCalls the blocking PsClient calls make
-// (client/group_call.h), one per (tensor, shard, connection): retried
+// The RPCs are the same BatchCalls the blocking PsClient calls make
+// (client/batch_call.h), one per (tensor, shard, connection): retried
 // across outages and shard restarts, a retried push keeping its sequence
 // number, the gradient sent from where it lies.
 //
-//   TensorExchange exchange(std::move(groups_by_tensor), &versions, replay,
+//   TensorExchange exchange(std::move(batches_by_tensor), &versions, replay,
 //                           /*release_timeout=*/absl::Seconds(30));
 //   exchange.Start(t, clock, min_version, grad, grad_ready, params);
 //   ...
@@ -26,7 +26,7 @@
 //   // now every grad may be overwritten; params hold the pulled values
 //
 // Thread-safety: Start and Finish are called from one thread; the sender
-// thread and gRPC completions touch only the started tensor's groups and
+// thread and gRPC completions touch only the started tensor's batches and
 // partition versions (atomics, which a shard resync may also write).
 #ifndef SHARDTRAIN_CLIENT_TENSOR_EXCHANGE_H_
 #define SHARDTRAIN_CLIENT_TENSOR_EXCHANGE_H_
@@ -42,7 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "client/group_call.h"
+#include "client/batch_call.h"
 #include "client/parameter_client.h"
 #include "client/shard_channel.h"
 
@@ -50,11 +50,11 @@ namespace shardtrain::client {
 
 class TensorExchange {
  public:
-  // groups[t] are tensor t's calls (not owned; they and `versions` must
+  // batches[t] are tensor t's calls (not owned; they and `versions` must
   // outlive this). `release_timeout` bounds Finish's wait for gRPC to let go
   // of the gradients.
   // `push_pull`: one PushPull per call instead of a push, then a pull.
-  TensorExchange(std::vector<std::vector<GroupCall*>> groups, VersionTable* versions,
+  TensorExchange(std::vector<std::vector<BatchCall*>> batches, VersionTable* versions,
                  SyncReplay* replay, absl::Duration release_timeout,
                  bool push_pull = false);
   ~TensorExchange();
@@ -87,12 +87,12 @@ class TensorExchange {
   // SendLoop's wake-up condition: a task is queued or Finish is stopping.
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Task& task);
-  void OnPushed(GroupCall* call, const absl::Status& status);
-  void OnPulled(GroupCall* call, const absl::Status& status);
-  void OnPushPulled(GroupCall* call, const absl::Status& status);
+  void OnPushed(BatchCall* call, const absl::Status& status);
+  void OnPulled(BatchCall* call, const absl::Status& status);
+  void OnPushPulled(BatchCall* call, const absl::Status& status);
   void Complete(const absl::Status& status);
 
-  const std::vector<std::vector<GroupCall*>> groups_;  // by tensor
+  const std::vector<std::vector<BatchCall*>> batches_;  // by tensor
   VersionTable* const versions_;
   SyncReplay* const replay_;
   const absl::Duration release_timeout_;

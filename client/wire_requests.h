@@ -1,17 +1,17 @@
 // WireRequests: the one place where a client builds, encodes and decodes the
-// data-path messages (Push, Pull, PushPull) for a group of partitions that
+// data-path messages (Push, Pull, PushPull) for a batch of partitions that
 // live on one shard, for every path: dense f32, f16/bf16, sparse top-k.
 //
 // Both ways of talking to the shards use it: the blocking Push/Pull/
-// PushPull (one group per shard connection, all registered tensors) and the
-// overlapped exchange (one group per tensor, shard and connection); see
-// client/group_call.h for the RPCs around it.
+// PushPull (one batch per shard connection, all registered tensors) and the
+// overlapped exchange (one batch per tensor, shard and connection); see
+// client/batch_call.h for the RPCs around it.
 //
 // Tensor bytes are not copied into protobuf `bytes` fields:
 //  - a push references its payloads (wire/message_encoder.h): a
 //    dense f32 gradient is sent from the caller's memory itself; f16/bf16
-//    are converted once into this group's recycled staging buffer, top-k
-//    is compressed into this group's payloads, and those are referenced;
+//    are converted once into this batch's recycled staging buffer, top-k
+//    is compressed into this batch's payloads, and those are referenced;
 //  - a pull's answer is parsed in place in the received slices and each
 //    partition copied (and converted) straight into its destination, one
 //    pass over the bytes (wire/payload_pieces.h).
@@ -20,19 +20,19 @@
 //
 // Referenced memory. Until refs().WaitReleased() returns true after a push's
 // call ended (and the request buffer was cleared), gRPC may still read the
-// gradient passed to SetPush and this group's staging buffers.
+// gradient passed to SetPush and this batch's staging buffers.
 //
-//   WireRequests group(options, slices, &names);
-//   group.SetPush(clock, sequence, [&](int t) { return grads[t]; }, versions);
+//   WireRequests batch(options, slices, &names);
+//   batch.SetPush(clock, sequence, [&](int t) { return grads[t]; }, versions);
 //   grpc::ByteBuffer request, response;
-//   group.EncodePush(shard_incarnation, /*clamp=*/nullptr, &request);
+//   batch.EncodePush(shard_incarnation, /*clamp=*/nullptr, &request);
 //   ... generic_stub.UnaryCall(ctx, kPushMethod, {}, &request, &response, done) ...
 //   PushResult pushed;
-//   RETURN_IF_ERROR(group.DecodePush(&response, &pushed));
+//   RETURN_IF_ERROR(batch.DecodePush(&response, &pushed));
 //   request.Clear();
-//   group.refs().WaitReleased(deadline);  // now the gradient may change
+//   batch.refs().WaitReleased(deadline);  // now the gradient may change
 //
-// Thread-compatible: one call of the group at a time.
+// Thread-compatible: one call of the batch at a time.
 #ifndef SHARDTRAIN_CLIENT_WIRE_REQUESTS_H_
 #define SHARDTRAIN_CLIENT_WIRE_REQUESTS_H_
 
@@ -104,7 +104,7 @@ class WireRequests {
   WireRequests& operator=(const WireRequests&) = delete;
 
   const std::vector<PartitionSlice>& slices() const { return slices_; }
-  // Payload bytes this group's push carries (dense in the wire dtype).
+  // Payload bytes this batch's push carries (dense in the wire dtype).
   int64_t dense_bytes() const { return dense_bytes_; }
 
   // Prepares the next push: gradient of partition i is
@@ -149,7 +149,7 @@ class WireRequests {
   absl::Span<const wire::GradientPartOut> push_parts() const { return parts_; }
 
   // Slices of sent requests that still reference the gradient or this
-  // group's staging buffers.
+  // batch's staging buffers.
   wire::SendRefs& refs() { return refs_; }
   const wire::SendRefs& refs() const { return refs_; }
 

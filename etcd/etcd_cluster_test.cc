@@ -39,7 +39,10 @@ class EtcdClusterTest : public ::testing::Test {
     options.max_reconnect_backoff = absl::Milliseconds(300);
     ASSERT_OK_AND_ASSIGN(client_, EtcdClient::Create(options));
     ASSERT_EQ(client_->endpoint(), cluster_[0]->endpoint());
-    ASSERT_OK_AND_ASSIGN(lease_, client_->GrantLease(absl::Seconds(1)));
+    // 2 s: the keeper's rounds (ttl/3 each) must outlast a member's death
+    // and a leader election on a loaded machine (elections take 250 ms
+    // idle; the shortest ttl etcd grants here is 375 ms).
+    ASSERT_OK_AND_ASSIGN(lease_, client_->GrantLease(absl::Seconds(2)));
     keeper_ = client_->KeepLeaseAlive(lease_, [](absl::Status) {});
     ASSERT_OK(client_->Put("/member/0", "live", lease_.id));
     ASSERT_OK_AND_ASSIGN(int64_t revision, client_->Put("/w/0", "before"));

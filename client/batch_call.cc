@@ -1,4 +1,4 @@
-#include "client/group_call.h"
+#include "client/batch_call.h"
 
 #include <utility>
 
@@ -16,7 +16,7 @@ void KeepFirstError(absl::Status* first, const absl::Status& status) {
   }
 }
 
-GroupCall::GroupCall(const GroupContext* context, ShardChannel* channel, int connection,
+BatchCall::BatchCall(const BatchContext* context, ShardChannel* channel, int connection,
                      std::unique_ptr<WireRequests> requests)
     : context_(context),
       channel_(channel),
@@ -24,19 +24,19 @@ GroupCall::GroupCall(const GroupContext* context, ShardChannel* channel, int con
       requests_(std::move(requests)),
       answered_by_(channel) {}
 
-void GroupCall::StartPush(std::function<void(absl::Status)> done) {
+void BatchCall::StartPush(std::function<void(absl::Status)> done) {
   Start(Kind::kPush, std::move(done));
 }
 
-void GroupCall::StartPull(std::function<void(absl::Status)> done) {
+void BatchCall::StartPull(std::function<void(absl::Status)> done) {
   Start(Kind::kPull, std::move(done));
 }
 
-void GroupCall::StartPushPull(std::function<void(absl::Status)> done) {
+void BatchCall::StartPushPull(std::function<void(absl::Status)> done) {
   Start(Kind::kPushPull, std::move(done));
 }
 
-void GroupCall::Start(Kind kind, std::function<void(absl::Status)> done) {
+void BatchCall::Start(Kind kind, std::function<void(absl::Status)> done) {
   static constexpr const char* kNames[] = {"Push", "Pull", "PushPull"};
   static constexpr const char* kMethods[] = {kPushMethod, kPullMethod, kPushPullMethod};
   const int k = static_cast<int>(kind);
@@ -86,7 +86,7 @@ void GroupCall::Start(Kind kind, std::function<void(absl::Status)> done) {
   });
 }
 
-absl::Status GroupCall::Decode(Kind kind) {
+absl::Status BatchCall::Decode(Kind kind) {
   absl::Status status;
   switch (kind) {
     case Kind::kPush:
@@ -119,7 +119,7 @@ absl::Status GroupCall::Decode(Kind kind) {
                                       channel_->address(), status.message()));
 }
 
-absl::Status GroupCall::Release(absl::Time deadline) {
+absl::Status BatchCall::Release(absl::Time deadline) {
   request_.Clear();
   if (requests_->refs().WaitReleased(deadline)) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrFormat(

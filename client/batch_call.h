@@ -1,22 +1,23 @@
-// GroupCall: the data-path RPCs (Push, Pull, PushPull) of one group of
-// partitions that live on one shard (with replicated shards: in one replica
-// group, whose pushes go to its chain's head and pulls to its tail), sent
-// over one of that shard's connections. The blocking PsClient calls and the overlapped exchange both
-// start their RPCs here: the requests come from the group's WireRequests
+// BatchCall: the data-path RPCs (Push, Pull, PushPull) of one batch of
+// partitions: those that live on one shard (with replicated shards: in one
+// replica group, whose pushes go to its chain's head and pulls to its tail)
+// and that one of its connections carries. The blocking PsClient calls and
+// the overlapped exchange both start their RPCs here: the requests come from
+// the batch's WireRequests
 // (client/wire_requests.h), each goes through the shard's ShardChannel
 // (client/shard_channel.h) as raw bytes on grpc::GenericStub, and the answer is
 // decoded straight into the destinations given to SetPull.
 //
-//   GroupCall call(&context, channel, /*connection=*/0, std::move(requests));
+//   BatchCall call(&context, channel, /*connection=*/0, std::move(requests));
 //   call.requests().SetPush(clock, channel->NextSequence(), grad_of, versions);
 //   call.StartPush([&](absl::Status status) { ... call.push_result() ... });
 //   ... once every started call has ended:
 //   RETURN_IF_ERROR(call.Release(deadline));  // the gradient may change now
 //
-// Thread-compatible: one call of a group at a time; `done` runs on a gRPC
+// Thread-compatible: one call of a batch at a time; `done` runs on a gRPC
 // thread.
-#ifndef SHARDTRAIN_CLIENT_GROUP_CALL_H_
-#define SHARDTRAIN_CLIENT_GROUP_CALL_H_
+#ifndef SHARDTRAIN_CLIENT_BATCH_CALL_H_
+#define SHARDTRAIN_CLIENT_BATCH_CALL_H_
 
 #include <functional>
 #include <memory>
@@ -37,9 +38,9 @@ namespace shardtrain::client {
 using RpcRecorder = std::function<void(const char*, const grpc::Status&, size_t,
                                        size_t, absl::Time)>;
 
-// What the groups of one client share. Not owned by the groups; must
+// What the batches of one client share. Not owned by the batches; must
 // outlive them.
-struct GroupContext {
+struct BatchContext {
   VersionTable* versions = nullptr;
   // Sync mode: a push re-sent after a shard restart keeps its versions (its
   // step), and acknowledged pushes are noted in `replay` until their pull.
@@ -59,20 +60,20 @@ struct GroupContext {
 // trainer recovers from).
 void KeepFirstError(absl::Status* first, const absl::Status& status);
 
-class GroupCall {
+class BatchCall {
  public:
-  GroupCall(const GroupContext* context, ShardChannel* channel, int connection,
+  BatchCall(const BatchContext* context, ShardChannel* channel, int connection,
             std::unique_ptr<WireRequests> requests);
-  GroupCall(const GroupCall&) = delete;
-  GroupCall& operator=(const GroupCall&) = delete;
+  BatchCall(const BatchCall&) = delete;
+  BatchCall& operator=(const BatchCall&) = delete;
 
   WireRequests& requests() { return *requests_; }
   const WireRequests& requests() const { return *requests_; }
-  // The shard index of the group's channel; with replicated shards, the
+  // The shard index of the batch's channel; with replicated shards, the
   // replica group (the shard each attempt went to may differ).
   int shard() const { return channel_->index(); }
   int connection() const { return connection_; }
-  // The next push sequence number of this group's shard (replica group:
+  // The next push sequence number of this batch's shard (replica group:
   // numbered per group, so that a new head recognises a retried push).
   uint64_t NextSequence() { return channel_->NextSequence(); }
 
@@ -88,7 +89,7 @@ class GroupCall {
   const PullResult& pull_result() const { return pull_result_; }
 
   // After `done`: drops the request and waits, until `deadline`, for gRPC
-  // to release every slice that references the gradient or the group's
+  // to release every slice that references the gradient or the batch's
   // staging memory. DEADLINE_EXCEEDED if it has not by then: the gradient
   // must not change yet.
   absl::Status Release(absl::Time deadline);
@@ -98,7 +99,7 @@ class GroupCall {
   void Start(Kind kind, std::function<void(absl::Status)> done);
   absl::Status Decode(Kind kind);
 
-  const GroupContext* const context_;
+  const BatchContext* const context_;
   ShardChannel* const channel_;
   const int connection_;
   const std::unique_ptr<WireRequests> requests_;
@@ -112,4 +113,4 @@ class GroupCall {
 
 }  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_CLIENT_GROUP_CALL_H_
+#endif  // SHARDTRAIN_CLIENT_BATCH_CALL_H_
