@@ -76,7 +76,7 @@ absl::Status PartitionUpdater::CheckPart(const Partition& p, DecodedPart& part, 
   const bool sync = options_.mode == ConsistencyMode::kSync;
   const int64_t version = p.version.load(std::memory_order_relaxed);
   if (part.version > version) {
-    // A resuming partition catches up (see shard.h): from any step when no
+    // A resuming partition catches up (see the file comment): from any step when no
     // gradient is pending; with gradients pending (a step it redoes), only
     // from the next step, which workers one step ahead push.
     if (sync && p.resuming && (p.contributions == 0 || part.version == version + 1)) {
