@@ -9,7 +9,6 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 #include "chain/placement.h"
 #include "common/initializer.h"

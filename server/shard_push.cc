@@ -1,7 +1,6 @@
 // Shard's push path: checking a push as received and applying it
 // (server/shard.h).
 #include <algorithm>
-#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -11,11 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "common/float_env.h"
 #include "common/partition.h"
-#include "common/payload.h"
 #include "common/status_macros.h"
 #include "server/internal/partition_locks.h"
 #include "server/shard.h"
-#include "wire/payload_pieces.h"
 
 namespace shardtrain::server {
 
