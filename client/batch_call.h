@@ -33,11 +33,6 @@
 
 namespace shardtrain::client {
 
-// Records one finished RPC for metrics: method, status, bytes sent,
-// bytes received, start time.
-using RpcRecorder = std::function<void(const char*, const grpc::Status&, size_t,
-                                       size_t, absl::Time)>;
-
 // What the batches of one client share. Not owned by the batches; must
 // outlive them.
 struct BatchContext {

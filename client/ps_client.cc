@@ -89,12 +89,14 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     const std::string& server = options.servers[s];
     std::vector<std::shared_ptr<grpc::Channel>> connections;
     for (int c = 0; c < options.channels_per_shard; ++c) {
-      connections.push_back(factory.Make(
-          server, c,
-          options.interceptors
-              ? options.interceptors(static_cast<int>(s))
-              : std::vector<std::unique_ptr<
-                    grpc::experimental::ClientInterceptorFactoryInterface>>()));
+      connections.push_back(
+          options.connect
+              ? options.connect(static_cast<int>(s), c)
+              : factory.Make(server, c,
+                             options.interceptors
+                                 ? options.interceptors(static_cast<int>(s))
+                                 : std::vector<std::unique_ptr<
+                                       grpc::experimental::ClientInterceptorFactoryInterface>>()));
     }
     auto shard = std::make_unique<ShardChannel>(static_cast<int>(s), server,
                                                 std::move(connections), policy,
@@ -323,71 +325,9 @@ void PsClient::Resync(ShardChannel* channel, std::function<void(absl::Status)> d
       done(taken);
       return;
     }
-    ReplayPushes(channels_[shard].get(), std::move(done));
+    replay_.SendAgain(channels_[shard].get(), options_.rpc_timeout, batch_context_.recorder,
+                      std::move(done));
   });
-}
-
-void PsClient::ReplayPushes(ShardChannel* channel,
-                            std::function<void(absl::Status)> done) {
-  struct Replay {
-    std::vector<PushRequest> pushes;
-    std::vector<PushResponse> responses;
-    absl::Mutex mu;
-    int left ABSL_GUARDED_BY(mu) = 0;
-    absl::Status first ABSL_GUARDED_BY(mu);
-    std::function<void(absl::Status)> done;
-  };
-  auto replay = std::make_shared<Replay>();
-  replay->pushes = replay_.Pending(channel->index());
-  if (replay->pushes.empty()) {
-    done(absl::OkStatus());
-    return;
-  }
-  LOG(INFO) << "shard " << channel->index() << " (" << channel->address()
-            << "): sending again " << replay->pushes.size()
-            << " push(es) its previous incarnation acknowledged for step "
-            << replay->pushes[0].clock() - 1 << ", whose sum it lost";
-  replay->responses.resize(replay->pushes.size());
-  replay->done = std::move(done);
-  {
-    absl::MutexLock lock(&replay->mu);
-    replay->left = static_cast<int>(replay->pushes.size());
-  }
-  for (size_t i = 0; i < replay->pushes.size(); ++i) {
-    ShardRpc rpc;
-    rpc.method = "Push";
-    rpc.attempt_timeout = options_.rpc_timeout;
-    // shard_incarnation stays 0: an ABORTED here would wait for the resync
-    // that is sending it.
-    rpc.start = [this, channel, replay, i](const ShardAttempt& attempt,
-                                           std::function<void(grpc::Status)> attempt_done) {
-      const absl::Time start = absl::Now();
-      channel->stub()->async()->Push(
-          attempt.context, &replay->pushes[i], &replay->responses[i],
-          [this, replay, i, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
-            RecordRpc("Push", status, replay->pushes[i].ByteSizeLong(),
-                      replay->responses[i].ByteSizeLong(), start);
-            attempt_done(std::move(status));
-          });
-    };
-    channel->Call(std::move(rpc), [replay](absl::Status status) {
-      // Already there (a retry of the same push got in first) or the step
-      // completed without it: nothing is missing.
-      if (status.code() == absl::StatusCode::kAlreadyExists ||
-          status.code() == absl::StatusCode::kFailedPrecondition) {
-        status = absl::OkStatus();
-      }
-      bool last;
-      absl::Status first;
-      {
-        absl::MutexLock lock(&replay->mu);
-        if (!status.ok() && replay->first.ok()) replay->first = status;
-        last = --replay->left == 0;
-        first = replay->first;
-      }
-      if (last) replay->done(first);
-    });
-  }
 }
 
 int PsClient::referenced_slices() const {
@@ -421,6 +361,11 @@ int64_t PsClient::RaiseKnownVersions(int64_t step) {
   return lost;
 }
 
+// A blocking push to a shard it reaches over several connections (several
+// RPCs that land one by one) must not advance this worker's clock there
+// before every part is applied, or a pull the staleness bound holds back
+// would be let go to read a half-applied step. Sync shards count steps by
+// version.
 bool PsClient::DefersClock(int shard) const {
   return !sync_ && batches_per_shard_[shard] > 1;
 }

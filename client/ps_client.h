@@ -34,18 +34,15 @@
 // 512 KiB of f32), so that one large push keeps every connection busy.
 //
 // Faults. Every RPC goes through its shard's ShardChannel
-// (client/shard_channel.h), which retries it while the shard is unreachable
-// and resynchronises a shard that restarted (ABORTED): Resync re-registers
-// the tensors there, takes the shard's versions and counts the updates it
-// lost; in sync mode a push keeps its step, in async mode its versions
-// become min(computed from, the shard's now). Pushes carry a random worker
-// incarnation and a per-shard sequence, so a shard applies each at most once.
+// (client/shard_channel.h): retried while the shard is unreachable, and a
+// restarted shard (ABORTED) is resynchronised first (Resync: re-register,
+// take its versions, count the updates lost, and in sync mode send again
+// the pushes it acknowledged, client/sync_replay.h). Pushes carry a random
+// worker incarnation and a per-shard sequence: each is applied at most once.
 //
 // Replicated shards (replicas > 1): the channel of shard g stands for replica
-// group g, whose pushes go to its chain's head and pulls to its tail
-// (ShardChannel over ChainRouter); Register, Heartbeat and Status are
-// ChainControl's (client/chain_control.h). No restart resync and no sync
-// replay: the chain keeps the state of a dead member.
+// group g, its chain's head for pushes and tail for pulls; the control calls
+// are ChainControl's (client/chain_control.h). No resync, no replay.
 //
 // Thread-compatible: one training thread calls Push/Pull; Heartbeat and
 // ClusterStatus may be called concurrently from another thread.
@@ -93,29 +90,21 @@ class PsClient final : public ParameterClient {
   // file comment); async by default. Call before Register.
   void set_sync_mode(bool sync) override { sync_ = sync; }
 
-  // Registers `tensors` on every shard (idempotent) and prepares the
-  // requests. Tensor i of Push/Pull below is tensors[i]. Learns each
-  // partition's version and the clock the shards recorded for this worker
-  // (see known_versions() and registered_worker_clock()).
+  // The calls of ParameterClient (client/parameter_client.h), over gRPC.
+  // Register reaches every shard and prepares the requests.
   absl::Status Register(const std::vector<TensorSpec>& tensors) override;
 
-  // Pushes one gradient per tensor, each computed from the versions of the
-  // last Pull. `clock` counts steps finished including this one. The
-  // gradients may be overwritten once it returns (see the file comment).
+  // Each gradient is computed from the versions of the last Pull, and may
+  // be overwritten once Push returns (see the file comment).
   // REQUIRES: Register() succeeded; grads[i].size() == elements of tensor i.
   absl::Status Push(int64_t clock, absl::Span<const absl::Span<const float>> grads,
                     PushStats* stats) override;
 
-  // Fetches every tensor into `params`, waiting until each partition has at
-  // least `min_version` updates and this worker's `clock` is within the
-  // staleness bound.
   absl::Status Pull(int64_t clock, int64_t min_version,
                     absl::Span<const absl::Span<float>> params, PullStats* stats) override;
 
-  // Push(clock, grads) then Pull(clock, min_version, params) in one RPC per
-  // shard connection: each shard applies the gradient and answers with the
-  // parameters that include it.
-  // REQUIRES: as for Push and Pull.
+  // One RPC per shard connection: each shard applies the gradient and
+  // answers with the parameters that include it. REQUIRES: as for Push.
   absl::Status PushPull(int64_t clock, int64_t min_version,
                         absl::Span<const absl::Span<const float>> grads,
                         absl::Span<const absl::Span<float>> params,
@@ -150,17 +139,10 @@ class PsClient final : public ParameterClient {
   absl::StatusOr<std::vector<StatusResponse>> ClusterStatus(
       std::vector<int>* unreachable = nullptr);
 
-  // Smallest and largest partition version this client knows (as
-  // registered, pulled, or taken from a restarted shard); {0, 0} before
-  // Register.
   std::pair<int64_t, int64_t> known_versions() const override;
-  // Sync: raises every partition version this client knows to at least
-  // `step` (the job's step), as for a restarted shard: the partitions below
-  // it catch up on this client's next push (server/shard.h). Returns the
-  // steps skipped, summed over the partitions (updates lost).
+  // As for a restarted shard: the partitions below `step` catch up on this
+  // client's next push (server/shard.h).
   int64_t RaiseKnownVersions(int64_t step) override;
-  // The largest clock any shard recorded for this worker index (from the
-  // last Register); 0 for a new job.
   int64_t registered_worker_clock() const override { return registered_worker_clock_; }
   uint64_t worker_incarnation() const { return worker_incarnation_; }
 
@@ -200,19 +182,12 @@ class PsClient final : public ParameterClient {
       bool pushed);
   // ShardChannel::ResyncFn: re-registers on the shard, takes its versions.
   void Resync(ShardChannel* channel, std::function<void(absl::Status)> done);
-  // Sync: sends the pushes `channel`'s shard acknowledged before it
-  // restarted and whose step has not completed there (client/sync_replay.h).
-  void ReplayPushes(ShardChannel* channel, std::function<void(absl::Status)> done);
   // Applies shard `shard`'s Register answer: its incarnation and partition
   // versions. `restarted`: count and log the updates lost.
   absl::Status TakeShardState(int shard, const RegisterResponse& response,
                               bool restarted);
-  // Async: a blocking push to a shard it reaches over several connections
-  // (several RPCs that land one by one) must not advance this worker's
-  // clock there before every part is applied, or a pull the staleness
-  // bound holds back would be let go to read a half-applied step. So those
-  // parts carry the clock before this step and AdvanceClock sends the new
-  // one (a heartbeat) once all are in. Sync shards count steps by version.
+  // Async, a blocking push to `shard` over several connections: its parts
+  // carry the clock before this step, and AdvanceClock sends the new one.
   bool DefersClock(int shard) const;
   absl::Status AdvanceClock(int64_t clock);
   void SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/client_interceptor.h>
 
@@ -91,6 +92,12 @@ struct PsClientOptions {
   // With replicas > 1: how long a control RPC (Register, Heartbeat,
   // Status) retries one shard before skipping it as dead.
   absl::Duration member_timeout = absl::Seconds(5);
+  // Tests only: makes connection `connection` to shard `shard` instead of a
+  // TCP channel to servers[shard] (an in-process server's channel,
+  // client/testing/fake_shard.h), so a PsClient runs without ports; the
+  // security, keepalive, message-size and transport options above then do
+  // not apply. Null: ChannelFactory's channels.
+  std::function<std::shared_ptr<grpc::Channel>(int shard, int connection)> connect;
   // Tests only: interceptors for the channels to shard `shard`.
   std::function<std::vector<
       std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>>(int shard)>

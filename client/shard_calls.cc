@@ -8,7 +8,7 @@
 namespace shardtrain::client {
 
 ShardCalls::ShardCalls(std::vector<ShardChannel*> channels, absl::Duration rpc_timeout,
-                       Recorder record)
+                       RpcRecorder record)
     : channels_(std::move(channels)), rpc_timeout_(rpc_timeout), record_(std::move(record)) {}
 
 std::vector<absl::Status> ShardCalls::Call(const std::vector<int>& shards, const char* method,

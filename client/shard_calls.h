@@ -28,10 +28,6 @@ namespace shardtrain::client {
 
 class ShardCalls {
  public:
-  // Records one finished RPC: method, status, bytes sent and received, start.
-  using Recorder = std::function<void(const char* method, const grpc::Status& status,
-                                      size_t request_bytes, size_t response_bytes,
-                                      absl::Time start)>;
   // Starts the RPC on shard `shard` with `context`; `done` gets its status.
   using StartFn = std::function<void(int shard, grpc::ClientContext* context,
                                      uint64_t shard_incarnation,
@@ -39,7 +35,7 @@ class ShardCalls {
 
   // `channels[s]` is shard s's; each attempt of a call gets `rpc_timeout`.
   ShardCalls(std::vector<ShardChannel*> channels, absl::Duration rpc_timeout,
-             Recorder record);
+             RpcRecorder record);
 
   int num_shards() const { return static_cast<int>(channels_.size()); }
   ShardChannel* channel(int shard) const { return channels_[shard]; }
@@ -78,7 +74,7 @@ class ShardCalls {
 
   const std::vector<ShardChannel*> channels_;
   const absl::Duration rpc_timeout_;
-  const Recorder record_;
+  const RpcRecorder record_;
 };
 
 }  // namespace shardtrain::client

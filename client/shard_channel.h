@@ -114,6 +114,12 @@ bool IsChainRefusal(const grpc::Status& status);
 
 class ShardChannel;
 
+// Records one finished RPC for metrics: method, status, bytes sent and
+// received, start time.
+using RpcRecorder = std::function<void(const char* method, const grpc::Status& status,
+                                       size_t request_bytes, size_t response_bytes,
+                                       absl::Time start)>;
+
 // The member of a replica group's chain a call goes to.
 enum class ChainRole {
   kNone,  // not routed: the channel's own shard (control RPCs; replicas 1)

@@ -1,6 +1,10 @@
 #include "client/sync_replay.h"
 
 #include <algorithm>
+#include <memory>
+#include <utility>
+
+#include <glog/logging.h>
 
 namespace shardtrain::client {
 
@@ -95,6 +99,72 @@ int SyncReplay::Referenced(int shard) const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(std::count_if(pending_[shard].begin(), pending_[shard].end(),
                                         [](const Noted& n) { return !n.detached; }));
+}
+
+void SyncReplay::SendAgain(ShardChannel* channel, absl::Duration attempt_timeout,
+                           const RpcRecorder& record,
+                           std::function<void(absl::Status)> done) const {
+  struct Replay {
+    std::vector<PushRequest> pushes;
+    std::vector<PushResponse> responses;
+    absl::Mutex mu;
+    int left ABSL_GUARDED_BY(mu) = 0;
+    absl::Status first ABSL_GUARDED_BY(mu);
+    std::function<void(absl::Status)> done;
+  };
+  auto replay = std::make_shared<Replay>();
+  replay->pushes = Pending(channel->index());
+  if (replay->pushes.empty()) {
+    done(absl::OkStatus());
+    return;
+  }
+  LOG(INFO) << "shard " << channel->index() << " (" << channel->address()
+            << "): sending again " << replay->pushes.size()
+            << " push(es) its previous incarnation acknowledged for step "
+            << replay->pushes[0].clock() - 1 << ", whose sum it lost";
+  replay->responses.resize(replay->pushes.size());
+  replay->done = std::move(done);
+  {
+    absl::MutexLock lock(&replay->mu);
+    replay->left = static_cast<int>(replay->pushes.size());
+  }
+  for (size_t i = 0; i < replay->pushes.size(); ++i) {
+    ShardRpc rpc;
+    rpc.method = "Push";
+    rpc.attempt_timeout = attempt_timeout;
+    // shard_incarnation stays 0: an ABORTED here would wait for the resync
+    // that is sending it.
+    rpc.start = [record, channel, replay, i](const ShardAttempt& attempt,
+                                             std::function<void(grpc::Status)> attempt_done) {
+      const absl::Time start = absl::Now();
+      channel->stub()->async()->Push(
+          attempt.context, &replay->pushes[i], &replay->responses[i],
+          [record, replay, i, start, attempt_done = std::move(attempt_done)](grpc::Status status) {
+            if (record) {
+              record("Push", status, replay->pushes[i].ByteSizeLong(),
+                     replay->responses[i].ByteSizeLong(), start);
+            }
+            attempt_done(std::move(status));
+          });
+    };
+    channel->Call(std::move(rpc), [replay](absl::Status status) {
+      // Already there (a retry of the same push got in first) or the step
+      // completed without it: nothing is missing.
+      if (status.code() == absl::StatusCode::kAlreadyExists ||
+          status.code() == absl::StatusCode::kFailedPrecondition) {
+        status = absl::OkStatus();
+      }
+      bool last;
+      absl::Status first;
+      {
+        absl::MutexLock lock(&replay->mu);
+        if (!status.ok() && replay->first.ok()) replay->first = status;
+        last = --replay->left == 0;
+        first = replay->first;
+      }
+      if (last) replay->done(first);
+    });
+  }
 }
 
 }  // namespace shardtrain::client

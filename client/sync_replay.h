@@ -19,19 +19,22 @@
 //   replay.Acked(shard, group, header, parts);   // push acknowledged
 //   replay.Detach();                             // before Push returns
 //   replay.Pulled(shard, group);                 // its step's pull is done
-//   for (PushRequest& push : replay.Pending(restarted_shard)) ... send ...
+//   replay.SendAgain(channel, rpc_timeout, record, done);  // after a resync
 //
 // Thread-safe.
 #ifndef SHARDTRAIN_CLIENT_SYNC_REPLAY_H_
 #define SHARDTRAIN_CLIENT_SYNC_REPLAY_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/shard_channel.h"
 #include "proto/shardtrain.pb.h"
 #include "wire/message_encoder.h"
 
@@ -57,6 +60,14 @@ class SyncReplay {
   // The pushes still noted for `shard`, as messages ready to send to its
   // new incarnation (shard_incarnation 0).
   std::vector<PushRequest> Pending(int shard) const;
+  // Sends Pending(channel's shard) to its new incarnation, each through
+  // `channel` (retried as it retries) with `attempt_timeout` per attempt
+  // and recorded by `record` (may be empty), and calls `done` once all are
+  // in: a push the shard already has (ALREADY_EXISTS) or whose step
+  // completed without it (FAILED_PRECONDITION) counts as in; otherwise the
+  // first error. The caller has re-registered on the shard first.
+  void SendAgain(ShardChannel* channel, absl::Duration attempt_timeout,
+                 const RpcRecorder& record, std::function<void(absl::Status)> done) const;
   // Pushes noted for `shard` whose payloads are still referenced (tests).
   int Referenced(int shard) const;
 
