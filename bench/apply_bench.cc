@@ -22,7 +22,7 @@
 // MB of f32 parameters updated (so f32 and bf16 payloads compare on the same
 // work), and medians of the per-round ratios of the wire path to each
 // baseline and of the stock path to the wire path.
-// Pulls of the same tensor (each dtype): Shard::FillPull into a
+// Pulls of the same tensor (each dtype): PullReader::Fill into a
 // wire::PullResponseBuilder (each partition converted once, into the memory
 // that is sent) and Finish, against a memcpy of the payload bytes.
 //
@@ -233,10 +233,10 @@ absl::Status Run(const std::string& command_line) {
       table += row;
     }
   }
-  // Pulls of the same tensor: Shard::FillPull writing each partition once
+  // Pulls of the same tensor: PullReader::Fill writing each partition once
   // into a PullResponseBuilder, and the finished message.
   const std::string pull_header = absl::StrFormat(
-      "# pull: Shard::FillPull into a wire::PullResponseBuilder + Finish, per MB of f32 "
+      "# pull: PullReader::Fill into a wire::PullResponseBuilder + Finish, per MB of f32 "
       "parameters read\n%-9s %-5s %9s %8s %8s %10s\n",
       "pull", "dtype", "payloadMB", "pull", "memcpy", "pull/copy");
   std::printf("%s", pull_header.c_str());
@@ -252,7 +252,7 @@ absl::Status Run(const std::string& command_line) {
       key->set_tensor("w");
       key->set_partition(p);
     }
-    RETURN_IF_ERROR(c.shard->ValidatePull(request));
+    RETURN_IF_ERROR(c.shard->pulls().Validate(request));
     const size_t payload_bytes = static_cast<size_t>(elements) * common::DTypeSize(dtype);
     auto copy = [&] {
       std::memcpy(copy_to.data(), copy_from.data(), payload_bytes);
@@ -261,7 +261,7 @@ absl::Status Run(const std::string& command_line) {
     grpc::ByteBuffer sent;
     auto pull = [&] {
       wire::PullResponseBuilder builder;
-      c.shard->FillPull(request, &builder);
+      c.shard->pulls().Fill(request, &builder);
       builder.Finish(0, c.shard->incarnation(), &sent);
       sent.Clear();  // as gRPC does once it has written the message
     };

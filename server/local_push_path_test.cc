@@ -82,7 +82,7 @@ class LocalPushPathTest : public ::testing::Test {
     key->set_tensor("w");
     key->set_partition(0);
     PullResponse response;
-    shard_->FillPull(request, &response);
+    shard_->pulls().Fill(request, &response);
     std::vector<float> values(kElements);
     EXPECT_EQ(response.parts_size(), 1);
     EXPECT_OK(common::DecodePayload(response.parts(0).value(), absl::MakeSpan(values)));

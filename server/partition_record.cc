@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <prometheus/gauge.h>
+
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "common/payload.h"
@@ -94,6 +96,34 @@ absl::Status ReadPartitionRecord(const CheckpointRecord& record,
   part.ops = record.ops();
   part.resuming = record.resuming();
   return absl::OkStatus();
+}
+
+absl::StatusOr<Partition*> LoadPartitionRecord(const CheckpointRecord& record,
+                                               PartitionRecordContents contents,
+                                               absl::string_view what,
+                                               absl::string_view optimizer, int group,
+                                               TensorStore* store) {
+  RETURN_IF_ERROR(store->Register(record.spec()).status());
+  absl::StatusOr<Partition*> found = store->Find(record.spec().name(), record.partition());
+  if (!found.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s partition %s/%d does not belong here: %s", what,
+                        record.spec().name(), record.partition(), found.status().message()));
+  }
+  Partition& part = **found;
+  if (group >= 0 && part.group != group) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s/%d is in group %d, not %d", part.tensor, part.index, part.group, group));
+  }
+  absl::MutexLock lock(&part.mu);
+  RETURN_IF_ERROR(ReadPartitionRecord(record, contents, what, optimizer, part));
+  if (contents == PartitionRecordContents::kModel) part.resuming = true;
+  part.version.store(record.version(), std::memory_order_release);
+  part.committed.store(record.version(), std::memory_order_release);
+  if (part.version_gauge != nullptr) {
+    part.version_gauge->Set(static_cast<double>(record.version()));
+  }
+  return &part;
 }
 
 }  // namespace shardtrain::server

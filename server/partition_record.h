@@ -1,7 +1,7 @@
 // The one writer and reader of a partition's state as a CheckpointRecord,
 // for checkpoints (Shard::Snapshot and Restore), step checkpoints
 // (StepSnapshot::Capture) and the state a replica copies to take a group
-// over (Shard::ExportGroup and ImportGroup).
+// over (GroupReplica::Export and Import).
 //
 //   {
 //     absl::ReaderMutexLock lock(&part.mu);
@@ -12,11 +12,13 @@
 //   RETURN_IF_ERROR(ReadPartitionRecord(record, PartitionRecordContents::kModel,
 //                                       "checkpoint", optimizer_name, part));
 //
-// Free functions; the caller holds the partition's lock.
+// Free functions; the caller of Write/ReadPartitionRecord holds the
+// partition's lock.
 #ifndef SHARDTRAIN_SERVER_PARTITION_RECORD_H_
 #define SHARDTRAIN_SERVER_PARTITION_RECORD_H_
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "proto/shardtrain.pb.h"
 #include "server/tensor_store.h"
@@ -49,6 +51,21 @@ absl::Status ReadPartitionRecord(const CheckpointRecord& record,
                                  PartitionRecordContents contents, absl::string_view what,
                                  absl::string_view optimizer, Partition& part)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(part.mu);
+
+// Loads `record` into its partition of `store`, registering the record's
+// tensor there first: ReadPartitionRecord's contents, the version, and the
+// committed mark at that version (what a checkpoint or a copied group
+// holds, a chain's tail holds). A model record's partition resumes (a push
+// from a later step may fast-forward it, server/partition_updater.h); a
+// replica record says itself. `group` >= 0: the partition must be in that
+// replica group (INVALID_ARGUMENT). FAILED_PRECONDITION for a partition
+// this shard does not hold. Returns the partition, locked and unlocked
+// here; on error nothing of it changed.
+absl::StatusOr<Partition*> LoadPartitionRecord(const CheckpointRecord& record,
+                                               PartitionRecordContents contents,
+                                               absl::string_view what,
+                                               absl::string_view optimizer, int group,
+                                               TensorStore* store);
 
 }  // namespace shardtrain::server
 

@@ -167,7 +167,7 @@ absl::Status PsServer::StartReplication(const PsServerOptions& options,
                                         prometheus::Registry& registry) {
   replication_metrics_ = std::make_unique<ReplicationMetrics>(registry, options.shard.replicas);
   chain_table_ = std::make_unique<ChainTable>(
-      options.shard.shard_index, shard_->incarnation(), shard_->groups(),
+      options.shard.shard_index, shard_->incarnation(), shard_->replica().groups(),
       options.replication.lease_ttl, replication_metrics_.get());
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);

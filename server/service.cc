@@ -368,7 +368,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
   shard_->tables().FillStatus(response);
   response->set_replicas(shard_->options().replicas);
   if (replicator_ != nullptr) {
-    replicator_->table().Describe([this](int group) { return shard_->GroupOps(group); },
+    replicator_->table().Describe([this](int group) { return shard_->replica().Ops(group); },
                                   [this](int group) { return replicator_->Acked(group); },
                                   response->mutable_chains());
   }
@@ -548,7 +548,7 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   // The path's own checks (replicated: the chain's), then the pull's,
   // before the push is applied.
   if (status.ok()) status = push_path_->CheckPushPull(view);
-  if (status.ok()) status = shard_->ValidatePull(view.pull);
+  if (status.ok()) status = shard_->pulls().Validate(view.pull);
   if (!status.ok()) {
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
     FinishRaw(reactor, "PushPull", status, start, request->Length(), *response);
@@ -588,7 +588,7 @@ absl::Time ParameterServerService::PullDeadline(grpc::CallbackServerContext* con
 
 void ParameterServerService::BeginPull(WaitingReactor* reactor) {
   const PullRequest& pull = reactor->request_;
-  const absl::Status valid = shard_->ValidatePull(pull);
+  const absl::Status valid = shard_->pulls().Validate(pull);
   if (!valid.ok()) {
     FinishWaiter(reactor, common::ToGrpcStatus(valid));
     return;
@@ -596,7 +596,7 @@ void ParameterServerService::BeginPull(WaitingReactor* reactor) {
   shard_->NotePull(pull);  // may complete steps and wake the lot: not in Park
   // Checked as it is parked, so a wake-up between the check and the parking
   // cannot be missed.
-  if (pulls_.Park(reactor, [&] { return !shard_->PullReady(pull); })) return;
+  if (pulls_.Park(reactor, [&] { return !shard_->pulls().Ready(pull); })) return;
   AnswerWaiter(reactor);
 }
 
@@ -610,7 +610,7 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
     }
   }
   wire::PullResponseBuilder builder;
-  shard_->FillPull(waiter->request_, &builder,
+  shard_->pulls().Fill(waiter->request_, &builder,
                    waiter->committed_read_ ? &waiter->read_versions_ : nullptr);
   const double wait_seconds = absl::ToDoubleSeconds(absl::Now() - waiter->start_);
   if (waiter->push_pull_) {
@@ -625,7 +625,7 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
     // versions this checks.
     waiter->sealed_ = true;
     if (pulls_.Park(waiter, [&] {
-          return !shard_->PullCommitted(waiter->request_, waiter->read_versions_);
+          return !shard_->pulls().Committed(waiter->request_, waiter->read_versions_);
         })) {
       return;
     }
@@ -647,8 +647,8 @@ void ParameterServerService::WakeWaiters() {
   std::vector<WaitingReactor*> ready;
   for (WaitingReactor* waiter : pulls_.Take([this](const WaitingReactor* waiter) {
          return waiter->sealed_
-                    ? shard_->PullCommitted(waiter->request_, waiter->read_versions_)
-                    : shard_->PullReady(waiter->request_);
+                    ? shard_->pulls().Committed(waiter->request_, waiter->read_versions_)
+                    : shard_->pulls().Ready(waiter->request_);
        })) {
     (waiter->sealed_ ? committed : ready).push_back(waiter);
   }

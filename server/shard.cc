@@ -1,21 +1,21 @@
 #include "server/shard.h"
 
 #include <algorithm>
-#include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include <glog/logging.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "chain/placement.h"
+#include "common/float_env.h"
 #include "common/initializer.h"
-#include "common/payload.h"
 #include "common/status_macros.h"
+#include "server/internal/partition_locks.h"
 #include "server/partition_record.h"
-#include "wire/payload_pieces.h"
+#include "server/request_checks.h"
 
 namespace shardtrain::server {
 namespace {
@@ -150,45 +150,6 @@ void Shard::NotifyProgress() {
   if (callback) callback();
 }
 
-absl::Status Shard::CheckWorker(uint32_t worker) const {
-  if (worker >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "worker %d is not in [0, %d)", worker, options_.num_workers));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Shard::CheckIncarnation(uint64_t shard_incarnation) const {
-  if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
-    return absl::AbortedError(absl::StrFormat(
-        "shard %d restarted (request names incarnation %d, shard is %d): "
-        "re-register",
-        options_.shard_index, shard_incarnation, incarnation_));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Shard::Refuse(const char* limit, absl::Status status) const {
-  metrics_->requests_refused(limit).Increment();
-  return status;
-}
-
-void Shard::CountJoin(Membership::Join join) {
-  switch (join) {
-    case Membership::Join::kNone:
-      break;
-    case Membership::Join::kFirst:
-      metrics_->worker_joins("first").Increment();
-      break;
-    case Membership::Join::kRejoin:
-      metrics_->worker_joins("rejoin").Increment();
-      break;
-    case Membership::Join::kRestart:
-      metrics_->worker_joins("restart").Increment();
-      break;
-  }
-}
-
 std::vector<int64_t> Shard::WorkerClocks() const { return membership_.Clocks(); }
 
 std::vector<int64_t> Shard::WorkerClockOffsets() const { return membership_.ClockOffsets(); }
@@ -196,7 +157,7 @@ std::vector<int64_t> Shard::WorkerClockOffsets() const { return membership_.Cloc
 void Shard::RestoreWorkerClocks(const std::vector<int64_t>& clocks,
                                 const std::vector<int64_t>& offsets) {
   membership_.SeedClocks(clocks, offsets);
-  UpdateMembershipMetrics();
+  metrics_->RecordMembership(membership_);
 }
 
 absl::Status Shard::CheckRegisterLimits(const RegisterRequest& request) const {
@@ -210,7 +171,7 @@ absl::Status Shard::CheckRegisterLimits(const RegisterRequest& request) const {
   }
   const int64_t tensors = store_.num_tensors();
   if (new_tensors > limits.max_tensors - tensors) {
-    return Refuse("max_tensors",
+    return Refuse(metrics_, "max_tensors",
                   absl::ResourceExhaustedError(absl::StrFormat(
                       "registering %d new tensors would make %d on this shard; "
                       "the limit is %d (--max_tensors)",
@@ -218,7 +179,7 @@ absl::Status Shard::CheckRegisterLimits(const RegisterRequest& request) const {
   }
   const int64_t stored = store_.stored_elements();
   if (new_elements > limits.max_stored_elements - stored) {
-    return Refuse("max_stored_elements",
+    return Refuse(metrics_, "max_stored_elements",
                   absl::ResourceExhaustedError(absl::StrFormat(
                       "registering would add %d elements to the %d this shard "
                       "stores; the limit is %d (--max_stored_elements)",
@@ -260,12 +221,12 @@ absl::Status Shard::Register(const RegisterRequest& request,
         request.worker(), request.num_workers(), options_.shard_index,
         options_.num_workers));
   }
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
+  RETURN_IF_ERROR(CheckWorker(options_, request.worker()));
   if (request.tensors().empty()) {
     return absl::InvalidArgumentError("register request names no tensors");
   }
   if (request.tensors_size() > options_.limits.max_tensors_per_request) {
-    return Refuse("max_tensors_per_request",
+    return Refuse(metrics_, "max_tensors_per_request",
                   absl::ResourceExhaustedError(absl::StrFormat(
                       "register request has %d tensors; the limit is %d per "
                       "request (--max_tensors_per_request)",
@@ -281,7 +242,7 @@ absl::Status Shard::Register(const RegisterRequest& request,
     }
     absl::Status valid = store_.CheckRegistrable(spec);
     if (!valid.ok()) {
-      if (spec.shape_size() > kMaxTensorDims) return Refuse("max_dims", valid);
+      if (spec.shape_size() > kMaxTensorDims) return Refuse(metrics_, "max_dims", valid);
       return valid;
     }
   }
@@ -301,8 +262,7 @@ absl::Status Shard::Register(const RegisterRequest& request,
     response->set_worker_clock(membership_.Register(
         static_cast<int>(request.worker()), request.worker_incarnation(),
         absl::Now(), &join, updater_.RejoinStep()));
-    CountJoin(join);
-    UpdateMembershipMetrics();
+    metrics_->RecordMembership(membership_, join);
     if (join != Membership::Join::kNone) NotifyProgress();
   } else {
     response->set_worker_clock(membership_.Clock(static_cast<int>(request.worker())));
@@ -310,181 +270,155 @@ absl::Status Shard::Register(const RegisterRequest& request,
   return absl::OkStatus();
 }
 
-absl::Status Shard::ValidatePull(const PullRequest& request) const {
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
-  if (request.parts().empty()) {
-    return absl::InvalidArgumentError("pull names no partitions");
+absl::Status Shard::Push(const PushRequest& request, PushResponse* response) {
+  return Push(wire::ViewOf(request), response);
+}
+
+absl::Status Shard::Push(const wire::PushView& request, PushResponse* response) {
+  int group = options_.shard_index;
+  if (groups_.size() > 1 && request.sequence != 0) {
+    ASSIGN_OR_RETURN(group, replica_.GroupOf(request));
   }
-  if (request.parts_size() > options_.limits.max_parts_per_request) {
-    return Refuse("max_parts_per_request",
-                  absl::ResourceExhaustedError(absl::StrFormat(
-                      "pull names %d parts; the limit is %d per request "
-                      "(--max_parts_per_request)",
-                      request.parts_size(), options_.limits.max_parts_per_request)));
+  return Push(request, group, response, /*applied=*/nullptr);
+}
+
+absl::Status Shard::Push(const wire::PushView& request, int group, PushResponse* response,
+                         GroupReplica::Applied* applied) {
+  response->set_incarnation(incarnation_);
+  response->set_duplicate(false);
+  RETURN_IF_ERROR(CheckWorker(options_, request.worker));
+  RETURN_IF_ERROR(CheckIncarnation(options_, incarnation_, request.shard_incarnation));
+  RETURN_IF_ERROR(CheckClock(request.clock, "clock"));
+  const uint64_t sequence = request.sequence;
+  if (sequence == 0) {
+    RETURN_IF_ERROR(ApplyPush(request, response, applied));
+    NotifyProgress();
+    return absl::OkStatus();
   }
-  if (request.dtype() != DTYPE_UNSPECIFIED &&
-      common::DTypeSize(request.dtype()) == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pull asks for dtype %d; use f32, f16 or bf16", request.dtype()));
-  }
-  if (request.clock() < 0 || request.clock() > kMaxClock ||
-      request.min_version() < 0 || request.min_version() > kMaxClock) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pull clock and min_version must be in [0, %d]", kMaxClock));
-  }
-  const int64_t width = common::DTypeSize(common::PayloadDType(request.dtype()));
-  std::vector<const Partition*> found;
-  found.reserve(request.parts_size());
-  int64_t response_bytes = 0;
-  for (const PartitionKey& key : request.parts()) {
-    ASSIGN_OR_RETURN(Partition * part, store_.Find(key));
-    found.push_back(part);
-    // Payload plus a generous allowance for the key and framing.
-    response_bytes += part->range.size * width +
-                      static_cast<int64_t>(key.tensor().size()) + 64;
-    const int64_t version = part->version.load(std::memory_order_acquire);
-    if (request.min_version() > version + 1) {
-      return absl::OutOfRangeError(absl::StrFormat(
-          "%s/%d: min_version %d is more than one step ahead of version %d",
-          part->tensor, part->index, request.min_version(), version));
-    }
-  }
-  std::sort(found.begin(), found.end(),
-            [](const Partition* a, const Partition* b) { return a->id < b->id; });
-  for (size_t i = 1; i < found.size(); ++i) {
-    if (found[i] == found[i - 1]) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s/%d appears twice in one pull", found[i]->tensor, found[i]->index));
-    }
-  }
-  if (response_bytes > options_.limits.max_response_bytes) {
-    return Refuse("max_response_bytes",
-                  absl::ResourceExhaustedError(absl::StrFormat(
-                      "pull asks for about %d bytes of parameters; a response "
-                      "may have at most %d (--max_message_mb): pull fewer "
-                      "partitions at a time",
-                      response_bytes, options_.limits.max_response_bytes)));
-  }
+  RETURN_IF_ERROR(DedupedPush(request, group, response, applied));
+  if (!response->duplicate()) NotifyProgress();
   return absl::OkStatus();
 }
 
-bool Shard::PullReady(const PullRequest& request) const {
-  if (request.min_version() > 0) {
-    for (const PartitionKey& key : request.parts()) {
-      absl::StatusOr<Partition*> part = store_.Find(key);
-      if (!part.ok()) return true;  // answered with the error by FillPull
-      if ((*part)->version.load(std::memory_order_acquire) < request.min_version()) {
-        return false;
+absl::Status Shard::DedupedPush(const wire::PushView& request, int group,
+                                PushResponse* response, GroupReplica::Applied* applied) {
+  const uint64_t sequence = request.sequence;
+  // The worker's log stays locked from the duplicate check until the push
+  // is recorded, so a retry arriving meanwhile waits and is then answered
+  // as a duplicate. Taken before any partition lock.
+  PushLog& log = push_logs_.Of(group, request.worker);
+  absl::MutexLock lock(&log.mu());
+  // A new worker incarnation starts a new log, but only once its push is
+  // applied: a refused push changes nothing.
+  ASSIGN_OR_RETURN(const std::optional<int64_t> staleness,
+                   log.Find(request.worker_incarnation, sequence));
+  if (staleness.has_value()) {
+    response->set_duplicate(true);
+    response->set_max_staleness(*staleness);
+    metrics_->duplicate_pushes().Increment();
+    duplicate_pushes_.fetch_add(1, std::memory_order_relaxed);
+    VLOG(1) << "push " << sequence << " of worker " << request.worker
+            << " is a duplicate; not applied again";
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(ApplyPush(request, response, applied));
+  log.Record(request.worker_incarnation, sequence, response->max_staleness());
+  return absl::OkStatus();
+}
+
+absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* response,
+                              GroupReplica::Applied* applied) {
+  common::EnableFlushToZero();  // gRPC threads run the optimizer
+  ASSIGN_OR_RETURN(std::vector<DecodedPart> parts, DecodePush(request, store_, options_.limits.max_parts_per_request, metrics_));
+  const bool sync = options_.mode == ConsistencyMode::kSync;
+  const uint32_t worker = request.worker;
+
+  // All partitions of the request are locked, in id order, for the checks
+  // and the update together: either every part is applied or none is. Once
+  // the checks have passed, each partition is released as soon as its
+  // update is done, so a pull or push of it waits for that update only.
+  absl::Status verdict;
+  int64_t max_staleness = 0;
+  int64_t lost = 0;
+  int fast_forwarded = 0;
+  {
+    std::vector<Partition*> to_lock;
+    to_lock.reserve(parts.size());
+    for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
+    internal::PartitionLocks locks(std::move(to_lock));
+    for (DecodedPart& part : parts) {
+      part.partition->mu.AssertHeld();  // by `locks`
+      verdict = updater_.CheckPart(*part.partition, part, worker);
+      if (!verdict.ok()) break;
+    }
+    if (verdict.ok()) {
+      if (applied != nullptr) {
+        applied->ops.resize(parts.size());
+        applied->partitions.resize(parts.size());
+      }
+      for (const DecodedPart& part : parts) {
+        part.partition->mu.AssertHeld();  // by `locks`
+        const int64_t op = part.partition->ops++;
+        if (sync) {
+          const int64_t part_lost = updater_.AddSyncGradient(*part.partition, part, worker);
+          lost += part_lost;
+          if (part_lost > 0) ++fast_forwarded;
+        } else {
+          max_staleness =
+              std::max(max_staleness, updater_.ApplyAsyncGradient(*part.partition, part));
+        }
+        if (applied != nullptr) {
+          ReplicatedOp& out = applied->ops[part.request_index];
+          out.set_op(op);
+          out.set_version_after(part.partition->version.load(std::memory_order_relaxed));
+          applied->partitions[part.request_index] = part.partition;
+        }
+        locks.Release(part.partition);
       }
     }
-  }
-  if (options_.mode == ConsistencyMode::kAsync && options_.max_staleness >= 0) {
-    const std::optional<int64_t> slowest = membership_.SlowestActiveClock();
-    // Both on the bound's scale: a worker back after being dropped counts
-    // from where the others were (see Membership). slowest <= 2 * kMaxClock;
-    // the sum saturates instead of overflowing.
-    if (slowest && options_.max_staleness <=
-                       std::numeric_limits<int64_t>::max() - *slowest &&
-        membership_.StalenessClock(static_cast<int>(request.worker()),
-                                   request.clock()) >
-            *slowest + options_.max_staleness) {
-      return false;
+  }  // unlocks the partitions (all of them if the checks failed)
+  TrimDecodeScratch();
+
+  if (!verdict.ok()) {
+    if (verdict.code() == absl::StatusCode::kFailedPrecondition) {
+      metrics_->dropped("late").Increment(static_cast<double>(parts.size()));
+      dropped_gradients_.fetch_add(static_cast<int64_t>(parts.size()));
     }
+    return verdict;
   }
-  return true;
-}
-
-void Shard::FillPull(const PullRequest& request, wire::PullResponseBuilder* builder,
-                     std::vector<int64_t>* versions) const {
-  if (versions != nullptr) versions->assign(request.parts_size(), 0);
-  int index = 0;
-  const DType dtype = common::PayloadDType(request.dtype());
-  const size_t width = static_cast<size_t>(common::DTypeSize(dtype));
-  for (const PartitionKey& key : request.parts()) {
-    absl::StatusOr<Partition*> found = store_.Find(key);
-    if (!found.ok()) continue;  // unreachable after ValidatePull
-    const Partition& part = **found;
-    absl::ReaderMutexLock lock(&part.mu);
-    const int64_t version = part.version.load(std::memory_order_relaxed);
-    if (versions != nullptr) (*versions)[index] = version;
-    ++index;
-    char* out = builder->AddPart(key.tensor(), key.partition(), version, dtype,
-                                 part.params.size() * width);
-    wire::EncodeElements(part.params, dtype, out);
+  if (lost > 0) {
+    metrics_->lost_updates().Increment(static_cast<double>(lost));
+    LOG(WARNING) << "shard " << options_.shard_index << ": a push of worker " << worker
+                 << " for step " << parts.front().version << " fast-forwarded "
+                 << fast_forwarded << " partition(s) restored at an earlier step; "
+                 << lost << " update(s) lost";
   }
-}
-
-bool Shard::PullCommitted(const PullRequest& request,
-                          absl::Span<const int64_t> versions) const {
-  for (int i = 0; i < request.parts_size(); ++i) {
-    absl::StatusOr<Partition*> found = store_.Find(request.parts(i));
-    if (!found.ok()) continue;  // unreachable after ValidatePull
-    const int64_t wrote = static_cast<size_t>(i) < versions.size() ? versions[i] : 0;
-    if ((*found)->committed.load(std::memory_order_acquire) < wrote) return false;
+  metrics_->gradients_received().Increment(static_cast<double>(parts.size()));
+  int64_t seen = max_staleness_seen_.load();
+  while (max_staleness > seen &&
+         !max_staleness_seen_.compare_exchange_weak(seen, max_staleness)) {
   }
-  return true;
-}
-
-void Shard::MarkCommitted(const Applied& applied, bool wake) {
-  for (size_t i = 0; i < applied.ops.size(); ++i) {
-    const ReplicatedOp& op = applied.ops[i];
-    Partition* part = i < applied.partitions.size() ? applied.partitions[i] : nullptr;
-    if (part == nullptr && op.has_close()) {
-      absl::StatusOr<Partition*> found = store_.Find(op.close());
-      if (found.ok()) part = *found;
-    }
-    if (part == nullptr) continue;
-    int64_t seen = part->committed.load(std::memory_order_relaxed);
-    while (op.version_after() > seen &&
-           !part->committed.compare_exchange_weak(seen, op.version_after(),
-                                                  std::memory_order_acq_rel)) {
-    }
-  }
-  if (wake) NotifyProgress();
-}
-
-void Shard::CommitGroup(int group) {
-  bool changed = false;
-  for (Partition* part : store_.All()) {
-    if (part->group != group) continue;
-    const int64_t version = part->version.load(std::memory_order_acquire);
-    int64_t seen = part->committed.load(std::memory_order_relaxed);
-    while (version > seen &&
-           !part->committed.compare_exchange_weak(seen, version, std::memory_order_acq_rel)) {
-    }
-    changed = changed || version > seen;
-  }
-  if (changed) NotifyProgress();
-}
-
-void Shard::FillPull(const PullRequest& request, PullResponse* response) const {
-  wire::PullResponseBuilder builder;
-  FillPull(request, &builder);
-  grpc::ByteBuffer buffer;
-  builder.Finish(/*wait_seconds=*/0, incarnation_, &buffer);
-  grpc::ProtoBufferReader reader(&buffer);
-  // The encoder writes valid protobuf; a failure here is a broken invariant.
-  CHECK(response->ParseFromZeroCopyStream(&reader)) << "pull response does not parse";
+  response->set_max_staleness(max_staleness);
+  const Membership::UpdateResult update =
+      membership_.Update(static_cast<int>(worker), request.worker_incarnation,
+                         request.clock, false, absl::Now(), updater_.RejoinStep());
+  metrics_->RecordMembership(membership_, update.join);
+  return absl::OkStatus();
 }
 
 absl::Status Shard::Heartbeat(const HeartbeatRequest& request,
                               HeartbeatResponse* response) {
   response->set_incarnation(incarnation_);
-  RETURN_IF_ERROR(CheckWorker(request.worker()));
-  if (request.clock() < 0 || request.clock() > kMaxClock) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "heartbeat clock %d is not in [0, %d]", request.clock(), kMaxClock));
-  }
+  RETURN_IF_ERROR(CheckWorker(options_, request.worker()));
+  RETURN_IF_ERROR(CheckClock(request.clock(), "heartbeat clock"));
   const absl::Time now = absl::Now();
   const Membership::UpdateResult update = membership_.Update(
       static_cast<int>(request.worker()), request.worker_incarnation(),
       request.clock(), request.done(), now, updater_.RejoinStep());
-  CountJoin(update.join);
+  metrics_->RecordMembership(membership_, update.join);
   for (WorkerState& state : membership_.Snapshot(now)) {
     *response->add_workers() = std::move(state);
   }
-  UpdateMembershipMetrics();
   if (update.changed) {
     if (options_.mode == ConsistencyMode::kSync) Tick(now);
     NotifyProgress();
@@ -509,7 +443,7 @@ bool Shard::FinishSteps() {
   std::vector<Lead> leads(groups_.size(), Lead::kUnasked);
   for (Partition* part : store_.All()) {
     Lead& lead = leads[push_logs_.SlotOf(part->group)];
-    if (lead == Lead::kUnasked) lead = Leads(part->group) ? Lead::kYes : Lead::kNo;
+    if (lead == Lead::kUnasked) lead = replica_.Leads(part->group) ? Lead::kYes : Lead::kNo;
     if (lead == Lead::kNo) continue;  // followers close steps as told
     absl::MutexLock lock(&part->mu);
     const int64_t op = part->ops;
@@ -522,32 +456,10 @@ bool Shard::FinishSteps() {
     close.mutable_close()->set_tensor(part->tensor);
     close.mutable_close()->set_partition(static_cast<uint32_t>(part->index));
   }
-  std::function<void(int, std::vector<ReplicatedOp>)> on_closed;
-  {
-    absl::MutexLock lock(&hooks_mu_);
-    on_closed = hooks_.on_closed;
-  }
-  if (on_closed) {
-    for (size_t slot = 0; slot < groups_.size(); ++slot) {
-      if (leads[slot] == Lead::kYes) on_closed(groups_[slot], std::move(closes[slot]));
-    }
+  for (size_t slot = 0; slot < groups_.size(); ++slot) {
+    if (leads[slot] == Lead::kYes) replica_.Closed(groups_[slot], std::move(closes[slot]));
   }
   return finished;
-}
-
-void Shard::SetReplicationHooks(ReplicationHooks hooks) {
-  absl::MutexLock lock(&hooks_mu_);
-  hooks_ = std::move(hooks);
-}
-
-bool Shard::Leads(int group) const {
-  std::function<bool(int)> leads;
-  {
-    absl::MutexLock lock(&hooks_mu_);
-    if (!hooks_.leads) return true;
-    leads = hooks_.leads;
-  }
-  return leads(group);
 }
 
 void Shard::Tick(absl::Time now) {
@@ -558,7 +470,7 @@ void Shard::Tick(absl::Time now) {
   if (expired.never_joined > 0) {
     metrics_->worker_departures("never_joined").Increment(expired.never_joined);
   }
-  UpdateMembershipMetrics();
+  metrics_->RecordMembership(membership_);
   const bool sync = options_.mode == ConsistencyMode::kSync;
   // Fewer contributors may complete steps that were waiting on the departed.
   const bool finished = sync && FinishSteps();
@@ -575,12 +487,6 @@ void Shard::Tick(absl::Time now) {
     metrics_->partition_version_max().Set(static_cast<double>(max_version));
   }
   if (expired.any() || finished) NotifyProgress();
-}
-
-void Shard::UpdateMembershipMetrics() {
-  metrics_->live_workers().Set(membership_.LiveCount());
-  const std::optional<int64_t> slowest = membership_.SlowestActiveClock();
-  if (slowest) metrics_->slowest_clock().Set(static_cast<double>(*slowest));
 }
 
 void Shard::FillStatus(const StatusRequest& request,
@@ -643,27 +549,10 @@ absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {
       RETURN_IF_ERROR(tables_.Restore(record));
       continue;
     }
-    RETURN_IF_ERROR(store_.Register(record.spec()).status());
-    PartitionKey key;
-    key.set_tensor(record.spec().name());
-    key.set_partition(record.partition());
-    absl::StatusOr<Partition*> found = store_.Find(key);
-    if (!found.ok()) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "checkpoint partition %s/%d does not belong here: %s",
-          key.tensor(), key.partition(), found.status().message()));
-    }
-    Partition& part = **found;
-    absl::MutexLock lock(&part.mu);
-    RETURN_IF_ERROR(ReadPartitionRecord(record, PartitionRecordContents::kModel, "checkpoint",
-                                        optimizer_->options().name, part));
-    part.version.store(record.version());
-    part.committed.store(record.version(), std::memory_order_release);
+    RETURN_IF_ERROR(LoadPartitionRecord(record, PartitionRecordContents::kModel, "checkpoint",
+                                        optimizer_->options().name, /*group=*/-1, &store_)
+                        .status());
     updater_.NoteVersion(record.version());
-    part.resuming = true;
-    if (part.version_gauge != nullptr) {
-      part.version_gauge->Set(static_cast<double>(record.version()));
-    }
   }
   return absl::OkStatus();
 }

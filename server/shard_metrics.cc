@@ -1,5 +1,7 @@
 #include "server/shard_metrics.h"
 
+#include <optional>
+
 namespace shardtrain::server {
 
 ShardMetrics::ShardMetrics(prometheus::Registry& registry)
@@ -122,6 +124,25 @@ prometheus::Counter& ShardMetrics::worker_joins(const std::string& kind) {
 
 prometheus::Counter& ShardMetrics::worker_departures(const std::string& reason) {
   return departures_.Add({{"reason", reason}});
+}
+
+void ShardMetrics::RecordMembership(const Membership& membership, Membership::Join join) {
+  switch (join) {
+    case Membership::Join::kNone:
+      break;
+    case Membership::Join::kFirst:
+      worker_joins("first").Increment();
+      break;
+    case Membership::Join::kRejoin:
+      worker_joins("rejoin").Increment();
+      break;
+    case Membership::Join::kRestart:
+      worker_joins("restart").Increment();
+      break;
+  }
+  live_workers_.Set(membership.LiveCount());
+  const std::optional<int64_t> slowest = membership.SlowestActiveClock();
+  if (slowest) slowest_clock_.Set(static_cast<double>(*slowest));
 }
 
 prometheus::Counter& ShardMetrics::requests_refused(const std::string& limit) {

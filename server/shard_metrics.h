@@ -11,6 +11,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "server/membership.h"
 #include "server/table_metrics.h"
 
 namespace shardtrain::server {
@@ -40,6 +41,10 @@ class ShardMetrics {
   prometheus::Counter& worker_joins(const std::string& kind);
   // reason: "silent" (heartbeat timeout) or "never_joined" (join timeout).
   prometheus::Counter& worker_departures(const std::string& reason);
+  // Counts `join` (if any) and shows membership's live workers and slowest
+  // clock: what every request that may change membership ends with.
+  void RecordMembership(const Membership& membership,
+                        Membership::Join join = Membership::Join::kNone);
   prometheus::Counter& duplicate_pushes() { return duplicate_pushes_; }
   // limit: the ResourceLimits field (or "max_dims") a request went over.
   prometheus::Counter& requests_refused(const std::string& limit);

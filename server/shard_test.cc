@@ -82,8 +82,8 @@ class ShardTest : public ::testing::Test {
   std::pair<float, int64_t> Value() {
     PullRequest request = Pull(0, 0, 0);
     PullResponse response;
-    EXPECT_TRUE(shard_->ValidatePull(request).ok());
-    shard_->FillPull(request, &response);
+    EXPECT_TRUE(shard_->pulls().Validate(request).ok());
+    shard_->pulls().Fill(request, &response);
     float value;
     std::memcpy(&value, response.parts(0).value().data().data(), sizeof(value));
     return {value, response.parts(0).version()};
@@ -103,11 +103,11 @@ TEST_F(ShardTest, SyncAppliesTheMeanOnceEveryWorkerPushed) {
   Start(ConsistencyMode::kSync, 2);
   ASSERT_TRUE(DoPush(Push(0, 0, 1.0f)).ok());
   EXPECT_EQ(Value(), std::make_pair(1.0f, int64_t{0}));  // waiting for worker 1
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 1, 1)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 1, 1)));
   ASSERT_TRUE(DoPush(Push(1, 0, 3.0f)).ok());
   // mean gradient 2, lr 0.5: 1 - 0.5 * 2 = 0
   EXPECT_EQ(Value(), std::make_pair(0.0f, int64_t{1}));
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 1, 1)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 1, 1)));
 }
 
 TEST_F(ShardTest, SyncRejectsLateAndDuplicateGradientsWithoutChange) {
@@ -161,8 +161,8 @@ TEST_F(ShardTest, ARejoinedWorkerDoesNotHoldBackStepsUnderWay) {
     PullRequest request = Pull(0, 0, 0);
     request.mutable_parts(0)->set_tensor(tensor);
     PullResponse response;
-    EXPECT_TRUE(shard_->ValidatePull(request).ok());
-    shard_->FillPull(request, &response);
+    EXPECT_TRUE(shard_->pulls().Validate(request).ok());
+    shard_->pulls().Fill(request, &response);
     float v;
     std::memcpy(&v, response.parts(0).value().data().data(), sizeof(v));
     return std::make_pair(v, response.parts(0).version());
@@ -227,10 +227,10 @@ TEST_F(ShardTest, StalenessBoundHoldsBackAWorkerTooFarAhead) {
     ASSERT_TRUE(DoPush(Push(0, step, 0.0f)).ok());
   }
   // Worker 0 has clock 3, worker 1 was never seen (clock 0): 3 > 0 + 2.
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 3, 0)));
-  EXPECT_TRUE(shard_->PullReady(Pull(1, 0, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 3, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(1, 0, 0)));
   ASSERT_TRUE(DoPush(Push(1, 3, 0.0f)).ok());  // worker 1 reaches clock 4
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 3, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 3, 0)));
 }
 
 TEST_F(ShardTest, RegisterIsIdempotentAndRejectsConflicts) {
@@ -258,15 +258,15 @@ TEST_F(ShardTest, PullValidationNamesTheProblem) {
   Start(ConsistencyMode::kSync, 1);
   PullRequest unknown = Pull(0, 0, 0);
   unknown.mutable_parts(0)->set_tensor("nope");
-  EXPECT_EQ(shard_->ValidatePull(unknown).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard_->pulls().Validate(unknown).code(), absl::StatusCode::kNotFound);
   PullRequest bad_partition = Pull(0, 0, 0);
   bad_partition.mutable_parts(0)->set_partition(3);
-  EXPECT_EQ(shard_->ValidatePull(bad_partition).code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(shard_->ValidatePull(Pull(7, 0, 0)).code(),
+  EXPECT_EQ(shard_->pulls().Validate(bad_partition).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(shard_->pulls().Validate(Pull(7, 0, 0)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(shard_->ValidatePull(Pull(0, 0, 5)).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(shard_->pulls().Validate(Pull(0, 0, 5)).code(), absl::StatusCode::kOutOfRange);
   PullRequest empty;
-  EXPECT_EQ(shard_->ValidatePull(empty).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard_->pulls().Validate(empty).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ShardTest, AnotherShardIncarnationIsAborted) {
@@ -284,16 +284,16 @@ TEST_F(ShardTest, AnotherShardIncarnationIsAborted) {
   EXPECT_EQ(shard_->Checksum(), before);
   PullRequest pull = Pull(0, 0, 0);
   pull.set_shard_incarnation(incarnation + 1);
-  EXPECT_EQ(shard_->ValidatePull(pull).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(shard_->pulls().Validate(pull).code(), absl::StatusCode::kAborted);
 
   // Its own incarnation, or none, is accepted; every response names it.
   push.set_shard_incarnation(incarnation);
   ASSERT_TRUE(shard_->Push(push, &push_response).ok());
   EXPECT_EQ(push_response.incarnation(), incarnation);
   pull.set_shard_incarnation(0);
-  ASSERT_TRUE(shard_->ValidatePull(pull).ok());
+  ASSERT_TRUE(shard_->pulls().Validate(pull).ok());
   PullResponse pull_response;
-  shard_->FillPull(pull, &pull_response);
+  shard_->pulls().Fill(pull, &pull_response);
   EXPECT_EQ(pull_response.incarnation(), incarnation);
   HeartbeatRequest beat;
   HeartbeatResponse beat_response;
@@ -444,7 +444,7 @@ TEST_F(ShardTest, SpoofedMembershipHealsAndCannotDisableTheBound) {
   beat.set_worker_incarnation(kWorker1);
   HeartbeatResponse response;
   ASSERT_TRUE(shard_->Heartbeat(beat, &response).ok());
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 3, 0)));  // 3 > 0 + 2
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 3, 0)));  // 3 > 0 + 2
 
   // An absurd clock is refused and changes nothing.
   HeartbeatRequest absurd = beat;
@@ -452,9 +452,9 @@ TEST_F(ShardTest, SpoofedMembershipHealsAndCannotDisableTheBound) {
   absurd.set_clock(std::numeric_limits<int64_t>::max());
   EXPECT_EQ(shard_->Heartbeat(absurd, &response).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 3, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 3, 0)));
   PullRequest absurd_pull = Pull(0, std::numeric_limits<int64_t>::max(), 0);
-  EXPECT_EQ(shard_->ValidatePull(absurd_pull).code(),
+  EXPECT_EQ(shard_->pulls().Validate(absurd_pull).code(),
             absl::StatusCode::kInvalidArgument);
 
   // A spoofed done (another incarnation) takes worker 1's record over...
@@ -463,18 +463,18 @@ TEST_F(ShardTest, SpoofedMembershipHealsAndCannotDisableTheBound) {
   spoof.set_clock(kMaxClock);
   spoof.set_done(true);
   ASSERT_TRUE(shard_->Heartbeat(spoof, &response).ok());
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 3, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 3, 0)));
   // ...until the real worker 1 is heard from again.
   response.Clear();
   ASSERT_TRUE(shard_->Heartbeat(beat, &response).ok());
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 3, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 3, 0)));
   ASSERT_EQ(response.workers_size(), 2);
   EXPECT_FALSE(response.workers(1).done());
   EXPECT_EQ(response.workers(1).clock(), 0);
   EXPECT_EQ(response.workers(1).incarnation(), kWorker1);
   EXPECT_EQ(response.workers(1).rejoins(), 2);
   // The largest clock allowed cannot overflow the bound.
-  EXPECT_FALSE(shard_->PullReady(Pull(0, kMaxClock, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, kMaxClock, 0)));
   EXPECT_EQ(metrics_.worker_joins("restart").Value(), 2);
 }
 
@@ -491,27 +491,27 @@ TEST_F(ShardTest, WorkersThatNeverJoinStopHoldingBackTheJob) {
   EXPECT_FALSE(response.workers(2).seen());
   EXPECT_FALSE(response.workers(2).live());
   for (int64_t step = 0; step < 4; ++step) ASSERT_TRUE(DoPush(Push(0, step, 0.0f)).ok());
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 4, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 4, 0)));
   shard_->Tick(absl::Now() + absl::Seconds(3));
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 4, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 4, 0)));
   shard_->Tick(absl::Now() + absl::Seconds(6));
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 4, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 4, 0)));
   EXPECT_EQ(metrics_.worker_departures("never_joined").Value(), 2);
   // A late worker still joins, where the others are: the bound counts it
   // from worker 0's clock (4), not from its own, so worker 0 goes on ...
   ASSERT_TRUE(DoPush(Push(1, 0, 0.0f)).ok());
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 4, 0)));
-  EXPECT_TRUE(shard_->PullReady(Pull(1, 1, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 4, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(1, 1, 0)));
   // ... and from there it holds the others back like any worker: worker 0
   // two steps on waits for it.
   for (int64_t step = 4; step < 6; ++step) ASSERT_TRUE(DoPush(Push(0, step, 0.0f)).ok());
-  EXPECT_FALSE(shard_->PullReady(Pull(0, 6, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(0, 6, 0)));
   ASSERT_TRUE(DoPush(Push(1, 1, 0.0f)).ok());
-  EXPECT_TRUE(shard_->PullReady(Pull(0, 6, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(0, 6, 0)));
   // Its own pulls are on the same scale: its clock 4 is 7 there, more than
   // one ahead of the slowest (itself, at 5).
-  EXPECT_FALSE(shard_->PullReady(Pull(1, 4, 0)));
-  EXPECT_TRUE(shard_->PullReady(Pull(1, 3, 0)));
+  EXPECT_FALSE(shard_->pulls().Ready(Pull(1, 4, 0)));
+  EXPECT_TRUE(shard_->pulls().Ready(Pull(1, 3, 0)));
 }
 
 TEST_F(ShardTest, SyncStepCompletesWithoutAWorkerThatNeverJoined) {
@@ -542,32 +542,6 @@ TEST_F(ShardTest, SyncFastForwardsOnlyUntilTheFirstStep) {
   PushResponse response;
   ASSERT_TRUE((*restored)->Push(Push(0, 8, 1.0f), &response).ok());
   EXPECT_EQ(metrics_.lost_updates().Value(), 7);
-}
-
-// A joining replica copies whether a partition may still fast-forward: a
-// copy of a restored partition that became the head must take the workers'
-// later step too (they resume where the job was, the group at its
-// checkpoint), and a copy of one that closed a step must not.
-TEST_F(ShardTest, StateCopyKeepsWhetherAPartitionResumes) {
-  Start(ConsistencyMode::kSync, 1);
-  auto copy = [&]() -> std::unique_ptr<Shard> {
-    auto other = Shard::Create(shard_->options(), &metrics_);
-    EXPECT_TRUE(other.ok()) << other.status();
-    RegisterRequest request;
-    *request.add_tensors() = Spec("w", 1.0f);
-    RegisterResponse response;
-    EXPECT_TRUE((*other)->Register(request, &response).ok());
-    const absl::Status imported = (*other)->ImportGroup(0, shard_->ExportGroup(0));
-    EXPECT_TRUE(imported.ok()) << imported;
-    return *std::move(other);
-  };
-  PushResponse response;
-  std::unique_ptr<Shard> resuming = copy();
-  EXPECT_TRUE(resuming->Push(Push(0, 5, 1.0f), &response).ok());
-
-  ASSERT_TRUE(DoPush(Push(0, 0, 1.0f)).ok());  // closes step 0
-  std::unique_ptr<Shard> stepped = copy();
-  EXPECT_EQ(stepped->Push(Push(0, 5, 1.0f), &response).code(), absl::StatusCode::kOutOfRange);
 }
 
 TEST_F(ShardTest, SyncDoesNotFastForwardPastPendingGradients) {
@@ -758,10 +732,10 @@ TEST_F(ShardLimitsTest, MalformedShapesAreRefused) {
 TEST_F(ShardLimitsTest, RepeatedOrTooManyPartsAreRefusedBeforeAnyWork) {
   PullRequest pull = Pull(0, 0, 0);
   for (int i = 1; i < 50; ++i) pull.add_parts()->set_tensor("w");
-  ExpectRefused(shard_->ValidatePull(pull), absl::StatusCode::kInvalidArgument,
+  ExpectRefused(shard_->pulls().Validate(pull), absl::StatusCode::kInvalidArgument,
                 "appears twice");
   for (int i = 50; i < 8000; ++i) pull.add_parts()->set_tensor("w");
-  ExpectRefused(shard_->ValidatePull(pull), absl::StatusCode::kResourceExhausted,
+  ExpectRefused(shard_->pulls().Validate(pull), absl::StatusCode::kResourceExhausted,
                 "--max_parts_per_request");
 
   // A sparse part names a partition once; 20,000 of them for one partition.
@@ -797,9 +771,9 @@ TEST_F(ShardLimitsTest, PullsLargerThanAResponseAreRefused) {
   before_ = shard_->Checksum();
   PullRequest pull = Pull(0, 0, 0);
   pull.mutable_parts(0)->set_tensor("v");
-  ASSERT_TRUE(shard_->ValidatePull(pull).ok());  // 3600 bytes
+  ASSERT_TRUE(shard_->pulls().Validate(pull).ok());  // 3600 bytes
   pull.add_parts()->set_tensor("w");
-  ASSERT_TRUE(shard_->ValidatePull(pull).ok());
+  ASSERT_TRUE(shard_->pulls().Validate(pull).ok());
   ShardOptions options = shard_->options();
   options.limits.max_response_bytes = 3000;
   StartWith(options);
@@ -807,10 +781,10 @@ TEST_F(ShardLimitsTest, PullsLargerThanAResponseAreRefused) {
   ASSERT_TRUE(shard_->Register(request, &response).ok());
   before_ = shard_->Checksum();
   pull.mutable_parts()->DeleteSubrange(1, 1);
-  ExpectRefused(shard_->ValidatePull(pull), absl::StatusCode::kResourceExhausted,
+  ExpectRefused(shard_->pulls().Validate(pull), absl::StatusCode::kResourceExhausted,
                 "--max_message_mb");
   pull.set_dtype(DTYPE_BF16);  // 1800 bytes
-  EXPECT_TRUE(shard_->ValidatePull(pull).ok());
+  EXPECT_TRUE(shard_->pulls().Validate(pull).ok());
 }
 
 }  // namespace

@@ -89,9 +89,9 @@ class ShardValuesTest : public ::testing::Test {
       PartitionKey* key = request.add_parts();
       key->set_tensor("w");
       key->set_partition(static_cast<uint32_t>(placed.partition));
-      if (!shards_[placed.shard]->ValidatePull(request).ok()) continue;
+      if (!shards_[placed.shard]->pulls().Validate(request).ok()) continue;
       PullResponse response;
-      shards_[placed.shard]->FillPull(request, &response);
+      shards_[placed.shard]->pulls().Fill(request, &response);
       std::vector<float> part(placed.range.size);
       EXPECT_TRUE(common::DecodeDense(DTYPE_F32, response.parts(0).value().data(),
                                       absl::MakeSpan(part))

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "server/request_checks.h"
 #include "server/table_spec.h"
 #include "sparse/id_hash.h"
 #include "sparse/id_positions.h"
@@ -64,15 +65,6 @@ SparseTables::SparseTables(const ShardOptions& options, std::vector<int> groups,
       incarnation_(incarnation),
       metrics_(metrics),
       push_logs_(groups_, options.num_workers) {}
-
-absl::Status SparseTables::CheckIncarnation(uint64_t shard_incarnation) const {
-  if (shard_incarnation != 0 && shard_incarnation != incarnation_) {
-    return absl::AbortedError(absl::StrFormat(
-        "shard %d restarted (request names incarnation %d, shard is %d): re-register",
-        options_.shard_index, shard_incarnation, incarnation_));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<SparseTables::Table>> SparseTables::NewTable(
     const TableSpec& spec, int group, TableSet* set) const {
@@ -251,7 +243,7 @@ void SparseTables::TrainLookup(Table& table, absl::Span<const uint64_t> ids, int
 
 absl::Status SparseTables::Lookup(const LookupRequest& request,
                                   wire::LookupResponseBuilder* response, SparseOp* op) {
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  RETURN_IF_ERROR(CheckIncarnation(options_, incarnation_, request.shard_incarnation()));
   ASSIGN_OR_RETURN(Table * table, Find(request.table(), request.group()));
   std::vector<uint64_t> storage;
   ASSIGN_OR_RETURN(absl::Span<const uint64_t> ids, CheckIds(*table, request.ids(), &storage));
@@ -263,10 +255,8 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
         "%d rows of %d bytes would exceed the %d-byte response limit (--max_message_mb)",
         ids.size(), row_bytes, options_.limits.max_response_bytes));
   }
-  if (request.train() && table->spec.sync() &&
-      request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
+  if (request.train() && table->spec.sync()) {
+    RETURN_IF_ERROR(CheckWorker(options_, request.worker()));
   }
   char* rows = response->Rows(ids.size() * row_bytes);
   response->set_incarnation(incarnation_);
@@ -340,10 +330,7 @@ absl::StatusOr<int64_t> SparseTables::ApplyPush(Table& table, uint32_t worker,
 
 absl::Status SparseTables::CheckPush(const PushSparseRequest& request,
                                      CheckedPush* push) const {
-  if (request.worker() >= static_cast<uint32_t>(options_.num_workers)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "worker %d is not in [0, %d)", request.worker(), options_.num_workers));
-  }
+  RETURN_IF_ERROR(CheckWorker(options_, request.worker()));
   ASSIGN_OR_RETURN(push->table, Find(request.table(), request.group()));
   ASSIGN_OR_RETURN(push->ids, CheckIds(*push->table, request.ids(), &push->id_storage));
   const absl::Span<const uint64_t> ids = push->ids;
@@ -385,7 +372,7 @@ absl::Status SparseTables::CheckPush(const PushSparseRequest& request,
 absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
                                       PushSparseResponse* response, bool* step_applied,
                                       SparseOp* op) {
-  RETURN_IF_ERROR(CheckIncarnation(request.shard_incarnation()));
+  RETURN_IF_ERROR(CheckIncarnation(options_, incarnation_, request.shard_incarnation()));
   CheckedPush push;
   RETURN_IF_ERROR(CheckPush(request, &push));
   Table* const table = push.table;

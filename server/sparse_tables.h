@@ -169,7 +169,6 @@ class SparseTables {
   absl::StatusOr<absl::Span<const uint64_t>> CheckIds(const Table& table,
                                                       const std::string& ids,
                                                       std::vector<uint64_t>* storage) const;
-  absl::Status CheckIncarnation(uint64_t shard_incarnation) const;
   // Every check of a push but its incarnation and sequence.
   absl::Status CheckPush(const PushSparseRequest& request, CheckedPush* push) const;
   // The dtype of a request's rows or grads (`what`): unspecified is f32;

@@ -288,7 +288,7 @@ class Session {
 
   void Pull(const PullRequest& request) {
     const Digest before = TakeDigest(*shard_);
-    const absl::Status status = shard_->ValidatePull(request);
+    const absl::Status status = shard_->pulls().Validate(request);
     if (status.ok()) Answer(request);
     if (TakeDigest(*shard_) != before) Fail("a Pull changed the shard", status);
   }
@@ -301,32 +301,32 @@ class Session {
     if (request.pull().worker() != request.push().worker()) {
       status = absl::InvalidArgumentError("push and pull from different workers");
     }
-    if (status.ok()) status = shard_->ValidatePull(request.pull());
+    if (status.ok()) status = shard_->pulls().Validate(request.pull());
     if (!status.ok()) {
       if (TakeDigest(*shard_) != before) Fail("a rejected PushPull changed the shard", status);
       return;
     }
     if (!Push(request.push()).ok()) return;
-    const absl::Status again = shard_->ValidatePull(request.pull());
+    const absl::Status again = shard_->pulls().Validate(request.pull());
     if (!again.ok()) Fail("a pull valid before its push is invalid after it", again);
     Answer(request.pull());
   }
 
-  // REQUIRES: ValidatePull(request).ok().
+  // REQUIRES: pulls().Validate(request).ok().
   void Answer(const PullRequest& request) {
-    shard_->PullReady(request);
+    shard_->pulls().Ready(request);
     PullResponse response;
-    shard_->FillPull(request, &response);
+    shard_->pulls().Fill(request, &response);
     if (response.parts_size() != request.parts_size()) {
-      Fail("FillPull answered a different number of parts", absl::OkStatus());
+      Fail("Fill answered a different number of parts", absl::OkStatus());
     }
     const int width = common::DTypeSize(common::PayloadDType(request.dtype()));
     for (const ParameterPart& part : response.parts()) {
       auto it = sizes_.find(Key(part.key().tensor(), part.key().partition()));
-      if (it == sizes_.end()) Fail("FillPull answered an unregistered partition", absl::OkStatus());
+      if (it == sizes_.end()) Fail("Fill answered an unregistered partition", absl::OkStatus());
       if (part.version() < 0 ||
           part.value().data().size() != static_cast<size_t>(it->second) * width) {
-        Fail("FillPull answered a part of the wrong size or version", absl::OkStatus());
+        Fail("Fill answered a part of the wrong size or version", absl::OkStatus());
       }
     }
   }

@@ -437,7 +437,7 @@ void Coordinator::ReconcileGroup(int group,
   const bool member = index && config->members[*index].incarnation == incarnation;
   // Whatever a tail holds is committed, also versions it applied as head
   // whose forward failed before the chain dropped its successor.
-  if (member && config->tail().shard == me) shard_->CommitGroup(group);
+  if (member && config->tail().shard == me) shard_->replica().CommitGroup(group);
   if (member && !may_change) {
     if (table_->CatchingUp(group)) CatchUp(group, *config);
     return;
@@ -620,7 +620,7 @@ bool Coordinator::Swap(int group, const std::optional<etcd::KeyValue>& kv,
   if (std::string(reason) != "formed") metrics_->reconfigurations(reason).Increment();
   Adopt(next);
   if (next.tail().shard == table_->shard() && next.tail().incarnation == table_->incarnation()) {
-    shard_->CommitGroup(group);
+    shard_->replica().CommitGroup(group);
   }
   return true;
 }
@@ -666,7 +666,7 @@ void Coordinator::RestoreOrder(int group, const etcd::KeyValue& kv,
     behind = absl::StrCat("its operations did not reach the tail within ",
                           absl::FormatDuration(kHandOverDrain));
   } else {
-    behind = MembersBehind(group, config, shard_->GroupOps(group));
+    behind = MembersBehind(group, config, shard_->replica().Ops(group));
   }
   if (behind.empty() && Swap(group, kv, *next, "head_restored")) {
     LOG(INFO) << "group " << group << ": handed the head to shard " << next->head().shard
@@ -699,7 +699,7 @@ std::string Coordinator::MembersBehind(int group, const chain::ChainConfig& conf
           "position %d; the head: %d operations)",
           m.shard, state->epoch(), state->position(), state->applied_ops(),
           state->catching_up() ? ", copying state" : "", config.epoch, position,
-          shard_->GroupOps(group));
+          shard_->replica().Ops(group));
     }
   }
   return "";
@@ -735,7 +735,7 @@ void Coordinator::CatchUp(int group, const chain::ChainConfig& config) {
     return;
   }
   metrics_->catchup_bytes().Increment(static_cast<double>(state->ByteSizeLong()));
-  const absl::Status imported = shard_->ImportGroup(group, *state);
+  const absl::Status imported = shard_->replica().Import(group, *state);
   if (!imported.ok()) {
     LOG(ERROR) << "group " << group << ": installing the state from shard " << from->shard
                << ": " << imported;

@@ -38,7 +38,7 @@
 // lease may after an etcd outage) changes no chain until it holds a new
 // lease: members would otherwise drop and re-add each other in a storm of
 // state copies. A shard that is a group's tail treats all it holds of the
-// group as committed (Shard::CommitGroup), also what it applied as head
+// group as committed (GroupReplica::CommitGroup), also what it applied as head
 // before the chain dropped its successor.
 //
 // While etcd is unreachable nothing changes: the shard keeps serving its

@@ -1,4 +1,4 @@
-// A replica group's state (GroupStateResponse, Shard::ExportGroup) cut into
+// A replica group's state (GroupStateResponse, GroupReplica::Export) cut into
 // the parts FetchGroupState streams to a joining member, and put back
 // together there, so a group of any size crosses within --max_message_mb.
 //

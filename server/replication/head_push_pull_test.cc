@@ -137,7 +137,7 @@ class HeadPushPullTest : public ::testing::Test {
     rpc_metrics_ = std::make_unique<common::RpcMetrics>(registry_, "server");
     ASSERT_OK_AND_ASSIGN(shard_, Shard::Create(options, shard_metrics_.get()));
     metrics_ = std::make_unique<ReplicationMetrics>(registry_, 2);
-    table_ = std::make_unique<ChainTable>(0, shard_->incarnation(), shard_->groups(),
+    table_ = std::make_unique<ChainTable>(0, shard_->incarnation(), shard_->replica().groups(),
                                           absl::Seconds(60), metrics_.get());
     forwarder_ = std::make_unique<Forwarder>(table_.get(), grpc::InsecureChannelCredentials(),
                                              grpc::ChannelArguments(), metrics_.get());
@@ -349,7 +349,7 @@ TEST_F(HeadPushPullTest, AForwardStuckOnADroppedSuccessorEndsWhenTheChainDropsIt
 
   ASSERT_OK_AND_ASSIGN(chain::ChainConfig alone, same.Remove(1, same.members[1].incarnation));
   ASSERT_TRUE(table_->Update(alone));
-  shard_->CommitGroup(kGroup);  // as the coordinator does for a new tail
+  shard_->replica().CommitGroup(kGroup);  // as the coordinator does for a new tail
   const absl::Time dropped = absl::Now();
   EXPECT_EQ(forwarder_->AbandonDeparted(kGroup), 1);
   ASSERT_TRUE(call->done.WaitForNotificationWithTimeout(absl::Seconds(10)));

@@ -48,7 +48,7 @@ Replicator::Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
       forwarder_(forwarder),
       metrics_(metrics),
       forward_timeout_(forward_timeout) {
-  Shard::ReplicationHooks hooks;
+  GroupReplica::Hooks hooks;
   hooks.leads = [table](int group) { return table->AdmitLead(group); };
   hooks.on_closed = [this](int group, std::vector<ReplicatedOp> closes) {
     if (closes.empty()) {
@@ -57,20 +57,20 @@ Replicator::Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
       ForwardCloses(group, std::move(closes));
     }
   };
-  shard_->SetReplicationHooks(std::move(hooks));
+  shard_->replica().SetHooks(std::move(hooks));
 }
 
 void Replicator::Push(const grpc::ByteBuffer& request, const wire::PushView& view,
                       Done done) {
   PushResponse response;
-  absl::StatusOr<int> group = shard_->GroupOf(view);
+  absl::StatusOr<int> group = shard_->replica().GroupOf(view);
   absl::Status status = group.status();
   if (status.ok()) status = table_->AdmitHead(*group, view.chain_epoch);
   if (!status.ok()) {
     done(status, response);
     return;
   }
-  Shard::Applied applied;
+  GroupReplica::Applied applied;
   status = shard_->Push(view, *group, &response, &applied);
   if (!status.ok()) {
     table_->Release(*group);
@@ -131,7 +131,7 @@ void Replicator::Sparse(int group, uint64_t epoch, uint32_t worker,
   std::optional<PushKey> tracked;
   if (sequence != 0) tracked = key;
   ForwardAndAnswer(group, Serialized(forward), /*ops=*/1, tracked, /*admitted=*/true,
-                   absl::Now(), Shard::Applied(), PushResponse(),
+                   absl::Now(), GroupReplica::Applied(), PushResponse(),
                    [done = std::move(done)](absl::Status status, const PushResponse&) {
                      done(std::move(status));
                    });
@@ -147,23 +147,23 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
   if (sparse) {
     group = view.replicated.front().sparse().group();
   } else if (!view.parts.empty()) {
-    absl::StatusOr<int> found = shard_->GroupOf(view);
+    absl::StatusOr<int> found = shard_->replica().GroupOf(view);
     status = found.status();
     if (found.ok()) group = *found;
   } else if (!view.replicated.empty() && view.replicated.front().has_close()) {
-    group = shard_->GroupOf(view.replicated.front().close());
+    group = shard_->replica().GroupOf(view.replicated.front().close());
   } else {
     status = absl::InvalidArgumentError("a forwarded push names no partition");
   }
   const uint64_t epoch = view.chain_epoch;
   if (status.ok()) status = table_->Check(group, epoch, ChainTable::Role::kMember);
-  Shard::Applied applied;
+  GroupReplica::Applied applied;
   if (status.ok() && sparse) {
     status = shard_->tables().ApplyReplicated(
         view.replicated.front().sparse(), forward_timeout_ / 2,
         [this, group, epoch] { return table_->MemberAt(group, epoch); });
   } else if (status.ok()) {
-    status = shard_->ApplyReplicated(
+    status = shard_->replica().ApplyForwarded(
         view, forward_timeout_ / 2,
         [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response, &applied);
   }
@@ -192,7 +192,7 @@ struct Replicator::Answer {
 
 void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
                                   std::optional<PushKey> key, bool admitted, absl::Time applied,
-                                  Shard::Applied committed, PushResponse response,
+                                  GroupReplica::Applied committed, PushResponse response,
                                   Done done) {
   {
     absl::MutexLock lock(&mu_);
@@ -238,7 +238,7 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
       [this, group, ops, key, admitted, applied, committed = std::move(committed),
        response = std::move(response), answer](absl::Status status) {
         // Before the answer: a PushPull's pull half waits for this.
-        if (status.ok()) shard_->MarkCommitted(committed, table_->IsHead(group));
+        if (status.ok()) shard_->replica().MarkCommitted(committed, table_->IsHead(group));
         {
           absl::MutexLock lock(&mu_);
           if (key) in_flight_.erase(*key);
@@ -260,7 +260,7 @@ void Replicator::ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t o
 void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
   PushRequest request;
   for (ReplicatedOp& op : closes) *request.add_replicated() = std::move(op);
-  Shard::Applied committed;
+  GroupReplica::Applied committed;
   committed.ops.assign(request.replicated().begin(), request.replicated().end());
   ForwardAndAnswer(group, Serialized(request), request.replicated_size(),
                    std::nullopt, /*admitted=*/true, absl::Now(), std::move(committed),
@@ -274,19 +274,19 @@ void Replicator::ForwardCloses(int group, std::vector<ReplicatedOp> closes) {
 }
 
 absl::Status Replicator::CheckPull(const PullRequest& pull) const {
-  ASSIGN_OR_RETURN(int group, shard_->GroupOf(pull));
+  ASSIGN_OR_RETURN(int group, shard_->replica().GroupOf(pull));
   return table_->Check(group, pull.chain_epoch(), ChainTable::Role::kTail);
 }
 
 absl::Status Replicator::CheckHeadPull(const PullRequest& pull) const {
-  ASSIGN_OR_RETURN(int group, shard_->GroupOf(pull));
+  ASSIGN_OR_RETURN(int group, shard_->replica().GroupOf(pull));
   return table_->Check(group, pull.chain_epoch(), ChainTable::Role::kHead);
 }
 
 absl::Status Replicator::CheckPushPull(const wire::PushView& push,
                                        const PullRequest& pull) const {
-  ASSIGN_OR_RETURN(int push_group, shard_->GroupOf(push));
-  ASSIGN_OR_RETURN(int pull_group, shard_->GroupOf(pull));
+  ASSIGN_OR_RETURN(int push_group, shard_->replica().GroupOf(push));
+  ASSIGN_OR_RETURN(int pull_group, shard_->replica().GroupOf(pull));
   if (push_group != pull_group) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "a replicated PushPull pushes to replica group %d but pulls from group %d; "
@@ -311,7 +311,7 @@ absl::StatusOr<GroupStateResponse> Replicator::GroupState(
         request.chain_epoch()));
   }
   RETURN_IF_ERROR(table_->Check(request.group(), config->epoch, ChainTable::Role::kMember));
-  return shard_->ExportGroup(request.group());
+  return shard_->replica().Export(request.group());
 }
 
 int64_t Replicator::Acked(int group) const {
@@ -321,7 +321,7 @@ int64_t Replicator::Acked(int group) const {
     auto it = pending_ops_.find(group);
     if (it != pending_ops_.end()) pending = it->second;
   }
-  return shard_->GroupOps(group) - pending;
+  return shard_->replica().Ops(group) - pending;
 }
 
 }  // namespace shardtrain::server

@@ -14,7 +14,7 @@
 //    answered UNAVAILABLE while its forward goes on.
 //  - A forwarded push (Replicate): refused unless this shard is a member at
 //    the request's epoch and has its state; applied at the head's
-//    operations (Shard::ApplyReplicated); forwarded on; answered as above.
+//    operations (GroupReplica::ApplyForwarded); forwarded on; answered as above.
 //  - A pull: refused unless this shard is the group's tail at the epoch.
 //    The tail holds exactly the updates every member has applied, so a pull
 //    never sees one that a failover could lose, and a worker's own
@@ -23,8 +23,8 @@
 //    push half as above, then the pull half is answered by the head with a
 //    committed read. The head's state may hold updates the tail does not
 //    have yet (applied, still being forwarded), so the parameters it reads
-//    are sent only once every version read is committed (Shard::
-//    MarkCommitted, as forwards are acknowledged; Shard::PullCommitted):
+//    are sent only once every version read is committed (GroupReplica::
+//    MarkCommitted, as forwards are acknowledged; PullReader::Committed):
 //    what a worker sees is what the tail holds, as with a pull at the tail.
 //  - A sparse table's training lookup or push (SparseTables) goes to the
 //    head of its ids' group: admitted and applied there as a dense push
@@ -35,7 +35,7 @@
 //    row a worker read, or a push it was told is in, survives a head's
 //    death.
 //  - Sync steps the head closes outside a push (a worker departed) are
-//    forwarded as close ops (Shard::ReplicationHooks).
+//    forwarded as close ops (GroupReplica::Hooks).
 //  - Every operation the head starts is admitted by the ChainTable and
 //    released once the tail has it (or it failed), so a head handing its
 //    place over (Coordinator) can wait until the members agree.
@@ -112,7 +112,7 @@ class Replicator {
   // (ChainTable::AdmitHead).
   void ForwardAndAnswer(int group, grpc::ByteBuffer request, int64_t ops,
                         std::optional<PushKey> key, bool admitted, absl::Time applied,
-                        Shard::Applied committed, PushResponse response, Done done);
+                        GroupReplica::Applied committed, PushResponse response, Done done);
   void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
   struct Answer;
 

@@ -30,7 +30,7 @@ class ReplicatorTest : public ::testing::Test {
     shard_metrics_ = std::make_unique<ShardMetrics>(registry_);
     ASSERT_OK_AND_ASSIGN(shard_, Shard::Create(options, shard_metrics_.get()));
     metrics_ = std::make_unique<ReplicationMetrics>(registry_, 2);
-    table_ = std::make_unique<ChainTable>(1, shard_->incarnation(), shard_->groups(),
+    table_ = std::make_unique<ChainTable>(1, shard_->incarnation(), shard_->replica().groups(),
                                           absl::Seconds(60), metrics_.get());
     ASSERT_OK_AND_ASSIGN(
         chain::ChainConfig config,
