@@ -478,9 +478,8 @@ absl::StatusOr<std::optional<CheckpointResponse>> Checkpointer::WriteStepLocked(
     return std::optional<CheckpointResponse>();
   }
   CheckpointFile file;
+  // The step's partitions, and its tables as they were when it completed.
   file.records = std::move(step->records);
-  // Tables are async: their rows as they are now, beside the step's copies.
-  shard_->SnapshotTables(&file.records);
   file.header.set_mode("sync");
   file.header.set_step(step->step);
   // The workers had finished at most step T when the copies were taken.

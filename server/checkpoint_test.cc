@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -380,6 +381,103 @@ TEST_F(CheckpointTest, AnUnwritableDirectoryIsRefused) {
     EXPECT_EQ(path.status().code(), absl::StatusCode::kFailedPrecondition) << dir;
     EXPECT_THAT(path.status().message(), HasSubstr(dir)) << path.status();
   }
+}
+
+// A sync job's step checkpoint holds its tables as they were at its step,
+// not as they are when the file is written: a job resumed from step T must
+// not find table rows some steps past T beside its dense model at T.
+TEST_F(CheckpointTest, AStepCheckpointHoldsTheTablesAsTheyWereAtItsStep) {
+  const std::string dir = TempDir();
+  auto new_shard = [this]() -> std::unique_ptr<Shard> {
+    ShardOptions options;
+    options.mode = ConsistencyMode::kSync;
+    options.optimizer.name = "sgd";
+    options.optimizer.learning_rate = 1.0f;
+    options.checkpoint_every_steps = 2;
+    auto shard = Shard::Create(options, &metrics_);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    RegisterTablesRequest tables;
+    TableSpec* spec = tables.add_tables();
+    spec->set_name("t");
+    spec->set_dim(1);
+    spec->set_optimizer("sgd");
+    spec->set_learning_rate(1.0f);
+    spec->set_init(TableSpec::INIT_ZEROS);  // an async table: PERSIA's hybrid
+    EXPECT_TRUE((*shard)->tables().Register(tables).ok());
+    return *std::move(shard);
+  };
+  const uint64_t id = 7;
+  const std::string id_bytes(reinterpret_cast<const char*>(&id), sizeof(id));
+  auto table_row = [&](Shard& shard) {
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(id_bytes);
+    wire::LookupResponseBuilder builder;
+    EXPECT_TRUE(shard.tables().Lookup(lookup, &builder).ok());
+    grpc::ByteBuffer buffer;
+    builder.Finish(&buffer);
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(buffer.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    LookupResponse response;
+    EXPECT_TRUE(response.ParseFromString(bytes));
+    float row = 0;
+    std::memcpy(&row, response.rows().data(), sizeof(row));
+    return row;
+  };
+
+  std::unique_ptr<Shard> shard = new_shard();
+  Checkpointer writer({dir}, shard.get(), &metrics_);
+  ASSERT_OK(writer.RestoreLatest().status());
+  RegisterRequest request;
+  TensorSpec* w = request.add_tensors();
+  w->set_name("w");
+  w->add_shape(4);
+  w->set_dtype(DTYPE_F32);
+  RegisterResponse registered;
+  ASSERT_OK(shard->Register(request, &registered));
+  // Each step: the row's gradient (1), then the dense one, as
+  // shardtrain.torch sends them.
+  for (int step = 1; step <= 3; ++step) {
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(id_bytes);
+    lookup.set_train(true);
+    lookup.set_clock(step);
+    wire::LookupResponseBuilder rows;
+    ASSERT_OK(shard->tables().Lookup(lookup, &rows));
+    PushSparseRequest table_push;
+    table_push.set_table("t");
+    table_push.set_ids(id_bytes);
+    const float one = 1.0f;
+    table_push.set_grads(std::string(reinterpret_cast<const char*>(&one), sizeof(one)));
+    table_push.set_clock(step);
+    PushSparseResponse table_response;
+    ASSERT_OK(shard->tables().PushSparse(table_push, &table_response));
+    PushRequest push;
+    push.set_clock(step);
+    GradientPart* part = push.add_parts();
+    part->mutable_key()->set_tensor("w");
+    part->set_version(step - 1);
+    part->mutable_grad()->set_dtype(DTYPE_F32);
+    common::EncodeDense(std::vector<float>(4, 1.0f), DTYPE_F32,
+                        part->mutable_grad()->mutable_data());
+    PushResponse response;
+    ASSERT_OK(shard->Push(push, &response));
+  }
+  EXPECT_EQ(table_row(*shard), -3.0f);
+  ASSERT_OK(writer.Write().status());  // the step 2 copy
+
+  std::unique_ptr<Shard> resumed = new_shard();
+  Checkpointer reader({dir}, resumed.get(), &metrics_);
+  ASSERT_OK(reader.RestoreLatest().status());
+  StatusResponse status;
+  resumed->FillStatus(StatusRequest(), &status);
+  EXPECT_EQ(status.max_version(), 2);
+  EXPECT_EQ(table_row(*resumed), -2.0f);
 }
 
 }  // namespace

@@ -131,6 +131,14 @@ Shard::Shard(const ShardOptions& options, std::unique_ptr<Optimizer> optimizer,
     metrics_->parameters().Increment(static_cast<double>(part->range.size));
     step_snapshot_.AddPartition();  // a step is complete when all are copied
   });
+  // A step's tables are copied as its last partition is: no worker has all
+  // of the step's parameters from this shard yet, so none has pushed its
+  // table gradients of the next step; and where the workers push a
+  // step's table gradients before its dense ones (shardtrain.torch does),
+  // all of the step's are in.
+  step_snapshot_.SetOnComplete([this](std::vector<CheckpointRecord>* records) {
+    tables_.Snapshot(kMaxTableRecordBytes, records);
+  });
   metrics_->expected_workers().Set(options.num_workers);
   metrics_->start_time().Set(absl::ToDoubleSeconds(start_time_ - absl::UnixEpoch()));
   LOG(INFO) << "shard " << options.shard_index << " incarnation " << incarnation_;
@@ -535,12 +543,8 @@ std::vector<CheckpointRecord> Shard::Snapshot() const {
     absl::ReaderMutexLock lock(&part->mu);
     WritePartitionRecord(*part, PartitionRecordContents::kModel, &records.emplace_back());
   }
-  SnapshotTables(&records);
+  tables_.Snapshot(kMaxTableRecordBytes, &records);
   return records;
-}
-
-void Shard::SnapshotTables(std::vector<CheckpointRecord>* records) const {
-  tables_.Snapshot(kMaxTableRecordBytes, records);
 }
 
 absl::Status Shard::Restore(const std::vector<CheckpointRecord>& records) {

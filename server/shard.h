@@ -105,13 +105,11 @@ class Shard {
   void SetProgressCallback(std::function<void()> callback);
 
   // A copy of every partition (spec, version, parameters, optimizer slots)
-  // for a checkpoint; each partition is copied under its lock. Pending sync
-  // accumulators are not included: their step restarts after a restore.
+  // and every sparse table's rows for a checkpoint; each partition and
+  // table is copied under its lock. Pending sync accumulators are not
+  // included: their step restarts after a restore. (A sync shard's step
+  // checkpoints are its step_snapshot()'s, the tables copied with them.)
   std::vector<CheckpointRecord> Snapshot() const;
-  // Appends the sparse tables' records (each table's rows copied under its
-  // lock): Snapshot() includes them, and a sync shard's step checkpoints
-  // add them to the step's partition copies (tables are async).
-  void SnapshotTables(std::vector<CheckpointRecord>* records) const;
   // Loads records written by Snapshot() into this (fresh) shard.
   // FAILED_PRECONDITION if they do not fit its tensors or optimizer.
   absl::Status Restore(const std::vector<CheckpointRecord>& records);

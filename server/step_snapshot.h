@@ -3,10 +3,13 @@
 //
 // In sync mode a partition's version is the job's step. Every shard copies
 // each of its partitions when that partition's version becomes a multiple
-// of `every_steps` (the copy is taken by Shard::MaybeFinishStep under the
-// partition's lock, right after the step was applied), so the copies of
+// of `every_steps` (the copy is taken by PartitionUpdater::MaybeFinishStep
+// under the partition's lock, right after the step was applied), so the copies of
 // step T on all shards describe the same model. When every partition of
-// the shard has been copied for T the step is complete and waits for the
+// the shard has been copied for T the step is complete: the completion
+// hook adds what else belongs with it (the shard's sparse tables as they
+// are at that moment: no worker has all of step T's parameters from this
+// shard yet, so no table push of step T+1 is in), and it waits for the
 // checkpoint writer (server/checkpoint.h) to take it.
 //
 // Memory: at most one incomplete step is collected; when a partition starts
@@ -22,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -48,6 +52,14 @@ class StepSnapshot {
   // complete when this many partitions have been copied for it.
   void AddPartition() { partitions_.fetch_add(1, std::memory_order_relaxed); }
 
+  // Runs with the records of each step as it completes, on the thread that
+  // copied its last partition (holding that partition's lock, not the
+  // collector's), to append the records that belong with the step. Set
+  // before the first Capture.
+  void SetOnComplete(std::function<void(std::vector<CheckpointRecord>* records)> on_complete) {
+    on_complete_ = std::move(on_complete);
+  }
+
   // Copies `part` (spec, version, parameters, optimizer slots) as its share
   // of step part.version.
   void Capture(const Partition& part) ABSL_SHARED_LOCKS_REQUIRED(part.mu);
@@ -64,8 +76,13 @@ class StepSnapshot {
   int64_t dropped_steps() const;
 
  private:
+  // Files `record` as part's share of `step`; the step, once complete.
+  std::optional<Step> Add(const Partition& part, int64_t step, int partitions_in_shard,
+                          CheckpointRecord record);
+
   const int64_t every_steps_;
   std::atomic<int> partitions_{0};
+  std::function<void(std::vector<CheckpointRecord>*)> on_complete_;
   mutable absl::Mutex mu_;
   int64_t pending_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, CheckpointRecord> pending_ ABSL_GUARDED_BY(mu_);

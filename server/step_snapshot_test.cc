@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <prometheus/registry.h>
@@ -121,6 +122,28 @@ TEST_F(StepSnapshotTest, ANewerCompleteStepReplacesAnUntakenOne) {
   Reach(snapshot, 0, 1);
   EXPECT_EQ(snapshot.TakeCompleted()->step, 2);
   EXPECT_EQ(snapshot.dropped_steps(), 0);
+}
+
+TEST_F(StepSnapshotTest, TheCompletionHookAddsToEachStepOnce) {
+  StepSnapshot snapshot(2);
+  std::vector<int64_t> hooked;
+  snapshot.SetOnComplete([&](std::vector<CheckpointRecord>* records) {
+    // Called with the step's partitions, before it can be taken.
+    EXPECT_EQ(records->size(), 3u);
+    EXPECT_EQ(snapshot.completed_step(), 0);
+    hooked.push_back((*records)[0].version());
+    records->emplace_back().set_version(-1);  // the shard's tables, say
+  });
+  Reach(snapshot, 0, 2);
+  Reach(snapshot, 1, 2);
+  EXPECT_TRUE(hooked.empty());
+  Reach(snapshot, 2, 2);
+  Reach(snapshot, 2, 2);  // a straggler of a complete step: no second call
+  EXPECT_EQ(hooked, std::vector<int64_t>{2});
+  std::optional<StepSnapshot::Step> step = snapshot.TakeCompleted();
+  ASSERT_TRUE(step.has_value());
+  ASSERT_EQ(step->records.size(), 4u);
+  EXPECT_EQ(step->records.back().version(), -1);
 }
 
 TEST(StepSnapshotShardTest, SyncShardCopiesEveryNthStep) {
