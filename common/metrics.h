@@ -7,7 +7,7 @@
 //   ASSIGN_OR_RETURN(std::unique_ptr<MetricsExposer> exposer,
 //                    MetricsExposer::Create("0.0.0.0:9100"));
 //   RpcMetrics rpc(exposer->registry(), "server");
-//   rpc.Record("Push", grpc::StatusCode::OK, request_bytes, reply_bytes, secs);
+//   rpc.Record("Push", grpc::StatusCode::OK, received_bytes, sent_bytes, secs);
 #ifndef SHARDTRAIN_COMMON_METRICS_H_
 #define SHARDTRAIN_COMMON_METRICS_H_
 
@@ -61,6 +61,8 @@ class RpcMetrics {
   // a process that is both can tell its two halves apart.
   RpcMetrics(prometheus::Registry& registry, const std::string& side);
 
+  // Bytes as this process counts them: a server receives a request and
+  // sends its answer, a client the other way round.
   void Record(const std::string& method, grpc::StatusCode code,
               size_t received_bytes, size_t sent_bytes, double seconds);
 
