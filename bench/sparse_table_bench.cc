@@ -43,6 +43,7 @@ ABSL_FLAG(int, batch, 65536, "Ids per batch");
 ABSL_FLAG(int, batches, 16, "Batches per round");
 ABSL_FLAG(int, rounds, 5, "Rounds (medians reported)");
 ABSL_FLAG(double, alpha, 1.1, "Zipf exponent of the ids");
+ABSL_FLAG(std::string, storage, "f32", "How the table stores its rows' values: f32 or bf16");
 ABSL_FLAG(std::string, out, "", "Also write the table to this file");
 
 namespace shardtrain {
@@ -151,6 +152,12 @@ absl::Status Run(const std::string& command_line) {
   config.optimizer.kind = sparse::SparseOptimizerKind::kRowWiseAdagrad;
   config.optimizer.learning_rate = 0.01f;
   config.eviction.capacity = rows;
+  const std::string storage = absl::GetFlag(FLAGS_storage);
+  if (storage == "bf16") {
+    config.storage = sparse::RowStorage::kBf16;
+  } else if (storage != "f32") {
+    return absl::InvalidArgumentError("--storage must be f32 or bf16");
+  }
   sparse::TableLimits limits;
   limits.max_rows = std::max<int64_t>(rows, limits.max_rows);
   ASSIGN_OR_RETURN(std::unique_ptr<sparse::EmbeddingTable> table,
@@ -216,9 +223,10 @@ absl::Status Run(const std::string& command_line) {
 
   std::string table_text = absl::StrCat(
       bench::CommonHeader(command_line),
-      absl::StrFormat("# rows %d, dim %d f32, row-wise Adagrad, Zipf alpha %.2f, batch %zu "
+      absl::StrFormat("# rows %d, dim %d, table values stored %s (the plain map's f32), "
+                      "row-wise Adagrad, Zipf alpha %.2f, batch %zu "
                       "(%.0f unique on average), %d rounds of %d batches, one thread\n",
-                      rows, dim, absl::GetFlag(FLAGS_alpha), batch,
+                      rows, dim, storage, absl::GetFlag(FLAGS_alpha), batch,
                       static_cast<double>(unique_total) / batches, rounds, batches),
       absl::StrFormat("%-32s %14s %14s %8s\n", "operation", "table M/s", "plain map M/s",
                       "ratio"),

@@ -204,6 +204,9 @@ def parse_args(argv):
                    help="the table's consistency: async (applied as pushes come) or sync "
                         "(each step's mean over the workers); the dense part follows "
                         "shardtrain-run --mode")
+    p.add_argument("--table_dtype", choices=["f32", "bf16"], default="f32",
+                   help="how the shards store the table's values: f32, or bf16 in half "
+                        "the memory (rounded stochastically)")
     p.add_argument("--lr", type=float, default=0.001, help="--local: the dense layers' Adam lr")
     p.add_argument("--alpha", type=float, default=1.1, help="Zipf exponent of the ids")
     p.add_argument("--seed", type=int, default=1)
@@ -226,7 +229,8 @@ def main(argv=None):
         worker, workers = st.rank(), st.world_size()
         emb = st.SparseEmbedding("ctr", args.dim, mode="sum", optimizer="adagrad",
                                  learning_rate=args.emb_lr, init="uniform", init_scale=0.01,
-                                 seed=args.seed, sync=args.table_mode == "sync")
+                                 seed=args.seed, sync=args.table_mode == "sync",
+                                 storage_dtype=args.table_dtype)
     else:
         emb = HashedEmbedding(args.local_rows, args.dim)
     model = DLRM(emb, args.dim)

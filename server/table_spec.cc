@@ -20,8 +20,16 @@ absl::StatusOr<sparse::TableConfig> TableConfigFromSpec(const TableSpec& spec,
   sparse::TableConfig c;
   c.name = spec.name();
   c.dim = spec.dim();
-  if (spec.dtype() != DTYPE_UNSPECIFIED && spec.dtype() != DTYPE_F32) {
-    return invalid("only f32 rows are stored (dtype DTYPE_F32)");
+  switch (spec.dtype()) {
+    case DTYPE_UNSPECIFIED:
+    case DTYPE_F32:
+      c.storage = sparse::RowStorage::kF32;
+      break;
+    case DTYPE_BF16:
+      c.storage = sparse::RowStorage::kBf16;
+      break;
+    default:
+      return invalid("rows are stored as f32 (DTYPE_F32) or bf16 (DTYPE_BF16)");
   }
   switch (spec.init()) {
     case TableSpec::INIT_UNIFORM:

@@ -21,8 +21,37 @@ constexpr uint32_t kNone = RowIndex::kNone;
 
 int32_t RecordWords(const TableConfig& config) {
   const int32_t meta = config.eviction.policy == Eviction::Policy::kLfu ? 2 : 1;
-  return 2 + config.dim + OptimizerStateWords(config.optimizer.kind, config.dim) + meta;
+  return 2 + ValueWords(config.storage, config.dim) +
+         OptimizerStateWords(config.optimizer.kind, config.dim) + meta;
 }
+
+// bf16 element j of a row's value words.
+uint16_t Bf16At(const uint32_t* words, int32_t j) {
+  const uint32_t w = words[j >> 1];
+  return static_cast<uint16_t>((j & 1) != 0 ? w >> 16 : w & 0xffff);
+}
+
+float WidenBf16(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// `f` rounded to bf16 up (in magnitude) with the probability of the 16 bits
+// it loses, given 16 random bits: unbiased, E[widened] = f. Finite values
+// stay finite (a carry into the largest exponent rounds down instead).
+uint16_t RoundBf16(float f, uint32_t random16) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t up = bits + (random16 & 0xffff);
+  constexpr uint32_t kExponent = 0x7f800000u;
+  // Inf and NaN as they are, and no carry into the largest exponent.
+  const bool keep = (bits & kExponent) == kExponent || (up & kExponent) == kExponent;
+  return static_cast<uint16_t>((keep ? bits : up) >> 16);
+}
+
+bool FiniteBf16(uint16_t b) { return ((b >> 7) & 0xff) != 0xff; }
 
 }  // namespace
 
@@ -37,7 +66,10 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
 EmbeddingTable::EmbeddingTable(const TableConfig& config, int64_t capacity)
     : config_(config),
       capacity_(capacity),
+      value_words_(ValueWords(config.storage, config.dim)),
       state_words_(OptimizerStateWords(config.optimizer.kind, config.dim)),
+      bf16_(config.storage == RowStorage::kBf16),
+      scratch_(bf16_ ? static_cast<size_t>(config.dim) : 0),
       lfu_(config.eviction.policy == Eviction::Policy::kLfu),
       salt_(TableSalt(config.name)),
       init_(config.init, config.name, config.dim),
@@ -85,6 +117,57 @@ void EmbeddingTable::ProbeAll(absl::Span<const uint64_t> ids, const OnRow& on_ro
   }
 }
 
+void EmbeddingTable::ReadValue(uint32_t row, float* out) const {
+  const uint32_t* words = Value(row);
+  const int32_t d = config_.dim;
+  if (!bf16_) {
+    std::memcpy(out, words, sizeof(float) * d);
+    return;
+  }
+  // Element 2k is word k's low half, 2k+1 its high half (little-endian
+  // bf16 pairs); widening is a shift.
+  const int32_t pairs = d / 2;
+  for (int32_t k = 0; k < pairs; ++k) {
+    const uint32_t lo = words[k] << 16;
+    const uint32_t hi = words[k] & 0xffff0000u;
+    std::memcpy(out + 2 * k, &lo, sizeof(lo));
+    std::memcpy(out + 2 * k + 1, &hi, sizeof(hi));
+  }
+  if (d % 2 != 0) out[d - 1] = WidenBf16(Bf16At(words, d - 1));
+}
+
+void EmbeddingTable::WriteValue(uint32_t row, const float* value, uint64_t id, uint64_t draw) {
+  uint32_t* words = Value(row);
+  const int32_t d = config_.dim;
+  if (!bf16_) {
+    std::memcpy(words, value, sizeof(float) * d);
+    return;
+  }
+  // Four 16-bit draws per 64-bit hash, the hashes independent of each other.
+  const uint64_t key = Mix64(salt_ ^ id ^ Mix64(draw));
+  const int32_t pairs = d / 2;
+  int32_t k = 0;
+  for (; k + 1 < pairs; k += 2) {
+    const uint64_t random = Mix64(key + static_cast<uint64_t>(k));
+    const uint32_t a = RoundBf16(value[2 * k], static_cast<uint32_t>(random));
+    const uint32_t b = RoundBf16(value[2 * k + 1], static_cast<uint32_t>(random >> 16));
+    const uint32_t c = RoundBf16(value[2 * k + 2], static_cast<uint32_t>(random >> 32));
+    const uint32_t e = RoundBf16(value[2 * k + 3], static_cast<uint32_t>(random >> 48));
+    words[k] = a | (b << 16);
+    words[k + 1] = c | (e << 16);
+  }
+  const uint64_t random = Mix64(key + static_cast<uint64_t>(k));
+  if (k < pairs) {
+    words[k] = RoundBf16(value[2 * k], static_cast<uint32_t>(random)) |
+               (static_cast<uint32_t>(RoundBf16(value[2 * k + 1],
+                                                static_cast<uint32_t>(random >> 16)))
+                << 16);
+  }
+  if (d % 2 != 0) {
+    words[pairs] = RoundBf16(value[d - 1], static_cast<uint32_t>(random >> 32));
+  }
+}
+
 void EmbeddingTable::Touch(uint32_t row, uint32_t now) {
   uint32_t* meta = Meta(row);
   meta[0] = now;
@@ -109,7 +192,12 @@ uint32_t EmbeddingTable::CreateRow(uint64_t id, uint64_t hash, uint32_t now) {
   uint32_t* r = store_.Record(row);
   r[0] = static_cast<uint32_t>(id);
   r[1] = static_cast<uint32_t>(id >> 32);
-  init_.Fill(id, Value(row));
+  if (bf16_) {
+    init_.Fill(id, scratch_.data());
+    WriteValue(row, scratch_.data(), id, /*draw=*/0);
+  } else {
+    init_.Fill(id, reinterpret_cast<float*>(Value(row)));
+  }
   optimizer_.InitState(State(row));
   uint32_t* meta = Meta(row);
   meta[0] = now;
@@ -180,7 +268,7 @@ void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t 
       return;
     }
     Touch(row, now);
-    std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+    ReadValue(row, out + i * d);
   });
   if (misses.empty()) return;
   int64_t room = MakeRoom(static_cast<int64_t>(misses.size()), now);
@@ -199,7 +287,7 @@ void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t 
       --room;
     }
     if (row != kNone) {
-      std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+      ReadValue(row, out + i * d);
     } else {
       init_.Fill(ids[i], out + i * d);
     }
@@ -213,7 +301,7 @@ int64_t EmbeddingTable::LookupReadOnly(absl::Span<const uint64_t> ids, float* ou
     if (row == kNone) {
       init_.Fill(ids[i], out + i * d);
     } else {
-      std::memcpy(out + i * d, Value(row), sizeof(float) * d);
+      ReadValue(row, out + i * d);
       ++found;
     }
   });
@@ -224,9 +312,29 @@ int64_t EmbeddingTable::Apply(absl::Span<const uint64_t> ids, const float* grads
                               float lr_scale) {
   const int32_t d = config_.dim;
   int64_t applied = 0;
+  float* value = scratch_.data();
   ProbeAll(ids, [&](size_t i, uint32_t row) {
     if (row == kNone) return;
-    optimizer_.Apply(Value(row), State(row), grads + i * d, lr_scale);
+    if (bf16_) {
+      // The draws depend on the row's value before the update and the
+      // clock: fresh for every update, and the same on every replica that
+      // holds the same row (state copies included), with no counter to keep.
+      const uint32_t* words = Value(row);
+      uint64_t fold = now;
+      for (int32_t w = 0; w + 1 < value_words_; w += 2) {
+        // A different odd multiplier per pair, so equal pairs do not cancel.
+        fold ^= (static_cast<uint64_t>(words[w + 1]) << 32 | words[w]) *
+                (0x9e3779b97f4a7c15ull + 2 * static_cast<uint64_t>(w));
+      }
+      if (value_words_ % 2 != 0) fold ^= words[value_words_ - 1];
+      const uint64_t draw = fold;
+      ReadValue(row, value);
+      optimizer_.Apply(value, State(row), grads + i * d, lr_scale);
+      WriteValue(row, value, ids[i], draw);
+    } else {
+      optimizer_.Apply(reinterpret_cast<float*>(Value(row)), State(row), grads + i * d,
+                       lr_scale);
+    }
     Touch(row, now);
     ++applied;
   });
@@ -298,12 +406,18 @@ absl::Status EmbeddingTable::ImportRecords(absl::string_view records) {
   int64_t fresh = 0;
   for (size_t i = 0; i < count; ++i) {
     std::memcpy(words.data(), records.data() + i * rb, rb);
-    const float* values = reinterpret_cast<const float*>(words.data() + 2);
-    for (int32_t j = 0; j < d + float_state; ++j) {
-      if (!std::isfinite(values[j])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table \"", config_.name, "\": record ", i, " holds a non-finite value or state"));
-      }
+    bool finite = true;
+    if (bf16_) {
+      for (int32_t j = 0; j < d; ++j) finite = finite && FiniteBf16(Bf16At(words.data() + 2, j));
+    } else {
+      const float* values = reinterpret_cast<const float*>(words.data() + 2);
+      for (int32_t j = 0; j < d; ++j) finite = finite && std::isfinite(values[j]);
+    }
+    const float* state = reinterpret_cast<const float*>(words.data() + 2 + value_words_);
+    for (int32_t j = 0; j < float_state; ++j) finite = finite && std::isfinite(state[j]);
+    if (!finite) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table \"", config_.name, "\": record ", i, " holds a non-finite value or state"));
     }
     const uint64_t id = static_cast<uint64_t>(words[0]) | (static_cast<uint64_t>(words[1]) << 32);
     if (Find(id, Hash(id)) == kNone) ++fresh;

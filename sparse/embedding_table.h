@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -86,11 +87,12 @@ class EmbeddingTable {
   int64_t bytes() const;
   const TableCounters& counters() const { return counters_; }
 
-  // Records: the id (8 bytes), the value (dim f32), the optimizer state
-  // (state words of sparse/row_optimizer.h) and the metadata (the last use;
-  // with LFU eviction also the use count), all little-endian, record_bytes()
-  // each, no framing: the whole row in one piece. Dim 16 with row-wise
-  // Adagrad and LRU: 80 bytes.
+  // Records: the id (8 bytes), the value (dim f32, or dim bf16 padded to
+  // whole words), the optimizer state (state words of
+  // sparse/row_optimizer.h) and the metadata (the last use; with LFU
+  // eviction also the use count), all little-endian, record_bytes() each,
+  // no framing: the whole row in one piece. Dim 16 with row-wise Adagrad
+  // and LRU: 80 bytes, 48 with bf16 values.
   int32_t record_bytes() const { return 4 * store_.record_words(); }
   // Appends every stored row's record to out, in row order; with a filter,
   // only rows whose id it accepts.
@@ -124,14 +126,18 @@ class EmbeddingTable {
 
   uint64_t Hash(uint64_t id) const;
   uint64_t IdOf(uint32_t row) const;
-  float* Value(uint32_t row) { return reinterpret_cast<float*>(store_.Record(row) + 2); }
-  const float* Value(uint32_t row) const {
-    return reinterpret_cast<const float*>(store_.Record(row) + 2);
-  }
-  uint32_t* State(uint32_t row) { return store_.Record(row) + 2 + config_.dim; }
+  // The row's value words: dim f32, or dim bf16 (config_.storage).
+  uint32_t* Value(uint32_t row) { return store_.Record(row) + 2; }
+  const uint32_t* Value(uint32_t row) const { return store_.Record(row) + 2; }
+  // The row's value as f32 into out[0, dim).
+  void ReadValue(uint32_t row, float* out) const;
+  // Stores `value` (dim f32) as the row's; bf16 storage rounds each
+  // element stochastically with draws keyed by (id, draw, element).
+  void WriteValue(uint32_t row, const float* value, uint64_t id, uint64_t draw);
+  uint32_t* State(uint32_t row) { return store_.Record(row) + 2 + value_words_; }
   uint32_t* Meta(uint32_t row) { return State(row) + state_words_; }
   const uint32_t* Meta(uint32_t row) const {
-    return store_.Record(row) + 2 + config_.dim + state_words_;
+    return store_.Record(row) + 2 + value_words_ + state_words_;
   }
   uint32_t Find(uint64_t id, uint64_t hash) const;
   // Finds each id's row (kNone when absent) and calls on_row(i, row), in
@@ -150,7 +156,11 @@ class EmbeddingTable {
 
   const TableConfig config_;
   const int64_t capacity_;
+  const int32_t value_words_;
   const int32_t state_words_;
+  const bool bf16_;
+  // bf16 storage: one row's value as f32 while it is updated or created.
+  std::vector<float> scratch_;
   const bool lfu_;
   const uint64_t salt_;
   const RowInitializer init_;

@@ -31,6 +31,10 @@ int32_t OptimizerStateWords(SparseOptimizerKind kind, int32_t dim) {
   return 0;
 }
 
+int32_t ValueWords(RowStorage storage, int32_t dim) {
+  return storage == RowStorage::kBf16 ? (dim + 1) / 2 : dim;
+}
+
 absl::string_view SparseOptimizerName(SparseOptimizerKind kind) {
   switch (kind) {
     case SparseOptimizerKind::kSgd:

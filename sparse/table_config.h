@@ -86,9 +86,20 @@ struct Eviction {
   Policy policy = Policy::kLru;
 };
 
+// How a row's values are stored; its optimizer state is f32 either way.
+// kBf16 halves the values' bytes: a lookup reads them widened to f32, and
+// an update is computed in f32 and rounded back stochastically (element j
+// up with the probability of its remainder, drawn by a counter-based hash
+// of the table, the id, the table's update count and j, so replicas
+// applying the same updates round alike), so steps far below bf16's
+// resolution (2^-8 of the value) still move a row by the right amount on
+// average where rounding to nearest would drop them.
+enum class RowStorage { kF32, kBf16 };
+
 struct TableConfig {
   std::string name;
   int32_t dim = 0;
+  RowStorage storage = RowStorage::kF32;
   RowInit init;
   SparseOptimizerOptions optimizer;
   Admission admission;
@@ -108,6 +119,8 @@ absl::Status ValidateTableConfig(const TableConfig& config, const TableLimits& l
 
 // 32-bit words of optimizer state per row for `kind` at `dim`.
 int32_t OptimizerStateWords(SparseOptimizerKind kind, int32_t dim);
+// 32-bit words of a row's values: dim f32, or dim bf16 rounded up to words.
+int32_t ValueWords(RowStorage storage, int32_t dim);
 
 absl::string_view SparseOptimizerName(SparseOptimizerKind kind);
 // "sgd" | "adagrad" | "rowwise_adagrad" | "adam" | "ftrl".

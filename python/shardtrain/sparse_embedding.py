@@ -33,14 +33,18 @@ class SparseEmbedding(torch.nn.Module):
     def __init__(self, name: str, dim: int, *, mode: str = "mean",
                  optimizer: str = "rowwise_adagrad", learning_rate: float = 0.01,
                  init: str = "uniform", init_scale: float = 0.01, seed: int = 0,
-                 wire_dtype: str = "f32", client=None, **table_options):
+                 wire_dtype: str = "f32", storage_dtype: str = "f32", client=None,
+                 **table_options):
         """`name`: the table's name on the shards (the same on every worker).
         `mode`: "sum" or "mean" pooling per bag. `optimizer`: "sgd",
         "adagrad", "rowwise_adagrad", "adam" or "ftrl", with `learning_rate`.
         `init`: "uniform" (U(-init_scale, init_scale)), "normal" (N(0,
         init_scale²)) or "zeros"; a row's start is a function of (seed, name,
         id) only. `wire_dtype`: "f32", or "bf16" / "f16" to send rows and
-        gradients in half the bytes (the shards store f32). `table_options`:
+        gradients in half the bytes. `storage_dtype`: "f32", or "bf16" for
+        the shards to keep each row's values in half the memory (updated in
+        f32 and rounded stochastically; the optimizer state stays f32).
+        `table_options`:
         further TableSpec fields (eps, beta1, admission="count",
         admission_count=3, capacity=..., eviction="lfu", ttl=..., sync=True,
         ...)."""
@@ -54,13 +58,17 @@ class SparseEmbedding(torch.nn.Module):
             raise ValueError(f"init={init!r} is not one of {sorted(inits)}")
         if wire_dtype not in ("f32", "bf16", "f16"):
             raise ValueError(f"wire_dtype={wire_dtype!r} is not 'f32', 'bf16' or 'f16'")
+        storage = {"f32": "DTYPE_F32", "bf16": "DTYPE_BF16"}
+        if storage_dtype not in storage:
+            raise ValueError(f"storage_dtype={storage_dtype!r} is not 'f32' or 'bf16'")
         self.wire_dtype = wire_dtype
         self.name = name
         self.dim = int(dim)
         self.mode = mode
         self.spec = dict(name=name, dim=self.dim, optimizer=optimizer,
                          learning_rate=float(learning_rate), init=inits[init],
-                         init_scale=float(init_scale), seed=int(seed), **table_options)
+                         init_scale=float(init_scale), seed=int(seed),
+                         dtype=storage[storage_dtype], **table_options)
         self._client = None
         self._clock = 0
         self._staging = None  # pinned host rows for CUDA inputs
