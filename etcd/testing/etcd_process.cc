@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,6 +29,25 @@
 
 namespace shardtrain::etcd::testing {
 namespace {
+
+// True when every thread of `pid` is stopped (state T or t in its
+// /proc/<pid>/task/<tid>/stat; the state follows the command's closing
+// parenthesis, and the command may hold parentheses of its own).
+bool AllThreadsStopped(pid_t pid) {
+  std::error_code error;
+  const std::filesystem::path tasks = absl::StrCat("/proc/", pid, "/task");
+  bool any = false;
+  for (const auto& task : std::filesystem::directory_iterator(tasks, error)) {
+    std::ifstream in(task.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+    const char state = stat[paren + 2];
+    if (state != 'T' && state != 't') return false;
+    any = true;
+  }
+  return !error && any;
+}
 
 constexpr absl::Duration kStartTimeout = absl::Seconds(15);
 constexpr int kStartAttempts = 3;
@@ -247,6 +268,15 @@ std::string EtcdProcess::LogTail() const {
 
 absl::Status EtcdProcess::Pause() {
   if (pid_ <= 0 || kill(pid_, SIGSTOP) != 0) return absl::FailedPreconditionError("etcd not running");
+  // kill() returns before every thread has stopped; until then etcd may
+  // still answer a request (EtcdClientTest saw a Put succeed right after).
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (!AllThreadsStopped(pid_)) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("etcd ", pid_, " did not stop within 5 s"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
   return absl::OkStatus();
 }
 
