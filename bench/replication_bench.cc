@@ -79,18 +79,22 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "bench/process_stats.h"
 #include "bench/replication_cluster.h"
 #include "chain/chain_config.h"
 #include "chain/chain_reader.h"
 #include "chain/replication_keys.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/shard_channel.h"
 #include "client/table_client.h"
 #include "common/status_macros.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/chain_waits.h"
+#include "testing/etcd_process.h"
+#include "testing/files.h"
+#include "testing/local_cluster.h"
+#include "testing/process_group.h"
 
 ABSL_FLAG(std::string, out, "", "If set, also write the results to this file");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -120,7 +124,12 @@ ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server or a chain t
 namespace shardtrain::bench {
 namespace {
 
-using etcd::testing::EtcdProcess;
+using testutil::EtcdProcess;
+using testutil::ReadFile;
+
+// How often the failover part reads the chains from etcd while it times
+// a rejoin.
+constexpr absl::Duration kChainPoll = absl::Milliseconds(5);
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -252,7 +261,7 @@ absl::StatusOr<std::string> TimeTables(
       for (int k = 0; k < kClusterShards; ++k) {
         const int i = (k + round) % kClusterShards;
         RETURN_IF_ERROR(TimeBlock(ops[o][i], options.block_seconds, megabytes_per_call,
-                                  clusters[i].pids, &cases[o][i]));
+                                  clusters[i].pids(), &cases[o][i]));
       }
       for (int i = 0; i < kClusterShards; ++i) {
         cases[o][i].vs_r1.push_back(cases[o][i].rates.back() / cases[o][0].rates.back());
@@ -281,7 +290,7 @@ absl::StatusOr<std::string> TimeTables(
   return table;
 }
 
-absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions& options,
+absl::StatusOr<std::string> RunThroughput(testutil::ProcessGroup& processes, const BenchOptions& options,
                                           const std::string& etcd_endpoint,
                                           etcd::EtcdClient& etcd) {
   const int kR[kClusterShards] = {1, 2, 3};
@@ -300,7 +309,7 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     cluster.lease_ttl_s = options.throughput_lease_ttl_s;
     cluster.num_workers = options.workers;
     cluster.start_timeout = options.start_timeout;
-    ASSIGN_OR_RETURN(clusters.emplace_back(), StartCluster(children, &etcd, cluster));
+    ASSIGN_OR_RETURN(clusters.emplace_back(), StartCluster(processes, &etcd, cluster));
   }
   for (int i = 0; i < kClusterShards; ++i) {
     registries.push_back(std::make_unique<prometheus::Registry>());
@@ -332,7 +341,7 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
         const int i = (k + round) % kClusterShards;
         const double retries_before = RetriesTotal(*registries[i]);
         RETURN_IF_ERROR(TimeBlock(ops[o][i], options.block_seconds, megabytes_per_call,
-                                  clusters[i].pids, &cases[o][i]));
+                                  clusters[i].pids(), &cases[o][i]));
         cases[o][i].retries +=
             static_cast<int64_t>(RetriesTotal(*registries[i]) - retries_before);
       }
@@ -360,7 +369,7 @@ absl::StatusOr<std::string> RunThroughput(Children& children, const BenchOptions
     absl::StrAppend(&table, "\n", tables);
   }
   workers.clear();  // the clients go before their shards
-  for (const Cluster& cluster : clusters) StopCluster(children, cluster);
+  for (const Cluster& cluster : clusters) StopCluster(processes, cluster);
   return table;
 }
 
@@ -493,7 +502,7 @@ std::string GrantedTtl(const std::string& log) {
   return log.substr(at + 5, end == std::string::npos ? 8 : end - at - 5);
 }
 
-absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& worker,
+absl::StatusOr<Failover> KillHead(testutil::ProcessGroup& processes, Cluster& cluster, Worker& worker,
                                   Pusher& pusher, EtcdLog& log, etcd::EtcdClient& etcd,
                                   const prometheus::Registry& registry, int group,
                                   bool hang, absl::Duration timeout) {
@@ -518,11 +527,11 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
   const double retries_before = RetriesTotal(registry);
   const Clock::time_point killed = Clock::now();
   if (hang) {
-    if (kill(cluster.pids[f.shard], SIGSTOP) != 0) {
+    if (kill(cluster.pids()[f.shard], SIGSTOP) != 0) {
       return absl::InternalError(absl::StrCat("SIGSTOP of shard ", f.shard, " failed"));
     }
   } else {
-    RETURN_IF_ERROR(children.Kill(cluster.pids[f.shard]));
+    RETURN_IF_ERROR(processes.Kill(cluster.pids()[f.shard]));
   }
   const Clock::time_point deadline = killed + absl::ToChronoNanoseconds(timeout);
   std::optional<Clock::time_point> pushed;
@@ -565,10 +574,14 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
     absl::SleepFor(absl::Milliseconds(5));
   }
   // Back to full chains: the shard restarts and rejoins as a tail.
-  if (hang) RETURN_IF_ERROR(children.Kill(cluster.pids[f.shard]));
+  if (hang) RETURN_IF_ERROR(processes.Kill(cluster.pids()[f.shard]));
   const Clock::time_point restarted = Clock::now();
-  RETURN_IF_ERROR(StartShard(children, cluster, f.shard, /*restart=*/true));
-  RETURN_IF_ERROR(WaitForFullChains(etcd, job, 2, timeout));
+  RETURN_IF_ERROR(testutil::RestartShard(processes, cluster.shards, f.shard));
+  if (!testutil::WaitForChains(etcd, job, kClusterShards, testutil::HasMembers(2), timeout,
+                               kChainPoll)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("shard ", f.shard, " did not rejoin the chains of job ", job));
+  }
   const Clock::time_point full = Clock::now();
   f.rejoin_ms = Ms(full - restarted);
   const Clock::time_point resume_deadline = full + absl::ToChronoNanoseconds(timeout);
@@ -597,7 +610,12 @@ absl::StatusOr<Failover> KillHead(Children& children, Cluster& cluster, Worker& 
     absl::SleepFor(absl::Milliseconds(5));
   }
   // The rejoined shard gets its group's head back (--restore_chain_order).
-  RETURN_IF_ERROR(WaitForPlacementOrder(etcd, job, 2, timeout));
+  if (!testutil::WaitForChains(etcd, job, kClusterShards,
+                               testutil::InPlacementOrder(kClusterShards, 2), timeout,
+                               kChainPoll)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the chains of job ", job, " did not go back to the placement order"));
+  }
   const Clock::time_point ordered = Clock::now();
   f.heads_ms = Ms(ordered - restarted);
   std::optional<Clock::time_point> after;
@@ -626,7 +644,7 @@ double SeenPercentile(const std::vector<double>& values, double q) {
   return Percentile(seen, q);
 }
 
-absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& options,
+absl::StatusOr<std::string> RunFailover(testutil::ProcessGroup& processes, const BenchOptions& options,
                                         const std::string& etcd_endpoint,
                                         etcd::EtcdClient& etcd) {
   ClusterOptions cluster_options;
@@ -638,7 +656,7 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
   cluster_options.lease_ttl_s = options.lease_ttl_s;
   cluster_options.num_workers = 1;
   cluster_options.start_timeout = options.start_timeout;
-  ASSIGN_OR_RETURN(Cluster cluster, StartCluster(children, &etcd, cluster_options));
+  ASSIGN_OR_RETURN(Cluster cluster, StartCluster(processes, &etcd, cluster_options));
   EtcdLog log;
   std::unique_ptr<etcd::Watcher> watcher = etcd.Watch(
       chain::JobPrefix(cluster_options.name), 0, [&log](const etcd::WatchEvent& event) {
@@ -654,7 +672,7 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     Pusher pusher(worker->MakeOp(Op::kPush));
     for (int i = 0; i < options.failover_repeats; ++i) {
       ASSIGN_OR_RETURN(failovers.emplace_back(),
-                       KillHead(children, cluster, *worker, pusher, log, etcd, registry,
+                       KillHead(processes, cluster, *worker, pusher, log, etcd, registry,
                                 i % kClusterShards, options.failover_hang,
                                 std::max(absl::Seconds(30), options.start_timeout)));
       const Failover& f = failovers.back();
@@ -670,9 +688,9 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
     }
   }
   watcher.reset();
-  const std::string granted_ttl = GrantedTtl(ReadFile(cluster.Log(0)));
+  const std::string granted_ttl = GrantedTtl(ReadFile(cluster.shards.ShardLog(0)));
   worker.reset();  // the client goes before its shards
-  StopCluster(children, cluster);
+  StopCluster(processes, cluster);
   std::string text = absl::StrFormat(
       "# lease TTL: --lease_ttl_s=%d (etcd granted ttl %s); etcd --heartbeat-interval 25 "
       "--election-timeout 250; etcd's lessor revokes expired leases in a loop that runs every "
@@ -750,10 +768,10 @@ absl::StatusOr<std::string> RunFailover(Children& children, const BenchOptions& 
 }
 
 // "3.4.23", from `etcd --version`; "unknown" when it does not say.
-std::string EtcdVersion(Children& children, const std::string& dir) {
+std::string EtcdVersion(testutil::ProcessGroup& processes, const std::string& dir) {
   const std::string path = absl::StrCat(dir, "/etcd-version.txt");
-  absl::StatusOr<pid_t> pid = children.Start({EtcdProcess::kBinary, "--version"}, path);
-  if (!pid.ok() || !children.Wait(*pid, absl::Seconds(10)).ok()) return "unknown";
+  absl::StatusOr<pid_t> pid = processes.Start({EtcdProcess::kBinary, "--version"}, path);
+  if (!pid.ok() || !processes.Wait(*pid, absl::Seconds(10)).ok()) return "unknown";
   const std::string text = ReadFile(path);
   const std::string prefix = "etcd Version: ";
   const size_t at = text.find(prefix);
@@ -791,19 +809,19 @@ absl::Status Run(const BenchOptions& options, const std::string& command_line) {
   ASSIGN_OR_RETURN(std::unique_ptr<etcd::EtcdClient> etcd, etcd::EtcdClient::Create(etcd_options));
   // After etcd, so that the shards still running on an error stop first
   // (they revoke their leases in etcd as they go).
-  Children children;
-  const std::string etcd_version = EtcdVersion(children, options.dir);
+  testutil::ProcessGroup processes;
+  const std::string etcd_version = EtcdVersion(processes, options.dir);
 
   std::string throughput;
   if (!options.skip_throughput) {
     ASSIGN_OR_RETURN(throughput,
-                     RunThroughput(children, options, etcd_process->endpoint(), *etcd));
+                     RunThroughput(processes, options, etcd_process->endpoint(), *etcd));
     std::printf("%s", throughput.c_str());
     std::fflush(stdout);
   }
   std::string failover;
   if (options.failover_repeats > 0) {
-    ASSIGN_OR_RETURN(failover, RunFailover(children, options, etcd_process->endpoint(), *etcd));
+    ASSIGN_OR_RETURN(failover, RunFailover(processes, options, etcd_process->endpoint(), *etcd));
     std::printf("%s", failover.c_str());
   }
   const LoadAverage load_after = ReadLoadAverage();
@@ -862,7 +880,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "Times push/pull/pushpull with replicated shards (R = 1, 2, 3) against ps-server\n"
       "processes and a local etcd, then the failover time after a chain head is SIGKILLed.");
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, b::KillChildrenAndExit);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::testutil::KillAllProcessesAndExit);
   b::BenchOptions options;
   options.bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (options.bin_dir.empty()) {
@@ -908,7 +926,7 @@ int main(int argc, char** argv) {
     LOG(ERROR) << valid;
     return 2;
   }
-  options.dir = b::MakeTempDir("replication_bench-");
+  options.dir = shardtrain::testutil::MakeTempDir("replication_bench-");
   if (options.dir.empty()) {
     LOG(ERROR) << "cannot make a temporary directory";
     return 1;

@@ -10,10 +10,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "chain/chain_reader.h"
-#include "chain/placement.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
+#include "testing/chain_waits.h"
 
 namespace shardtrain::bench {
 namespace {
@@ -24,114 +23,45 @@ constexpr int64_t kMaxModelBytes = int64_t{1} << 30;
 
 }  // namespace
 
-std::string Cluster::Log(int s) const {
-  return absl::StrCat(options.dir, "/", options.name, "-", s, ".log");
-}
-
-std::string Cluster::PortFile(int s) const {
-  return absl::StrCat(options.dir, "/", options.name, "-", s, ".port");
-}
-
-absl::Status StartShard(Children& children, Cluster& cluster, int s, bool restart) {
-  std::filesystem::remove(cluster.PortFile(s));
-  ASSIGN_OR_RETURN(cluster.pids[s], children.Start(cluster.argv[s], cluster.Log(s), restart));
-  return WaitForPort(children, cluster.pids[s], cluster.PortFile(s), cluster.Log(s),
-                     cluster.options.start_timeout)
-      .status();
-}
-
-absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
-                               absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  absl::Status last = absl::DeadlineExceededError("not read yet");
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<chain::ChainConfig>> chains =
-        chain::ReadAllChains(etcd, job, kClusterShards);
-    if (chains.ok()) {
-      last = absl::OkStatus();
-      for (const chain::ChainConfig& chain : *chains) {
-        if (static_cast<int>(chain.members.size()) != members) {
-          last = absl::DeadlineExceededError(
-              absl::StrCat("group ", chain.group, " has ", chain.members.size(), " members"));
-        }
-      }
-      if (last.ok()) return last;
-    } else {
-      last = chains.status();
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("the chains of job ", job, " did not reach ",
-                                                  members, " members: ", last.message()));
-}
-
-absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& job,
-                                   int replicas, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  std::string last = "not read yet";
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<chain::ChainConfig>> chains =
-        chain::ReadAllChains(etcd, job, kClusterShards);
-    if (chains.ok()) {
-      last.clear();
-      for (const chain::ChainConfig& chain : *chains) {
-        std::vector<int> order;
-        for (const chain::ChainConfig::Member& m : chain.members) order.push_back(m.shard);
-        if (order != chain::InitialChain(chain.group, kClusterShards, replicas)) {
-          last = absl::StrCat("group ", chain.group, " is headed by shard ", order.front());
-        }
-      }
-      if (last.empty()) return absl::OkStatus();
-    } else {
-      last = std::string(chains.status().message());
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("the chains of job ", job, " did not go back to the placement order: ", last));
-}
-
-absl::StatusOr<Cluster> StartCluster(Children& children, etcd::EtcdClient* etcd,
+absl::StatusOr<Cluster> StartCluster(testutil::ProcessGroup& group, etcd::EtcdClient* etcd,
                                      const ClusterOptions& options) {
   Cluster cluster;
   cluster.options = options;
-  cluster.pids.assign(kClusterShards, 0);
-  for (int s = 0; s < kClusterShards; ++s) {
-    ASSIGN_OR_RETURN(const int port, PickFreePort());
-    cluster.addresses.push_back(absl::StrCat("127.0.0.1:", port));
-    std::vector<std::string> argv = {
-        absl::StrCat(options.bin_dir, "/ps-server"), absl::StrCat("--listen=127.0.0.1:", port),
-        "--metrics_listen=127.0.0.1:0", absl::StrCat("--port_file=", cluster.PortFile(s)),
-        absl::StrCat("--shard_index=", s), absl::StrCat("--num_shards=", kClusterShards),
-        absl::StrCat("--num_workers=", options.num_workers), "--mode=async", "--optimizer=sgd",
-        "--max_message_mb=256", "--heartbeat_timeout_s=600",
-        absl::StrCat("--replicas=", options.replicas)};
-    if (options.replicas > 1) {
-      argv.push_back(absl::StrCat("--etcd_endpoints=", options.etcd_endpoint));
-      argv.push_back(absl::StrCat("--job=", options.name));
-      argv.push_back(absl::StrCat("--lease_ttl_s=", options.lease_ttl_s));
-    }
-    cluster.argv.push_back(std::move(argv));
+  testutil::LocalClusterOptions shards;
+  shards.bin_dir = options.bin_dir;
+  shards.shards = kClusterShards;
+  shards.workers = options.num_workers;
+  shards.start_workers = 0;  // the workers are this process's PsClients
+  shards.fixed_ports = true;
+  shards.dir = absl::StrCat(options.dir, "/", options.name);
+  shards.start_timeout = options.start_timeout;
+  shards.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
+                         "--max_message_mb=256", "--heartbeat_timeout_s=600",
+                         absl::StrCat("--replicas=", options.replicas)};
+  if (options.replicas > 1) {
+    shards.server_flags.push_back(absl::StrCat("--etcd_endpoints=", options.etcd_endpoint));
+    shards.server_flags.push_back(absl::StrCat("--job=", options.name));
+    shards.server_flags.push_back(absl::StrCat("--lease_ttl_s=", options.lease_ttl_s));
+  }
+  std::error_code error;
+  if (!std::filesystem::create_directory(shards.dir, error)) {
+    return absl::InternalError(absl::StrCat("cannot make ", shards.dir));
   }
   // All at once: a group's chain forms when its initial members are up.
-  for (int s = 0; s < kClusterShards; ++s) {
-    std::filesystem::remove(cluster.PortFile(s));
-    ASSIGN_OR_RETURN(cluster.pids[s], children.Start(cluster.argv[s], cluster.Log(s)));
-  }
-  for (int s = 0; s < kClusterShards; ++s) {
-    RETURN_IF_ERROR(WaitForPort(children, cluster.pids[s], cluster.PortFile(s), cluster.Log(s),
-                                options.start_timeout)
-                        .status());
-  }
-  if (options.replicas > 1) {
-    RETURN_IF_ERROR(
-        WaitForFullChains(*etcd, options.name, options.replicas, options.start_timeout));
+  ASSIGN_OR_RETURN(cluster.shards, testutil::StartLocalCluster(group, shards));
+  if (options.replicas > 1 &&
+      !testutil::WaitForChains(*etcd, options.name, kClusterShards,
+                               testutil::HasMembers(options.replicas), options.start_timeout,
+                               absl::Milliseconds(20))) {
+    return absl::DeadlineExceededError(absl::StrCat("the chains of job ", options.name,
+                                                    " did not reach ", options.replicas,
+                                                    " members"));
   }
   return cluster;
 }
 
-void StopCluster(Children& children, const Cluster& cluster) {
-  for (pid_t pid : cluster.pids) (void)children.Stop(pid);
+void StopCluster(testutil::ProcessGroup& group, const Cluster& cluster) {
+  for (pid_t pid : cluster.pids()) (void)group.Stop(pid);
 }
 
 absl::StatusOr<Model> MakeModel(const std::string& layers, int tensor_kb) {
@@ -193,7 +123,7 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Connect(const Cluster& cluster, 
                                                         client::PsClientMetrics* metrics,
                                                         absl::Duration max_backoff) {
   client::PsClientOptions options;
-  options.servers = cluster.addresses;
+  options.servers = cluster.addresses();
   options.worker_index = static_cast<uint32_t>(index);
   options.num_workers = static_cast<uint32_t>(cluster.options.num_workers);
   options.max_message_bytes = kMaxMessageBytes;

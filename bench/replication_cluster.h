@@ -8,13 +8,13 @@
 //   options.name = "r2";  // file prefix and etcd job
 //   options.replicas = 2;
 //   options.etcd_endpoint = etcd_process->endpoint();
-//   ASSIGN_OR_RETURN(Cluster cluster, StartCluster(children, etcd.get(), options));
+//   ASSIGN_OR_RETURN(Cluster cluster, StartCluster(group, etcd.get(), options));
 //   ASSIGN_OR_RETURN(Model model, MakeModel("784-256-128-10", 0));
 //   ASSIGN_OR_RETURN(std::unique_ptr<Worker> worker, Worker::Connect(cluster, 0, model));
 //   OpFn push = worker->MakeOp(Op::kPush);
 //   RETURN_IF_ERROR(push());
-//   RETURN_IF_ERROR(children.Kill(cluster.pids[1]));
-//   RETURN_IF_ERROR(StartShard(children, cluster, 1, /*restart=*/true));
+//   RETURN_IF_ERROR(group.Kill(cluster.pids()[1]));
+//   RETURN_IF_ERROR(testutil::RestartShard(group, cluster.shards, 1));
 #ifndef SHARDTRAIN_BENCH_REPLICATION_CLUSTER_H_
 #define SHARDTRAIN_BENCH_REPLICATION_CLUSTER_H_
 
@@ -31,12 +31,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "bench/bench_process.h"
 #include "bench/bench_util.h"
 #include "chain/chain_config.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/ps_client.h"
 #include "etcd/etcd_client.h"
+#include "testing/local_cluster.h"
+#include "testing/process_group.h"
 
 namespace shardtrain::bench {
 
@@ -62,40 +63,26 @@ struct ClusterOptions {
   absl::Duration start_timeout = absl::Seconds(30);
 };
 
-// kClusterShards ps-server processes (async, sgd) on 127.0.0.1 ports
-// picked before they start, so that a restarted shard keeps its address.
+// kClusterShards ps-server processes (async, sgd; testing/local_cluster.h)
+// on 127.0.0.1 ports picked before they start, so that a restarted shard
+// keeps its address.
 struct Cluster {
   ClusterOptions options;
-  std::vector<std::vector<std::string>> argv;  // by shard, for restarts
-  std::vector<pid_t> pids;                     // by shard; stale once killed
-  std::vector<std::string> addresses;          // by shard
+  testutil::LocalCluster shards;  // pids in shards.shards (stale once killed)
 
-  std::string Log(int s) const;
-  std::string PortFile(int s) const;
+  const std::vector<pid_t>& pids() const { return shards.shards; }
+  const std::vector<std::string>& addresses() const { return shards.servers; }
 };
 
 // Starts every shard at once (a chain forms when its initial members are
 // up), waits for them to serve and, with replicas > 1, for every chain to
 // have `replicas` members. `etcd` is used only when replicas > 1.
-absl::StatusOr<Cluster> StartCluster(Children& children, etcd::EtcdClient* etcd,
+absl::StatusOr<Cluster> StartCluster(testutil::ProcessGroup& group, etcd::EtcdClient* etcd,
                                      const ClusterOptions& options);
-
-// Starts shard `s` with its command line and waits until it serves;
-// `restart` appends to its log. REQUIRES: its previous process has exited.
-absl::Status StartShard(Children& children, Cluster& cluster, int s, bool restart);
 
 // SIGTERM to every shard (a replicated one revokes its lease), SIGKILL
 // after 5 s.
-void StopCluster(Children& children, const Cluster& cluster);
-
-// Waits until every chain of `job` has `members` members.
-absl::Status WaitForFullChains(etcd::EtcdClient& etcd, const std::string& job, int members,
-                               absl::Duration timeout);
-
-// Waits until every chain of `job` has its members in the placement's
-// order (chain::InitialChain with `replicas`): the heads went back.
-absl::Status WaitForPlacementOrder(etcd::EtcdClient& etcd, const std::string& job,
-                                   int replicas, absl::Duration timeout);
+void StopCluster(testutil::ProcessGroup& group, const Cluster& cluster);
 
 // The tensors a worker pushes and pulls.
 struct Model {

@@ -47,7 +47,7 @@
 #include "absl/time/clock.h"
 #include "app/deadlock_detection.h"
 #include "app/malloc_tuning.h"
-#include "bench/bench_process.h"
+#include "bench/process_stats.h"
 #include "bench/bench_util.h"
 #include "client/ps_client.h"
 #include "common/status_macros.h"

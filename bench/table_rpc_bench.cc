@@ -35,12 +35,16 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "bench/process_stats.h"
 #include "client/ps_client.h"
 #include "client/table_client.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "testing/files.h"
+#include "testing/local_cluster.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 ABSL_FLAG(int64_t, rows, 1'000'000, "Rows in the table");
 ABSL_FLAG(int, dim, 16, "Embedding dim");
@@ -56,6 +60,10 @@ ABSL_FLAG(std::string, wire_dtype, "f32",
 
 namespace shardtrain::bench {
 namespace {
+
+using testutil::MakeTempDir;
+using testutil::ProcessGroup;
+using testutil::WaitForPorts;
 
 struct Figures {
   std::vector<double> rows_per_s;  // per round
@@ -73,29 +81,32 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     return absl::InvalidArgumentError("need --rows >= --batch >= 1, --dim, --rounds, --calls >= 1");
   }
   const std::string dir = MakeTempDir("table_rpc_bench");
-  Children children;
-  const std::string shard_log = dir + "/shard.log";
-  ASSIGN_OR_RETURN(const pid_t shard,
-                   children.Start({bin_dir + "/ps-server", "--listen=127.0.0.1:0",
-                                   "--metrics_listen=127.0.0.1:0", "--port_file=" + dir + "/shard.port",
-                                   "--num_workers=1", "--mode=async", "--optimizer=sgd",
-                                   "--max_message_mb=256", "--heartbeat_timeout_s=600"},
-                                  shard_log));
-  ASSIGN_OR_RETURN(const int shard_port, WaitForPort(children, shard, dir + "/shard.port",
-                                                     shard_log, absl::Seconds(30)));
+  ProcessGroup group;
+  testutil::LocalClusterOptions cluster_options;
+  cluster_options.bin_dir = bin_dir;
+  cluster_options.shards = 1;
+  cluster_options.workers = 1;
+  cluster_options.start_workers = 0;  // the worker is this process's PsClient
+  cluster_options.dir = dir;
+  cluster_options.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
+                                  "--max_message_mb=256", "--heartbeat_timeout_s=600"};
+  ASSIGN_OR_RETURN(const testutil::LocalCluster cluster,
+                   testutil::StartLocalCluster(group, cluster_options));
   const std::string echo_log = dir + "/echo.log";
   ASSIGN_OR_RETURN(const pid_t echo,
-                   children.Start({bin_dir + "/wire_bench", "--serve_echo",
-                                   "--port_file=" + dir + "/echo.port", "--echo_max_mb=256"},
-                                  echo_log));
-  ASSIGN_OR_RETURN(const int echo_port, WaitForPort(children, echo, dir + "/echo.port", echo_log,
-                                                    absl::Seconds(30)));
+                   group.Start({bin_dir + "/wire_bench", "--serve_echo",
+                                "--port_file=" + dir + "/echo.port", "--echo_max_mb=256"},
+                               echo_log));
+  ASSIGN_OR_RETURN(const std::vector<int> echo_ports,
+                   WaitForPorts(group, echo, dir + "/echo.port", echo_log, absl::Seconds(30)));
+  const int echo_port = echo_ports[0];
+  const pid_t shard = cluster.shards[0];
 
   ASSIGN_OR_RETURN(const DType wire, common::ParseDTypeName(absl::GetFlag(FLAGS_wire_dtype)));
   const int width = common::DTypeSize(wire);
   client::PsClientOptions options;
   options.wire_dtype = wire;
-  options.servers = {absl::StrCat("127.0.0.1:", shard_port)};
+  options.servers = cluster.servers;
   options.max_message_bytes = kMaxMessageBytes;
   ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> ps, client::PsClient::Create(options, nullptr));
   client::TableClient tables(ps.get());
@@ -217,7 +228,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "table_rpc_bench: Lookup and PushSparse over gRPC against the dense pull/push of the "
       "same bytes and a raw gRPC echo, in the same rounds");
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::bench::KillChildrenAndExit);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::testutil::KillAllProcessesAndExit);
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) {
     bin_dir = std::filesystem::path(shardtrain::bench::SelfPath()).parent_path().string();

@@ -93,12 +93,17 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "app/malloc_tuning.h"
-#include "bench/bench_process.h"
 #include "bench/bench_util.h"
+#include "bench/process_stats.h"
 #include "bench/echo_models.h"
 #include "client/ps_client.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
+#include "testing/local_cluster.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 ABSL_FLAG(std::string, out, "", "If set, also write the results table to this file");
 ABSL_FLAG(std::string, bin_dir, "",
@@ -144,6 +149,11 @@ ABSL_FLAG(int, echo_cq_threads, 1,
 
 namespace shardtrain::bench {
 namespace {
+
+using testutil::PickFreePort;
+using testutil::ProcessGroup;
+using testutil::ReadFile;
+using testutil::WaitForPorts;
 
 // ---------------------------------------------------------------------------
 // Measurements.
@@ -227,13 +237,13 @@ absl::Status TimeBlock(const std::vector<OpFn>& ops, double block_seconds,
 // A running `iperf3 -s` and single-stream client runs against it.
 class Iperf {
  public:
-  static absl::StatusOr<std::unique_ptr<Iperf>> Start(Children& children,
+  static absl::StatusOr<std::unique_ptr<Iperf>> Start(ProcessGroup& group,
                                                       const std::string& binary,
                                                       const std::string& dir, int seconds) {
     ASSIGN_OR_RETURN(const int port, PickFreePort());
-    std::unique_ptr<Iperf> iperf(new Iperf(children, binary, dir, seconds, port));
+    std::unique_ptr<Iperf> iperf(new Iperf(group, binary, dir, seconds, port));
     ASSIGN_OR_RETURN(iperf->server_pid_,
-                     children.Start({binary, "-s", "-p", absl::StrCat(port), "-B", "127.0.0.1"},
+                     group.Start({binary, "-s", "-p", absl::StrCat(port), "-B", "127.0.0.1"},
                                     absl::StrCat(dir, "/iperf3-server.log")));
     // The server has no port file: retry the first run until it listens.
     const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -241,7 +251,7 @@ class Iperf {
     while (true) {
       const absl::Status run = iperf->Run(&ignored);
       if (run.ok()) break;
-      if (absl::Now() > deadline || children.Exited(iperf->server_pid_)) {
+      if (absl::Now() > deadline || group.Exited(iperf->server_pid_)) {
         return absl::UnavailableError(absl::StrCat("iperf3 does not run: ", run.message()));
       }
       absl::SleepFor(absl::Milliseconds(100));
@@ -251,14 +261,16 @@ class Iperf {
 
   // One `iperf3 -c 127.0.0.1 -t N -J` run.
   absl::Status Run(Block* block) {
+    // The client's output, its JSON, goes to a file of its own each run.
     const std::string json_path = absl::StrCat(dir_, "/iperf3-client.json");
+    std::filesystem::remove(json_path);
     const double children_before = ReapedChildrenCpuSeconds();
     ASSIGN_OR_RETURN(const double server_before, ProcessCpuSeconds(server_pid_));
     ASSIGN_OR_RETURN(const pid_t pid,
-                     children_.Start({binary_, "-c", "127.0.0.1", "-p", absl::StrCat(port_),
+                     group_.Start({binary_, "-c", "127.0.0.1", "-p", absl::StrCat(port_),
                                       "-t", absl::StrCat(seconds_), "-J"},
                                      json_path));
-    ASSIGN_OR_RETURN(const int code, children_.Wait(pid, absl::Seconds(seconds_ + 20)));
+    ASSIGN_OR_RETURN(const int code, group_.Wait(pid, absl::Seconds(seconds_ + 20)));
     ASSIGN_OR_RETURN(const double server_after, ProcessCpuSeconds(server_pid_));
     const double children_after = ReapedChildrenCpuSeconds();
     const std::string json = ReadFile(json_path);
@@ -286,14 +298,14 @@ class Iperf {
   }
 
  private:
-  Iperf(Children& children, std::string binary, std::string dir, int seconds, int port)
-      : children_(children),
+  Iperf(ProcessGroup& group, std::string binary, std::string dir, int seconds, int port)
+      : group_(group),
         binary_(std::move(binary)),
         dir_(std::move(dir)),
         seconds_(seconds),
         port_(port) {}
 
-  Children& children_;
+  ProcessGroup& group_;
   const std::string binary_;
   const std::string dir_;
   const int seconds_;
@@ -335,36 +347,31 @@ std::string SystemName(const BenchOptions& options, int s) {
   return s < kNumSystems ? kSystemNames[s] : absl::StrCat("1x1 ", options.variants[s - kNumSystems].name);
 }
 
-// ps-server processes started with --port_file, with their PIDs.
+// ps-server processes (async, sgd) of one bench system, with their PIDs.
 struct Shards {
   std::vector<pid_t> pids;
   std::vector<std::string> addresses;
 };
 
-absl::StatusOr<Shards> StartShards(Children& children, const BenchOptions& options,
+absl::StatusOr<Shards> StartShards(ProcessGroup& group, const BenchOptions& options,
                                    const std::string& dir, const std::string& name,
-                                   int count,
-                                   int num_workers) {
-  Shards shards;
-  std::vector<std::string> port_files;
-  for (int i = 0; i < count; ++i) {
-    const std::string port_file = absl::StrCat(dir, "/", name, "-", i, ".port");
-    const std::string log = absl::StrCat(dir, "/", name, "-", i, ".log");
-    ASSIGN_OR_RETURN(
-        const pid_t pid,
-        children.Start({absl::StrCat(options.bin_dir, "/ps-server"), "--listen=127.0.0.1:0",
-                        "--metrics_listen=127.0.0.1:0", absl::StrCat("--port_file=", port_file),
-                        absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
-                        absl::StrCat("--num_workers=", num_workers), "--mode=async",
-                        "--optimizer=sgd", "--max_message_mb=256",
-                        "--heartbeat_timeout_s=600"},
-                       log));
-    ASSIGN_OR_RETURN(const int port,
-                     WaitForPort(children, pid, port_file, log, options.start_timeout));
-    shards.pids.push_back(pid);
-    shards.addresses.push_back(absl::StrCat("127.0.0.1:", port));
+                                   int count, int num_workers) {
+  testutil::LocalClusterOptions cluster_options;
+  cluster_options.bin_dir = options.bin_dir;
+  cluster_options.shards = count;
+  cluster_options.workers = num_workers;
+  cluster_options.start_workers = 0;  // the workers are this process's PsClients
+  cluster_options.dir = absl::StrCat(dir, "/", name);
+  cluster_options.start_timeout = options.start_timeout;
+  cluster_options.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
+                                  "--max_message_mb=256", "--heartbeat_timeout_s=600"};
+  std::error_code error;
+  if (!std::filesystem::create_directory(cluster_options.dir, error)) {
+    return absl::InternalError(absl::StrCat("cannot make ", cluster_options.dir));
   }
-  return shards;
+  ASSIGN_OR_RETURN(testutil::LocalCluster cluster,
+                   testutil::StartLocalCluster(group, cluster_options));
+  return Shards{cluster.shards, cluster.servers};
 }
 
 // A wire_bench --serve_echo process with the server of system `s` (an echo).
@@ -373,7 +380,7 @@ struct EchoProcess {
   std::string address;
 };
 
-absl::StatusOr<EchoProcess> StartEcho(Children& children, const BenchOptions& options,
+absl::StatusOr<EchoProcess> StartEcho(ProcessGroup& group, const BenchOptions& options,
                                       const std::string& self, const std::string& dir,
                                       int s) {
   const std::string name = absl::StrCat("echo-", EchoModelOf(s));
@@ -382,15 +389,15 @@ absl::StatusOr<EchoProcess> StartEcho(Children& children, const BenchOptions& op
   EchoProcess echo;
   ASSIGN_OR_RETURN(
       echo.pid,
-      children.Start({self, "--serve_echo", absl::StrCat("--echo_model=", EchoModelOf(s)),
+      group.Start({self, "--serve_echo", absl::StrCat("--echo_model=", EchoModelOf(s)),
                       absl::StrCat("--echo_cq_threads=", options.echo_cq_threads),
                       absl::StrCat("--port_file=", port_file),
                       absl::StrCat("--echo_max_mb=",
                                    (options.sizes.back() + (1 << 20) - 1) >> 20)},
                      log));
-  ASSIGN_OR_RETURN(const int port,
-                   WaitForPort(children, echo.pid, port_file, log, options.start_timeout));
-  echo.address = absl::StrCat("127.0.0.1:", port);
+  ASSIGN_OR_RETURN(const std::vector<int> ports,
+                   WaitForPorts(group, echo.pid, port_file, log, options.start_timeout));
+  echo.address = absl::StrCat("127.0.0.1:", ports[0]);
   return echo;
 }
 
@@ -460,24 +467,24 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   if (options.iperf_seconds < 1) {
     return absl::InvalidArgumentError("--iperf_seconds must be at least 1");
   }
-  Children children;
+  ProcessGroup group;
 
   // Servers, each its own process.
-  ASSIGN_OR_RETURN(const Shards one, StartShards(children, options, dir, "shard1x1", 1,
+  ASSIGN_OR_RETURN(const Shards one, StartShards(group, options, dir, "shard1x1", 1,
                                                        1 + options.variants.size()));
-  ASSIGN_OR_RETURN(const Shards two, StartShards(children, options, dir, "shard2x2", 2, 2));
+  ASSIGN_OR_RETURN(const Shards two, StartShards(group, options, dir, "shard2x2", 2, 2));
   // The echo servers, one process per selected model.
   EchoProcess echoes[kNumSystems];
   for (int s : {kEcho, kEchoSync, kEchoCq}) {
     if (options.systems[s]) {
-      ASSIGN_OR_RETURN(echoes[s], StartEcho(children, options, self, dir, s));
+      ASSIGN_OR_RETURN(echoes[s], StartEcho(group, options, self, dir, s));
     }
   }
   std::unique_ptr<Iperf> iperf;
   std::string iperf_note;
   if (options.systems[kIperf]) {
     absl::StatusOr<std::unique_ptr<Iperf>> started =
-        Iperf::Start(children, options.iperf3, dir, options.iperf_seconds);
+        Iperf::Start(group, options.iperf3, dir, options.iperf_seconds);
     if (started.ok()) {
       iperf = std::move(*started);
       iperf_note = absl::StrFormat("# iperf3: `%s -s` and `%s -c 127.0.0.1 -t %d -J` (one TCP "
@@ -654,12 +661,12 @@ struct ScaleConfig {
 absl::Status RunScaling(const BenchOptions& options, const std::string& command_line,
                         const std::string& dir) {
   RETURN_IF_ERROR(CheckTiming(options));
-  Children children;
+  ProcessGroup group;
   std::vector<ScaleConfig> configs(options.scaling.size());
   for (size_t c = 0; c < configs.size(); ++c) {
     ScaleConfig& config = configs[c];
     std::tie(config.num_shards, config.num_workers) = options.scaling[c];
-    ASSIGN_OR_RETURN(config.shards, StartShards(children, options, dir,
+    ASSIGN_OR_RETURN(config.shards, StartShards(group, options, dir,
                                                 absl::StrCat("scale", config.name()),
                                                 config.num_shards, config.num_workers));
     for (int w = 0; w < config.num_workers; ++w) {
@@ -807,7 +814,7 @@ int main(int argc, char** argv) {
   namespace b = shardtrain::bench;
   if (absl::GetFlag(FLAGS_serve_echo)) return b::ServeEcho();
 
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, b::KillChildrenAndExit);
+  for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::testutil::KillAllProcessesAndExit);
   const std::string self = b::SelfPath();
   if (self.empty()) {
     LOG(ERROR) << "cannot find this binary through /proc/self/exe";
@@ -891,7 +898,7 @@ int main(int argc, char** argv) {
       options.sizes.push_back(bytes);
     }
   }
-  const std::string dir = b::MakeTempDir("wire_bench");
+  const std::string dir = shardtrain::testutil::MakeTempDir("wire_bench");
   if (dir.empty()) {
     LOG(ERROR) << "cannot make a temporary directory";
     return 1;

@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/chain_router.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/control_calls.h"
 #include "client/ps_client_options.h"
 #include "client/shard_calls.h"

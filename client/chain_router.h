@@ -50,7 +50,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "chain/chain_config.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/shard_channel.h"
 #include "etcd/etcd_client.h"
 
@@ -61,7 +61,7 @@ class ChainRouter final : public ChainRoutes {
   struct Options {
     // Comma-separated etcd host:port list.
     std::string etcd_endpoints;
-    // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
+    // Null: plaintext to etcd; else TLS (app/etcd_flags.h).
     std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
     // The job's etcd namespace (chain::ValidateJobName).
     std::string job = "shardtrain";

@@ -9,7 +9,7 @@
 
 #include "absl/time/clock.h"
 #include "chain/replication_keys.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/testing/etcd_chains.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -19,7 +19,7 @@ namespace shardtrain::client {
 namespace {
 
 using ::shardtrain::client::testing::EtcdChains;
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

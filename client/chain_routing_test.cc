@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "client/chain_router.h"
-#include "client/channels.h"
+#include "client/channel_factory.h"
 #include "client/batch_call.h"
 #include "client/shard_channel.h"
 #include "client/testing/etcd_chains.h"
@@ -29,7 +29,7 @@ namespace shardtrain::client {
 namespace {
 
 using ::shardtrain::client::testing::EtcdChains;
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/channels.h"
+#include "client/channel_factory.h"
 #include "proto/shardtrain.pb.h"
 
 namespace shardtrain::client {

@@ -117,8 +117,10 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   }
   client->calls_ = std::make_unique<ShardCalls>(
       std::move(channels), options.rpc_timeout,
-      [self](const char* method, const grpc::Status& status, size_t sent, size_t received,
-             absl::Time start) { self->RecordRpc(method, status, sent, received, start); });
+      [self](const char* method, const grpc::Status& status, size_t request_bytes,
+             size_t response_bytes, absl::Time start) {
+        self->RecordRpc(method, status, request_bytes, response_bytes, start);
+      });
   if (options.replicas > 1) {
     ASSIGN_OR_RETURN(std::unique_ptr<ChainControl> chains,
                      ChainControl::Create(options, client->calls_.get(), fault_metrics));
@@ -131,9 +133,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   context.versions = &client->versions_;
   context.push_timeout = options.rpc_timeout;
   context.pull_timeout = options.pull_timeout;
-  context.recorder = [self](const char* method, const grpc::Status& status, size_t sent,
-                            size_t received, absl::Time start) {
-    self->RecordRpc(method, status, sent, received, start);
+  context.recorder = [self](const char* method, const grpc::Status& status,
+                            size_t request_bytes, size_t response_bytes, absl::Time start) {
+    self->RecordRpc(method, status, request_bytes, response_bytes, start);
   };
   return client;
 }
@@ -142,8 +144,8 @@ void PsClient::RecordRpc(const char* method, const grpc::Status& status,
                          size_t request_bytes, size_t response_bytes,
                          absl::Time start) {
   if (rpc_metrics_ == nullptr) return;
-  rpc_metrics_->Record(method, status.error_code(), response_bytes,
-                       request_bytes, absl::ToDoubleSeconds(absl::Now() - start));
+  rpc_metrics_->Record(method, status.error_code(), request_bytes, response_bytes,
+                       absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 absl::Status PsClient::Register(const std::vector<TensorSpec>& tensors) {

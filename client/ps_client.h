@@ -60,7 +60,7 @@
 #include "absl/types/span.h"
 #include "client/batch_call.h"
 #include "client/chain_router.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/control_calls.h"
 #include "client/parameter_client.h"
 #include "client/partition_layout.h"
@@ -69,7 +69,7 @@
 #include "client/sync_replay.h"
 #include "client/tensor_exchange.h"
 #include "client/wire_requests.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "common/topk_compressor.h"
 #include "proto/shardtrain.grpc.pb.h"
 

@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/channels.h"
+#include "client/channel_factory.h"
 #include "common/credentials.h"
 #include "common/partition.h"
 #include "proto/shardtrain.pb.h"
@@ -75,7 +75,7 @@ struct PsClientOptions {
   // 1.1-1.5x the MB/s of one connection for 4-64 MiB pushes and pulls at
   // the same CPU per MB (bench/results/channels_count_cpu.txt).
   int channels_per_shard = 4;
-  // HTTP/2 and TCP settings of every connection (client/channels.h).
+  // HTTP/2 and TCP settings of every connection (client/channel_factory.h).
   TransportTuning transport;
   // 0: send gradients dense. In (0, 1]: send the top ratio of each
   // partition's entries with error feedback (common/topk_compressor.h).
@@ -86,7 +86,7 @@ struct PsClientOptions {
   // With replicas > 1: the etcd endpoints (host:port,...) holding the
   // chains, and the job's namespace there (/shardtrain/<job>/).
   std::string etcd_endpoints;
-  // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
+  // Null: plaintext to etcd; else TLS (app/etcd_flags.h).
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   // With replicas > 1: how long a control RPC (Register, Heartbeat,

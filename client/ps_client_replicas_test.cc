@@ -31,7 +31,7 @@ namespace shardtrain::client {
 namespace {
 
 using ::shardtrain::client::testing::EtcdChains;
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 

@@ -14,7 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/testing/fake_shard.h"
 #include "common/partition.h"
 #include "common/payload.h"

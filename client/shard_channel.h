@@ -74,7 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 
 namespace shardtrain::client {
@@ -114,8 +114,9 @@ bool IsChainRefusal(const grpc::Status& status);
 
 class ShardChannel;
 
-// Records one finished RPC for metrics: method, status, bytes sent and
-// received, start time.
+// Records one finished RPC for metrics: method, status, the request's and
+// the response's bytes (the order of every byte count in the project's
+// metrics calls), start time.
 using RpcRecorder = std::function<void(const char* method, const grpc::Status& status,
                                        size_t request_bytes, size_t response_bytes,
                                        absl::Time start)>;

@@ -11,14 +11,14 @@
 // acknowledged need nothing: their own retries reach the new shard.
 //
 // A noted push references its payloads where they were sent from (the
-// caller's gradient, a group's staging buffer) until Detach() copies them
+// caller's gradient, a batch's staging buffer) until Detach() copies them
 // into memory of its own; the client detaches before it lets the caller
 // reuse a gradient (when Push or FinishExchanges returns).
 //
 //   SyncReplay replay(num_shards);
-//   replay.Acked(shard, group, header, parts);   // push acknowledged
+//   replay.Acked(shard, batch, header, parts);   // push acknowledged
 //   replay.Detach();                             // before Push returns
-//   replay.Pulled(shard, group);                 // its step's pull is done
+//   replay.Pulled(shard, batch);                 // its step's pull is done
 //   replay.SendAgain(channel, rpc_timeout, record, done);  // after a resync
 //
 // Thread-safe.
@@ -44,7 +44,7 @@ class SyncReplay {
  public:
   explicit SyncReplay(int num_shards) : pending_(num_shards) {}
 
-  // Shard `shard` acknowledged the push `key` (the group that sent it) made
+  // Shard `shard` acknowledged the push `key` (the batch call that sent it) made
   // of `header` and `parts`, whose payloads stay referenced until Detach.
   // Pushes of earlier steps (a smaller clock), on any shard, are forgotten: a
   // step this worker moved past (it rejoined later, say) is never sent

@@ -13,7 +13,7 @@
 #include "absl/time/clock.h"
 #include "client/shard_channel.h"
 #include "common/grpc_status.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
 #include "sparse/id_hash.h"

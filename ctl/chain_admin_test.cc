@@ -11,7 +11,7 @@
 #include "chain/replication_keys.h"
 #include "common/testing/status_matchers.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -20,7 +20,7 @@ namespace {
 
 using ::shardtrain::chain::ChainConfig;
 using ::shardtrain::etcd::EtcdClient;
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;

@@ -36,11 +36,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "app/client_security_flags.h"
-#include "app/etcd_security_flags.h"
+#include "app/etcd_flags.h"
 #include "app/flags_usage.h"
-#include "client/channels.h"
+#include "client/channel_factory.h"
 #include "client/cluster_status.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "ctl/chain_admin.h"
 #include "ctl/status_table.h"
 #include "etcd/etcd_client.h"
@@ -55,12 +55,6 @@ ABSL_FLAG(int, max_partitions, 20,
           "status: list at most this many partitions per shard (0: none; the "
           "summary always covers every partition)");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message psctl receives, in MiB");
-ABSL_FLAG(std::string, etcd_endpoints, "",
-          "chains, drain, undrain: etcd's client endpoints host:port, comma-separated "
-          "(as the shards' --etcd_endpoints)");
-ABSL_FLAG(std::string, job, "shardtrain",
-          "chains, drain, undrain: the job's name (as the shards' --job); its keys "
-          "live under /shardtrain/<job>/ in etcd");
 
 namespace {
 
@@ -78,7 +72,7 @@ std::vector<std::string> Servers() {
   return absl::StrSplit(absl::GetFlag(FLAGS_servers), ',', absl::SkipEmpty());
 }
 
-// The channels the workers open (client/channels.h), secured as the
+// The channels the workers open (client/channel_factory.h), secured as the
 // --tls_*/--auth_token_file flags say; exits with status 2 if they are
 // inconsistent or their files unreadable.
 client::ChannelFactory Channels() {
@@ -177,16 +171,16 @@ int Health() {
 // --etcd_endpoints and 1 when it cannot be reached.
 std::unique_ptr<etcd::EtcdClient> Etcd(absl::string_view command) {
   etcd::EtcdClient::Options options;
-  options.endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+  options.endpoints = app::EtcdFromFlags().endpoints;
   if (options.endpoints.empty()) {
     std::cerr << command << " needs --etcd_endpoints (and --job unless it is "
-              << absl::GetFlag(FLAGS_job) << ")\n";
+              << app::EtcdFromFlags().job << ")\n";
     std::exit(2);
   }
   options.rpc_timeout = Timeout();
   options.connect_timeout = std::min(Timeout(), absl::Seconds(5));
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      common::MakeEtcdCredentials(app::EtcdSecurityFromFlags());
+      common::MakeEtcdCredentials(app::EtcdFromFlags().security);
   if (!credentials.ok()) {
     std::cerr << credentials.status().message() << "\n";
     std::exit(2);
@@ -228,7 +222,7 @@ std::string DrainNote() {
 
 // Prints the job's chains; 0 when every chain has all its replicas.
 int PrintChains(etcd::EtcdClient& etcd) {
-  const std::string job = absl::GetFlag(FLAGS_job);
+  const std::string job = app::EtcdFromFlags().job;
   absl::StatusOr<ctl::ChainsView> view = ctl::ReadChains(etcd, job);
   if (!view.ok()) {
     std::cerr << "reading job " << job << " from etcd: " << view.status() << "\n";
@@ -246,7 +240,7 @@ int Chains() { return PrintChains(*Etcd("chains")); }
 int Drain(const std::vector<char*>& args) {
   const int shard = ShardArgument(args);
   std::unique_ptr<etcd::EtcdClient> etcd = Etcd("drain");
-  const std::string job = absl::GetFlag(FLAGS_job);
+  const std::string job = app::EtcdFromFlags().job;
   ctl::DrainOptions options;
   options.note = DrainNote();
   absl::StatusOr<ctl::DrainResult> result = ctl::DrainShard(*etcd, job, shard, options);
@@ -276,7 +270,7 @@ int Drain(const std::vector<char*>& args) {
 int Undrain(const std::vector<char*>& args) {
   const int shard = ShardArgument(args);
   std::unique_ptr<etcd::EtcdClient> etcd = Etcd("undrain");
-  absl::StatusOr<bool> existed = ctl::UndrainShard(*etcd, absl::GetFlag(FLAGS_job), shard);
+  absl::StatusOr<bool> existed = ctl::UndrainShard(*etcd, app::EtcdFromFlags().job, shard);
   if (!existed.ok()) {
     std::cerr << "psctl undrain " << shard << ": " << existed.status() << "\n";
     return 1;

@@ -259,14 +259,14 @@ absl::Status EtcdClient::RevokeLease(int64_t lease_id) {
 
 std::unique_ptr<LeaseKeeper> EtcdClient::KeepLeaseAlive(const Lease& lease,
                                                         LeaseKeeper::LossCallback on_lost) {
-  return std::make_unique<LeaseKeeper>(connection_, lease, std::move(on_lost));
+  return std::unique_ptr<LeaseKeeper>(new LeaseKeeper(connection_, lease, std::move(on_lost)));
 }
 
 std::unique_ptr<Watcher> EtcdClient::Watch(absl::string_view prefix, int64_t start_revision,
                                            Watcher::EventCallback on_event,
                                            Watcher::ErrorCallback on_error) {
-  return std::make_unique<Watcher>(connection_, std::string(prefix), start_revision,
-                                   std::move(on_event), std::move(on_error));
+  return std::unique_ptr<Watcher>(new Watcher(connection_, std::string(prefix), start_revision,
+                                              std::move(on_event), std::move(on_error)));
 }
 
 }  // namespace shardtrain::etcd

@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/testing/status_matchers.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 #include "etcd/testing/event_log.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,7 +23,7 @@
 namespace shardtrain::etcd {
 namespace {
 
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::shardtrain::etcd::testing::EventLog;
 using ::testing::HasSubstr;
 

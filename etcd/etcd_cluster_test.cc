@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/testing/status_matchers.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 #include "etcd/testing/event_log.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,7 +17,7 @@
 namespace shardtrain::etcd {
 namespace {
 
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::shardtrain::etcd::testing::EventLog;
 
 // The values of the events `log` holds once there are n (fewer when the

@@ -15,7 +15,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/testing/status_matchers.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,7 +23,7 @@ namespace shardtrain::common {
 namespace {
 
 using ::shardtrain::etcd::EtcdClient;
-using ::shardtrain::etcd::testing::EtcdProcess;
+using ::shardtrain::testutil::EtcdProcess;
 using ::testing::HasSubstr;
 
 class EtcdTlsTest : public ::testing::Test {

@@ -55,9 +55,7 @@ class LeaseKeeper {
  public:
   using LossCallback = std::function<void(absl::Status)>;
 
-  // Starts the thread. Prefer EtcdClient::KeepLeaseAlive.
-  LeaseKeeper(std::shared_ptr<internal::Connection> connection, Lease lease,
-              LossCallback on_lost);
+  // Made by EtcdClient::KeepLeaseAlive.
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
@@ -68,6 +66,11 @@ class LeaseKeeper {
   int64_t refreshes() const;
 
  private:
+  friend class EtcdClient;
+  // Starts the thread.
+  LeaseKeeper(std::shared_ptr<internal::Connection> connection, Lease lease,
+              LossCallback on_lost);
+
   void Run();
   // One keep-alive round trip to `member`; OK with the remaining ttl etcd
   // reported.

@@ -63,9 +63,7 @@ class Watcher {
   using EventCallback = std::function<void(const WatchEvent&)>;
   using ErrorCallback = std::function<void(absl::Status)>;
 
-  // Starts the thread. Prefer EtcdClient::Watch.
-  Watcher(std::shared_ptr<internal::Connection> connection, std::string prefix,
-          int64_t start_revision, EventCallback on_event, ErrorCallback on_error);
+  // Made by EtcdClient::Watch.
   ~Watcher();
   Watcher(const Watcher&) = delete;
   Watcher& operator=(const Watcher&) = delete;
@@ -77,6 +75,11 @@ class Watcher {
   int64_t streams() const;
 
  private:
+  friend class EtcdClient;
+  // Starts the thread.
+  Watcher(std::shared_ptr<internal::Connection> connection, std::string prefix,
+          int64_t start_revision, EventCallback on_event, ErrorCallback on_error);
+
   void Run();
   // One stream to `member` from next_revision_ until it breaks or the watcher stops.
   // FAILED_PRECONDITION or OUT_OF_RANGE end the watch for good; other

@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "app/deadlock_detection.h"
-#include "app/etcd_security_flags.h"
+#include "app/etcd_flags.h"
 #include "app/flags_usage.h"
 #include "app/malloc_tuning.h"
 #include "common/atomic_file.h"
@@ -118,13 +118,6 @@ ABSL_FLAG(int, replicas, 1,
           "Shards holding each partition (1-3, at most --num_shards): pushes are "
           "chain-replicated and acknowledged once every replica has them, so a "
           "shard can die without losing an update. 1: unreplicated, no etcd");
-ABSL_FLAG(std::string, etcd_endpoints, "",
-          "With --replicas > 1: etcd host:port[,host:port...] holding the chain "
-          "configurations and the shards' leases; list every member: calls move to "
-          "the next one when one is dead, stopped or without a leader");
-ABSL_FLAG(std::string, job, "shardtrain",
-          "With --replicas > 1: this job's name; its keys live under "
-          "/shardtrain/<job>/ in etcd");
 ABSL_FLAG(int, lease_ttl_s, 2,
           "With --replicas > 1: etcd lease ttl in seconds; a shard that dies is "
           "dropped from its chains about this long after (etcd's default "
@@ -206,15 +199,16 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   shardtrain::server::ShardOptions& shard = options.shard;
   shard.replicas = absl::GetFlag(FLAGS_replicas);
   if (shard.replicas > 1) {
-    options.replication.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
+    const shardtrain::app::EtcdFlags etcd = shardtrain::app::EtcdFromFlags();
+    options.replication.etcd_endpoints = etcd.endpoints;
     if (options.replication.etcd_endpoints.empty()) {
       return absl::InvalidArgumentError("--replicas > 1 needs --etcd_endpoints");
     }
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> etcd_credentials =
-        shardtrain::common::MakeEtcdCredentials(shardtrain::app::EtcdSecurityFromFlags());
+        shardtrain::common::MakeEtcdCredentials(etcd.security);
     if (!etcd_credentials.ok()) return etcd_credentials.status();
     options.replication.etcd_credentials = *std::move(etcd_credentials);
-    options.replication.job = absl::GetFlag(FLAGS_job);
+    options.replication.job = etcd.job;
     if (absl::GetFlag(FLAGS_lease_ttl_s) < 1) {
       return absl::InvalidArgumentError("--lease_ttl_s must be >= 1");
     }

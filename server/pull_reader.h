@@ -1,5 +1,5 @@
 // PullReader: how a shard answers a pull of its dense partitions, apart from
-// gRPC and from waiting (server/service.h parks the pulls that must wait):
+// gRPC and from waiting (server/parameter_server_service.h parks the pulls that must wait):
 //
 //   RETURN_IF_ERROR(reader.Validate(request));  // nothing allocated yet
 //   if (reader.Ready(request)) reader.Fill(request, &builder, &versions);

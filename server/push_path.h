@@ -8,7 +8,7 @@
 //    --replicas > 1: through the Replicator, applied at the chain's head,
 //    forwarded, and answered once the tail has it; the pulls that follow
 //    a push there are committed reads.
-// The service (server/service.h) parses, checks and answers; it does not
+// The service (server/parameter_server_service.h) parses, checks and answers; it does not
 // ask which path it has.
 #ifndef SHARDTRAIN_SERVER_PUSH_PATH_H_
 #define SHARDTRAIN_SERVER_PUSH_PATH_H_

@@ -18,7 +18,7 @@
 // Pulls are answered by the PullReader (server/pull_reader.h), which reads
 // the store and membership; one that cannot be answered yet is not blocked
 // on here: the progress callback fires whenever the answer may have
-// changed (see server/service.h).
+// changed (see server/parameter_server_service.h).
 //
 // Replicated shards (options().replicas > 1, server/replication/): the
 // shard holds the partitions of several replica groups. As a chain's head

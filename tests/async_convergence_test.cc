@@ -18,8 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
+#include "testing/files.h"
+#include "testing/local_cluster.h"
+#include "testing/process_group.h"
 
 namespace shardtrain {
 namespace {

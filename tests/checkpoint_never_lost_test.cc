@@ -21,13 +21,16 @@
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/payload.h"
-#include "server/checkpoint_test_util.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "tests/cluster_util.h"
+#include "server/checkpoint_test_util.h"
+#include "testing/files.h"
+#include "testing/metrics_scrape.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 namespace shardtrain {
 namespace {

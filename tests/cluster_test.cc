@@ -19,8 +19,9 @@
 #include "common/payload.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
+#include "testing/local_cluster.h"
+#include "testing/metrics_scrape.h"
+#include "testing/process_group.h"
 
 namespace shardtrain {
 namespace {

@@ -27,9 +27,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "gtest/gtest.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
-#include "tests/net_ns.h"
+#include "testing/files.h"
+#include "testing/local_cluster.h"
+#include "testing/metrics_scrape.h"
+#include "testing/net_ns.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 namespace shardtrain {
 namespace {

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
+#include "testing/local_cluster.h"
+#include "testing/process_group.h"
 #include "worker/device/cuda/cuda_test_util.h"
 
 namespace shardtrain {

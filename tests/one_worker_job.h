@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/ps_client.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "worker/model/model.h"
 #include "worker/trainer.h"
 

@@ -31,17 +31,21 @@
 #include "chain/placement.h"
 #include "chain/replication_keys.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
 #include "gtest/gtest.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
-#include "tests/net_ns.h"
+#include "testing/chain_waits.h"
+#include "testing/etcd_process.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
+#include "testing/local_cluster.h"
+#include "testing/metrics_scrape.h"
+#include "testing/net_ns.h"
+#include "testing/process_group.h"
 
 namespace shardtrain {
 namespace {
 
-using etcd::testing::EtcdProcess;
+using testutil::EtcdProcess;
 using testutil::LocalCluster;
 using testutil::LocalClusterOptions;
 using testutil::ProcessGroup;
@@ -103,17 +107,6 @@ bool WaitForRejoin(etcd::EtcdClient& client, const std::string& job, int shard) 
         return c.members.size() == 2 && (!c.Contains(shard) || c.epoch >= 3);
       },
       absl::Seconds(30));
-}
-
-// True when `chain` has its `replicas` members in the placement's order
-// (chain::InitialChain): heads are back where they started.
-bool InPlacementOrder(const chain::ChainConfig& chain, int replicas) {
-  const std::vector<int> initial = chain::InitialChain(chain.group, kShards, replicas);
-  if (chain.members.size() != initial.size()) return false;
-  for (size_t i = 0; i < initial.size(); ++i) {
-    if (chain.members[i].shard != initial[i]) return false;
-  }
-  return true;
 }
 
 // Mutual TLS credentials from PEM files.
@@ -317,7 +310,7 @@ TEST_F(ReplicationTest, ReplicatedBitIdentical) {
   ASSERT_TRUE(testutil::RestartShard(group, *cluster, 1).ok());
   const absl::Time restarted = absl::Now();
   ASSERT_TRUE(WaitForChains(
-      *client_, "faulty", [](const chain::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      *client_, "faulty", testutil::InPlacementOrder(kShards, 2),
       absl::Seconds(30)))
       << "the heads did not go back to the placement's order";
   std::printf("HEADS RESTORED sync R=2: %s after the restart; worker 0 at step %lld of %d\n",
@@ -367,7 +360,7 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
               static_cast<long long>(WorkerSteps(*cluster, 0)), 2 * kStepsPerEpoch);
   EXPECT_LT(WorkerSteps(*cluster, 0), 2 * kStepsPerEpoch) << "the job ended before the rejoin";
   ASSERT_TRUE(WaitForChains(
-      *client_, "rejoin", [](const chain::ChainConfig& c) { return InPlacementOrder(c, 2); },
+      *client_, "rejoin", testutil::InPlacementOrder(kShards, 2),
       absl::Seconds(30)))
       << "the heads did not go back to the placement's order";
   std::printf("HEADS RESTORED: %s after the restart; worker 0 at step %lld of %d\n",

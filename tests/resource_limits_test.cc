@@ -9,7 +9,8 @@
 #include "common/payload.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/shard_process.h"
+#include "testing/metrics_scrape.h"
+#include "testing/shard_process.h"
 
 namespace shardtrain {
 namespace {

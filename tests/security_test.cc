@@ -22,7 +22,8 @@
 #include "proto/health.grpc.pb.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/ps_server.h"
-#include "tests/cluster_util.h"
+#include "testing/files.h"
+#include "testing/metrics_scrape.h"
 
 namespace shardtrain {
 namespace {

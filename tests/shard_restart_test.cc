@@ -12,7 +12,7 @@
 
 #include <prometheus/registry.h>
 
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/ps_client.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"

@@ -39,23 +39,26 @@
 #include "absl/time/clock.h"
 #include "chain/chain_config.h"
 #include "chain/chain_reader.h"
-#include "common/grpc_status.h"
-#include "common/status_macros.h"
 #include "client/ps_client.h"
-#include "common/payload.h"
 #include "client/table_client.h"
+#include "common/grpc_status.h"
+#include "common/payload.h"
+#include "common/status_macros.h"
 #include "ctl/chain_admin.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sparse/embedding_table.h"
 #include "sparse/id_hash.h"
+#include "testing/chain_waits.h"
+#include "testing/etcd_process.h"
 #include "testing/files.h"
 #include "testing/free_port.h"
-#include "tests/cluster_util.h"
-#include "tests/local_cluster.h"
-#include "tests/shard_process.h"
+#include "testing/local_cluster.h"
+#include "testing/metrics_scrape.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
+#include "testing/shard_process.h"
 
 namespace shardtrain {
 namespace {
@@ -766,7 +769,7 @@ absl::StatusOr<ChainRows> HeadAndTailRows(etcd::EtcdClient& chains, const std::s
 // table holds more than that per group, so the restarted shard copies each
 // group's state in parts.
 TEST(SparseTables, SparseReplicatedKill) {
-  using etcd::testing::EtcdProcess;
+  using testutil::EtcdProcess;
   if (!EtcdProcess::Available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
   constexpr int kDim = 4;
   constexpr int kIds = 96;

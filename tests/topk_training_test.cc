@@ -10,7 +10,6 @@
 #include <prometheus/registry.h>
 
 #include "gtest/gtest.h"
-#include "tests/cluster_util.h"
 #include "tests/one_worker_job.h"
 
 namespace shardtrain {

@@ -28,14 +28,15 @@
 #include "absl/strings/string_view.h"
 #include "app/client_security_flags.h"
 #include "app/deadlock_detection.h"
-#include "app/etcd_security_flags.h"
+#include "app/etcd_flags.h"
 #include "app/flags_usage.h"
 #include "app/malloc_tuning.h"
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 #include "client/ps_client.h"
 #include "client/ps_client_options.h"
 #include "common/atomic_file.h"
-#include "common/metrics.h"
+#include "common/metrics_exposer.h"
+#include "common/rpc_metrics.h"
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
@@ -108,13 +109,6 @@ ABSL_FLAG(int, replicas, 1,
           "Copies of every partition on a chain of shards (1..3, at most the "
           "number of shards); must match the shards' --replicas. 1: no "
           "replication, no etcd");
-ABSL_FLAG(std::string, etcd_endpoints, "",
-          "With --replicas > 1: etcd host:port[,host:port...] holding the chains "
-          "(required then); list every member: calls move to the next one when "
-          "one is dead, stopped or without a leader");
-ABSL_FLAG(std::string, job, "shardtrain",
-          "With --replicas > 1: the job's etcd namespace /shardtrain/<job>/, "
-          "as the shards' --job");
 ABSL_FLAG(double, linger_s, 0,
           "Keep serving metrics this long after training, so a last scrape "
           "sees the final values");
@@ -226,12 +220,13 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
   client_options.replicas = absl::GetFlag(FLAGS_replicas);
-  client_options.etcd_endpoints = absl::GetFlag(FLAGS_etcd_endpoints);
-  client_options.job = absl::GetFlag(FLAGS_job);
+  const app::EtcdFlags etcd = app::EtcdFromFlags();
+  client_options.etcd_endpoints = etcd.endpoints;
+  client_options.job = etcd.job;
   RETURN_IF_ERROR(client::ValidatePsClientOptions(client_options, FlagOf));
   if (client_options.replicas > 1) {
     ASSIGN_OR_RETURN(client_options.etcd_credentials,
-                     common::MakeEtcdCredentials(app::EtcdSecurityFromFlags()));
+                     common::MakeEtcdCredentials(etcd.security));
   }
   return client_options;
 }

@@ -1,6 +1,6 @@
 #include "worker/worker_metrics.h"
 
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 
 namespace shardtrain::worker {
 namespace {

@@ -1,9 +1,9 @@
-// EtcdChains: a real etcd (etcd/testing/etcd_process.h) holding the
+// EtcdChains: a real etcd (testing/etcd_process.h) holding the
 // chain configurations of one test job, written the way the shards write
 // them (a put for the first config, compare-and-swap for each change), for
 // the tests of the client's chain routing.
 //
-//   if (!etcd::testing::EtcdProcess::Available()) GTEST_SKIP() << ...;
+//   if (!testutil::EtcdProcess::Available()) GTEST_SKIP() << ...;
 //   ASSERT_OK_AND_ASSIGN(std::unique_ptr<EtcdChains> chains, EtcdChains::Start("job"));
 //   ASSERT_OK(chains->Put(/*group=*/0, /*shards=*/{0, 1}).status());   // epoch 1
 //   ASSERT_OK_AND_ASSIGN(chain::ChainConfig next, chains->Change(0, {1}));  // epoch 2
@@ -25,15 +25,15 @@
 #include "chain/replication_keys.h"
 #include "common/status_macros.h"
 #include "etcd/etcd_client.h"
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 
 namespace shardtrain::client::testing {
 
 class EtcdChains {
  public:
   static absl::StatusOr<std::unique_ptr<EtcdChains>> Start(std::string job) {
-    ASSIGN_OR_RETURN(std::unique_ptr<etcd::testing::EtcdProcess> process,
-                     etcd::testing::EtcdProcess::Start());
+    ASSIGN_OR_RETURN(std::unique_ptr<testutil::EtcdProcess> process,
+                     testutil::EtcdProcess::Start());
     etcd::EtcdClient::Options options;
     options.endpoints = process->endpoint();
     options.rpc_timeout = absl::Seconds(2);
@@ -86,15 +86,15 @@ class EtcdChains {
   const std::string& job() const { return job_; }
   std::string endpoint() const { return process_->endpoint(); }
   etcd::EtcdClient& client() { return *client_; }
-  etcd::testing::EtcdProcess& process() { return *process_; }
+  testutil::EtcdProcess& process() { return *process_; }
 
  private:
-  EtcdChains(std::string job, std::unique_ptr<etcd::testing::EtcdProcess> process,
+  EtcdChains(std::string job, std::unique_ptr<testutil::EtcdProcess> process,
              std::unique_ptr<etcd::EtcdClient> client)
       : job_(std::move(job)), process_(std::move(process)), client_(std::move(client)) {}
 
   const std::string job_;
-  std::unique_ptr<etcd::testing::EtcdProcess> process_;
+  std::unique_ptr<testutil::EtcdProcess> process_;
   std::unique_ptr<etcd::EtcdClient> client_;
 };
 

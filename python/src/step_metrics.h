@@ -17,8 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/client_metrics.h"
-#include "common/metrics.h"
+#include "client/ps_client_metrics.h"
+#include "common/metrics_exposer.h"
+#include "common/rpc_metrics.h"
 #include "worker/worker_metrics.h"
 
 namespace shardtrain::python {

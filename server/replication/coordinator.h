@@ -78,7 +78,7 @@ namespace shardtrain::server {
 
 struct CoordinatorOptions {
   std::string etcd_endpoints;
-  // Null: plaintext to etcd; else TLS (app/etcd_security_flags.h).
+  // Null: plaintext to etcd; else TLS (app/etcd_flags.h).
   std::shared_ptr<grpc::ChannelCredentials> etcd_credentials;
   std::string job = "shardtrain";
   absl::Duration lease_ttl = absl::Seconds(2);

@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/testing/status_matchers.h"
@@ -32,7 +32,7 @@
 #include "server/replication/replicated_push_path.h"
 #include "server/replication/replication_metrics.h"
 #include "server/replication/replicator.h"
-#include "server/service.h"
+#include "server/parameter_server_service.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 

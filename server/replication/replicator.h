@@ -1,5 +1,5 @@
 // Replicator: the chain-replication steps of a replicated shard's RPCs
-// (--replicas > 1), between the gRPC service (server/service.h) and the
+// (--replicas > 1), between the gRPC service (server/parameter_server_service.h) and the
 // Shard.
 //
 //  - A worker's push: refused unless this shard heads the group's chain at

@@ -1,4 +1,4 @@
-#include "etcd/testing/etcd_process.h"
+#include "testing/etcd_process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,8 +26,9 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "etcd/etcd_client.h"
+#include "testing/free_port.h"
 
-namespace shardtrain::etcd::testing {
+namespace shardtrain::testutil {
 namespace {
 
 // True when every thread of `pid` is stopped (state T or t in its
@@ -52,25 +53,6 @@ bool AllThreadsStopped(pid_t pid) {
 constexpr absl::Duration kStartTimeout = absl::Seconds(15);
 constexpr int kStartAttempts = 3;
 
-// A port that was free a moment ago (the kernel picks it for port 0).
-absl::StatusOr<int> FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int err = errno;
-    close(fd);
-    return absl::InternalError(absl::StrCat("bind 127.0.0.1:0: ", strerror(err)));
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 std::string Url(int port, const std::string& host = "127.0.0.1", bool tls = false) {
   return absl::StrCat(tls ? "https://" : "http://", host, ":", port);
 }
@@ -90,8 +72,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(
     const std::string& client_host, const Tls& tls) {
   absl::Status last = absl::InternalError("could not pick two distinct free ports");
   for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
-    ASSIGN_OR_RETURN(int client_port, FreePort());
-    ASSIGN_OR_RETURN(int peer_port, FreePort());
+    ASSIGN_OR_RETURN(int client_port, PickFreePort());
+    ASSIGN_OR_RETURN(int peer_port, PickFreePort());
     if (peer_port == client_port) continue;
     ASSIGN_OR_RETURN(std::string dir, MakeDir());
     std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(dir), client_host, client_port,
@@ -110,7 +92,7 @@ absl::StatusOr<std::vector<std::unique_ptr<EtcdProcess>>> EtcdProcess::StartClus
   for (int attempt = 0; attempt < kStartAttempts; ++attempt) {
     std::vector<int> ports;  // client, peer, client, peer, ...
     for (int i = 0; i < 2 * members; ++i) {
-      ASSIGN_OR_RETURN(int port, FreePort());
+      ASSIGN_OR_RETURN(int port, PickFreePort());
       ports.push_back(port);
     }
     if (absl::flat_hash_set<int>(ports.begin(), ports.end()).size() != ports.size()) continue;
@@ -237,14 +219,14 @@ absl::Status EtcdProcess::WaitServing(absl::Duration timeout) {
       return absl::UnavailableError(
           absl::StrCat("etcd exited during start (status ", wstatus, "); log:\n", LogTail()));
     }
-    EtcdClient::Options options;
+    etcd::EtcdClient::Options options;
     options.endpoints = endpoint();
     options.credentials = credentials_;
     options.connect_timeout = absl::Milliseconds(200);
     options.rpc_timeout = absl::Milliseconds(500);
-    absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(options);
+    absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client = etcd::EtcdClient::Create(options);
     if (client.ok()) {
-      absl::StatusOr<KeyValue> probe = (*client)->Get("/shardtrain-test-probe");
+      absl::StatusOr<etcd::KeyValue> probe = (*client)->Get("/shardtrain-test-probe");
       if (probe.ok() || absl::IsNotFound(probe.status())) return absl::OkStatus();
       last = probe.status();
     } else {
@@ -310,4 +292,4 @@ absl::Status EtcdProcess::RestartEmpty() {
   return WaitServing(kStartTimeout);
 }
 
-}  // namespace shardtrain::etcd::testing
+}  // namespace shardtrain::testutil

@@ -1,8 +1,8 @@
 // ShardProcess: one real ps-server process on 127.0.0.1 for tests that send
 // it raw requests, with a gRPC stub, its pid and its memory use. The process
 // is stopped when the ShardProcess is destroyed.
-#ifndef SHARDTRAIN_TESTS_SHARD_PROCESS_H_
-#define SHARDTRAIN_TESTS_SHARD_PROCESS_H_
+#ifndef SHARDTRAIN_TESTING_SHARD_PROCESS_H_
+#define SHARDTRAIN_TESTING_SHARD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -23,7 +23,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "proto/shardtrain.grpc.pb.h"
-#include "tests/cluster_util.h"
+#include "testing/files.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 namespace shardtrain::testutil {
 
@@ -39,8 +41,10 @@ class ShardProcess {
     absl::StatusOr<pid_t> pid = group_.Start(argv, dir_ + "/ps-server.log");
     if (!pid.ok()) return pid.status();
     pid_ = *pid;
-    absl::StatusOr<std::vector<int>> ports = ReadPortFile(port_file, absl::Seconds(30));
-    if (!ports.ok() || ports->size() < 2) {
+    absl::StatusOr<std::vector<int>> ports =
+        WaitForPorts(group_, pid_, port_file, dir_ + "/ps-server.log", absl::Seconds(30));
+    if (!ports.ok()) return ports.status();
+    if (ports->size() < 2) {
       return absl::UnavailableError(absl::StrCat("ps-server did not start: ", log()));
     }
     metrics_port_ = (*ports)[1];
@@ -91,4 +95,4 @@ class ShardProcess {
 
 }  // namespace shardtrain::testutil
 
-#endif  // SHARDTRAIN_TESTS_SHARD_PROCESS_H_
+#endif  // SHARDTRAIN_TESTING_SHARD_PROCESS_H_

@@ -1,4 +1,4 @@
-#include "client/channels.h"
+#include "client/channel_factory.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "client/client_metrics.h"
+#include "client/ps_client_metrics.h"
 
 namespace shardtrain::client {
 

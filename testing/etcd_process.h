@@ -17,8 +17,8 @@
 //   options.endpoints = EtcdProcess::Endpoints(cluster);  // all three
 //
 // Not thread-safe: one test thread drives it.
-#ifndef SHARDTRAIN_ETCD_TESTING_ETCD_PROCESS_H_
-#define SHARDTRAIN_ETCD_TESTING_ETCD_PROCESS_H_
+#ifndef SHARDTRAIN_TESTING_ETCD_PROCESS_H_
+#define SHARDTRAIN_TESTING_ETCD_PROCESS_H_
 
 #include <sys/types.h>
 
@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
-namespace shardtrain::etcd::testing {
+namespace shardtrain::testutil {
 
 class EtcdProcess {
  public:
@@ -54,8 +54,10 @@ class EtcdProcess {
     std::string client_ca_file;
   };
 
-  // Starts etcd and waits (bounded) until it answers a read. Retries with
-  // other ports when a port was taken between choosing and binding it.
+  // Starts etcd and waits (bounded) until it answers a read, on ports
+  // picked below the kernel's ephemeral range (PickFreePort), so that a
+  // Restart finds them free; retries with other ports when one was taken
+  // between choosing and binding it.
   // Clients reach it at `client_host` (an address of this host, e.g. one
   // end of a veth pair for processes in a network namespace). With `tls`,
   // the read that checks it is up verifies etcd against client_ca_file and
@@ -114,6 +116,6 @@ class EtcdProcess {
   pid_t pid_ = -1;  // -1 when not running.
 };
 
-}  // namespace shardtrain::etcd::testing
+}  // namespace shardtrain::testutil
 
-#endif  // SHARDTRAIN_ETCD_TESTING_ETCD_PROCESS_H_
+#endif  // SHARDTRAIN_TESTING_ETCD_PROCESS_H_

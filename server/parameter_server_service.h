@@ -25,7 +25,7 @@
 #include <memory>
 
 #include "absl/time/time.h"
-#include "common/metrics.h"
+#include "common/rpc_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/checkpoint.h"
 #include "server/internal/arena_messages.h"
@@ -161,8 +161,10 @@ class ParameterServerService final : public ParameterServerBase {
   void AnswerWaiter(WaitingReactor* waiter);
   void FinishWaiter(WaitingReactor* waiter, const grpc::Status& status);
   void OnWaiterCancelled(WaitingReactor* waiter);
-  void Record(const char* method, const grpc::Status& status, absl::Time start,
-              size_t request_bytes, size_t response_bytes);
+  // One finished call for the RPC metrics (byte counts in RpcRecorder's
+  // order: request, response).
+  void Record(const char* method, const grpc::Status& status, size_t request_bytes,
+              size_t response_bytes, absl::Time start);
   // The most parts a push may name (checked while parsing, before the
   // parts' views are allocated).
   size_t MaxParts() const {

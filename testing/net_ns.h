@@ -9,8 +9,8 @@
 //   if (!ns.ok()) GTEST_SKIP() << ns.status();
 //   argv = (*ns)->Exec() + {binary, "--listen=" + (*ns)->ns_addr() + ":PORT"};
 //   ASSERT_TRUE((*ns)->SetLink(false).ok());  // cut off
-#ifndef SHARDTRAIN_TESTS_NET_NS_H_
-#define SHARDTRAIN_TESTS_NET_NS_H_
+#ifndef SHARDTRAIN_TESTING_NET_NS_H_
+#define SHARDTRAIN_TESTING_NET_NS_H_
 
 #include <memory>
 #include <string>
@@ -50,4 +50,4 @@ class NetNs {
 
 }  // namespace shardtrain::testutil
 
-#endif  // SHARDTRAIN_TESTS_NET_NS_H_
+#endif  // SHARDTRAIN_TESTING_NET_NS_H_

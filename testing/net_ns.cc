@@ -1,4 +1,4 @@
-#include "tests/net_ns.h"
+#include "testing/net_ns.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "tests/cluster_util.h"
+#include "testing/files.h"
 
 namespace shardtrain::testutil {
 namespace {

@@ -1,8 +1,9 @@
 // LocalCluster: real ps-server and ps-worker processes on 127.0.0.1, started
-// with the flags scripts/run-local.sh uses, for the end-to-end tests. The
-// processes belong to the caller's ProcessGroup, which stops them.
-#ifndef SHARDTRAIN_TESTS_LOCAL_CLUSTER_H_
-#define SHARDTRAIN_TESTS_LOCAL_CLUSTER_H_
+// with the flags scripts/run-local.sh uses, for the end-to-end tests and the
+// benchmarks that run shard processes (with no workers, start_workers = 0).
+// The processes belong to the caller's ProcessGroup, which stops them.
+#ifndef SHARDTRAIN_TESTING_LOCAL_CLUSTER_H_
+#define SHARDTRAIN_TESTING_LOCAL_CLUSTER_H_
 
 #include <sys/types.h>
 
@@ -15,7 +16,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "tests/cluster_util.h"
+#include "testing/files.h"
+#include "testing/free_port.h"
+#include "testing/port_file.h"
+#include "testing/process_group.h"
 
 namespace shardtrain::testutil {
 
@@ -53,6 +57,9 @@ struct LocalClusterOptions {
   std::map<int, std::string> shard_listen_host;
   // Replace --servers for worker w (e.g. another address of the shards).
   std::map<int, std::string> worker_servers;
+  // How long a process may take to serve (write its port file), also when
+  // restarted; one that exits first fails the start at once, with its log.
+  absl::Duration start_timeout = absl::Seconds(30);
 };
 
 struct LocalCluster {
@@ -69,6 +76,7 @@ struct LocalCluster {
   // The command lines, for restarts with the same flags.
   std::vector<std::vector<std::string>> shard_argv;
   std::vector<std::vector<std::string>> worker_argv;
+  absl::Duration start_timeout;  // LocalClusterOptions::start_timeout
 
   std::string ShardLog(int s) const;
   std::string WorkerLog(int w) const;
@@ -76,8 +84,8 @@ struct LocalCluster {
 };
 
 // Starts the shards, waits for their ports, then starts the workers and
-// waits for their metrics ports (30 s each at most; a process that exits
-// first fails the start at once, with its log).
+// waits for their metrics ports (start_timeout each at most; a process that
+// exits first fails the start at once, with its log).
 absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
                                                const LocalClusterOptions& options);
 
@@ -109,4 +117,4 @@ absl::StatusOr<RunResults> ReadResults(const std::string& path);
 
 }  // namespace shardtrain::testutil
 
-#endif  // SHARDTRAIN_TESTS_LOCAL_CLUSTER_H_
+#endif  // SHARDTRAIN_TESTING_LOCAL_CLUSTER_H_

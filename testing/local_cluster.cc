@@ -1,4 +1,4 @@
-#include "tests/local_cluster.h"
+#include "testing/local_cluster.h"
 
 #include <unistd.h>
 
@@ -15,25 +15,6 @@
 namespace shardtrain::testutil {
 namespace {
 
-// The ports `pid` writes to `port_file` once it serves; fails at once,
-// with the process's log, if it exits first.
-absl::StatusOr<std::vector<int>> WaitForPorts(ProcessGroup& group, pid_t pid,
-                                              const std::string& port_file,
-                                              const std::string& log) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < deadline) {
-    absl::StatusOr<std::vector<int>> ports = ReadPortFile(port_file, absl::Milliseconds(250));
-    if (ports.ok()) return ports;
-    absl::StatusOr<int> exited = group.Wait(pid, absl::ZeroDuration());
-    if (exited.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "process ", pid, " exited with ", *exited, " before serving; its log:\n", ReadFile(log)));
-    }
-  }
-  return absl::DeadlineExceededError(
-      absl::StrCat("no ports in ", port_file, " after 30 s; log:\n", ReadFile(log)));
-}
-
 std::string ShardPortFile(const LocalCluster& cluster, int s) {
   return absl::StrCat(cluster.dir, "/shard", s, ".ports");
 }
@@ -44,7 +25,8 @@ std::string WorkerPortFile(const LocalCluster& cluster, int w) {
 
 absl::Status WaitForShard(ProcessGroup& group, LocalCluster& cluster, int s) {
   absl::StatusOr<std::vector<int>> ports =
-      WaitForPorts(group, cluster.shards[s], ShardPortFile(cluster, s), cluster.ShardLog(s));
+      WaitForPorts(group, cluster.shards[s], ShardPortFile(cluster, s), cluster.ShardLog(s),
+                   cluster.start_timeout);
   if (!ports.ok()) return ports.status();
   if (ports->size() != 2) return absl::InternalError("a shard's port file needs 2 ports");
   cluster.shard_metrics_ports[s] = (*ports)[1];
@@ -62,7 +44,8 @@ absl::Status LaunchWorker(ProcessGroup& group, LocalCluster& cluster, int w) {
 
 absl::Status WaitForWorker(ProcessGroup& group, LocalCluster& cluster, int w) {
   absl::StatusOr<std::vector<int>> ports =
-      WaitForPorts(group, cluster.workers[w], WorkerPortFile(cluster, w), cluster.WorkerLog(w));
+      WaitForPorts(group, cluster.workers[w], WorkerPortFile(cluster, w), cluster.WorkerLog(w),
+                   cluster.start_timeout);
   if (!ports.ok()) return ports.status();
   cluster.worker_metrics_ports[w] = (*ports)[0];
   return absl::OkStatus();
@@ -91,6 +74,7 @@ std::string LocalCluster::WorkerLog(int w) const {
 absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
                                                const LocalClusterOptions& options) {
   LocalCluster cluster;
+  cluster.start_timeout = options.start_timeout;
   cluster.dir = options.dir.empty() ? MakeTempDir("shardtrain-cluster-") : options.dir;
   if (cluster.dir.empty()) return absl::InternalError("cannot make a temporary directory");
   if (options.dir.empty()) {
@@ -139,7 +123,8 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
   }
   for (int s = 0; s < options.shards; ++s) {
     absl::StatusOr<std::vector<int>> ports =
-        WaitForPorts(group, cluster.shards[s], ShardPortFile(cluster, s), cluster.ShardLog(s));
+        WaitForPorts(group, cluster.shards[s], ShardPortFile(cluster, s), cluster.ShardLog(s),
+                   cluster.start_timeout);
     if (!ports.ok()) return ports.status();
     if (ports->size() != 2) return absl::InternalError("a shard's port file needs 2 ports");
     if (!options.fixed_ports) {

@@ -1,4 +1,4 @@
-#include "server/service.h"
+#include "server/parameter_server_service.h"
 
 #include <algorithm>
 #include <utility>
@@ -158,8 +158,8 @@ class ParameterServerService::GroupStateWriter
     StartWrite(&part);
   }
   void Done(const grpc::Status& status) {
-    service_->Record("FetchGroupState", status, start_, request_bytes_,
-                     status.ok() ? sent_bytes_ : 0);
+    service_->Record("FetchGroupState", status, request_bytes_, status.ok() ? sent_bytes_ : 0,
+                     start_);
     Finish(status);
   }
 
@@ -215,10 +215,9 @@ ParameterServerService::ParameterServerService(Shard* shard,
 
 ParameterServerService::~ParameterServerService() { CancelAllWaiters(); }
 
-void ParameterServerService::Record(const char* method,
-                                    const grpc::Status& status,
-                                    absl::Time start, size_t request_bytes,
-                                    size_t response_bytes) {
+void ParameterServerService::Record(const char* method, const grpc::Status& status,
+                                    size_t request_bytes, size_t response_bytes,
+                                    absl::Time start) {
   rpc_metrics_->Record(method, status.error_code(), request_bytes,
                        status.ok() ? response_bytes : 0,
                        absl::ToDoubleSeconds(absl::Now() - start));
@@ -231,8 +230,8 @@ void ParameterServerService::Finish(grpc::ServerUnaryReactor* reactor,
                                     const google::protobuf::Message& request,
                                     const google::protobuf::Message& response) {
   const grpc::Status grpc_status = common::ToGrpcStatus(status);
-  Record(method, grpc_status, start, request.ByteSizeLong(),
-         status.ok() ? response.ByteSizeLong() : 0);
+  Record(method, grpc_status, request.ByteSizeLong(),
+         status.ok() ? response.ByteSizeLong() : 0, start);
   if (!status.ok()) VLOG(1) << method << " rejected: " << status;
   reactor->Finish(grpc_status);
 }
@@ -243,8 +242,7 @@ void ParameterServerService::FinishRaw(grpc::ServerUnaryReactor* reactor,
                                        absl::Time start, size_t request_bytes,
                                        const grpc::ByteBuffer& response) {
   const grpc::Status grpc_status = common::ToGrpcStatus(status);
-  Record(method, grpc_status, start, request_bytes,
-         status.ok() ? response.Length() : 0);
+  Record(method, grpc_status, request_bytes, status.ok() ? response.Length() : 0, start);
   if (!status.ok()) VLOG(1) << method << " rejected: " << status;
   reactor->Finish(grpc_status);
 }
@@ -635,8 +633,8 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
 
 void ParameterServerService::FinishWaiter(WaitingReactor* waiter,
                                           const grpc::Status& status) {
-  Record(waiter->method_, status, waiter->start_, waiter->request_bytes_,
-         status.ok() ? waiter->response_->Length() : 0);
+  Record(waiter->method_, status, waiter->request_bytes_,
+         status.ok() ? waiter->response_->Length() : 0, waiter->start_);
   waiter->Finish(status);
 }
 
