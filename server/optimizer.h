@@ -117,6 +117,7 @@ class Optimizer {
     float bc2_sqrt = 0.0f;      // Adam: sqrt(1 - beta2^t)
     float decay_factor = 0.0f;  // AdamW: 1 - lr * weight_decay
     bool momentum_step = false; // delayed_nesterov: the period's last update
+    bool period_start = false;  // delayed_nesterov: the period's first update
   };
 
   // `step` is the number of updates already applied to the partition (0 for

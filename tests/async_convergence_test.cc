@@ -1,14 +1,14 @@
 // AsyncConvergesLikeSync (issue 27), with real ps-server and ps-worker
 // processes on 127.0.0.1: the Fashion-MNIST MLP trained with SGD momentum
-// 0.9 at lr 0.1 by N = 2, 4 and 8 workers ends within 0.01 (N = 4: 0.015,
-// N = 8: 0.03, see Tolerance) of the same job in sync mode, with no NaN, when the shards
-// admit pushes in strict worker
-// order (every gradient exactly N-1 updates stale) and in seeded random
-// order (--push_order), for two data/initialisation seeds. The async shards
-// run momentum as Delayed Nesterov (the async default); with heavy-ball
-// momentum the same jobs diverge (bench/async_convergence.sh). The push
-// orders make the async runs independent of the machine's timing. Each
-// job prints an ASYNC-TABLE line.
+// 0.9 at lr 0.1 by N = 2, 4, 8 and 16 workers ends within 0.01 of the same
+// job in sync mode (see Tolerance for what each N is held to), with no
+// NaN, when the shards admit pushes in strict worker order (every gradient
+// exactly N-1 updates stale) and in seeded random order (--push_order),
+// for two data/initialisation seeds. The async shards run momentum as
+// Delayed Nesterov (the async default); with heavy-ball momentum the same
+// jobs diverge (bench/async_convergence.sh). The push orders make the
+// async runs independent of the machine's timing. Each job prints an
+// ASYNC-TABLE line.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -36,15 +36,24 @@ constexpr int kBatch = 64;
 // training set left it 0.009-0.018 below sync.
 int TrainExamples(int workers) { return workers <= 4 ? 30000 : 60000; }
 
-// How far below sync an async job may end. With 8 workers the async runs
-// are not repeatable (measured gaps, 10 jobs over 3 runs: strict order
-// 0.002-0.022, random order 0.003-0.013; 5 epochs instead of 3 did not
-// close them): every gradient is 7 updates stale, so 7 of 8 are computed
-// before the period's momentum step they land after. 0.01 holds for N = 2.
-// With 4 workers the gap sits at 0.01: 0.0084-0.0100 in one CI run (both
-// seeds and orders; the 0.0100 failed it), and doubling the data moved it
-// to 0.0000-0.0103: 4 workers are held to 0.015, 8 to 0.03.
-double Tolerance(int workers) { return workers <= 2 ? 0.01 : workers <= 4 ? 0.015 : 0.03; }
+// How far below sync an async job may end, and the mean of an order's two
+// seeds. Measured on 2026-12-01 over 6 runs of each (24 jobs per worker
+// count, since Delayed Nesterov applies the momentum part of a period's
+// step at its first push, server/optimizer.cc): N = 4 0.0078 at most
+// (strict order 0.0044 on average), N = 8 0.0082 at most (strict order
+// 0.0057 on average), once 0.0095 in a later run and 0.0107 with 4
+// epochs. So N <= 4 holds every job to 0.01; N = 8 holds the mean of the
+// two seeds to 0.01 and each job to 0.015. With 16 workers (the issue
+// asks for 0.03) every gradient is 15 updates stale.
+struct Tolerance {
+  double job;
+  double mean;
+};
+Tolerance TolerancesFor(int workers) {
+  if (workers <= 4) return {0.01, 0.01};
+  if (workers <= 8) return {0.015, 0.01};
+  return {0.03, 0.03};
+}
 
 // The final accuracy of one job; -1 (and a test failure) if it failed.
 double Train(int workers, const std::string& mode, const std::string& order, int seed) {
@@ -92,21 +101,31 @@ class AsyncConvergesLikeSync : public ::testing::TestWithParam<int> {};
 
 TEST_P(AsyncConvergesLikeSync, MomentumAtTheSyncLearningRate) {
   const int workers = GetParam();
-  for (int seed : {1, 2}) {
+  const Tolerance tolerance = TolerancesFor(workers);
+  const std::vector<std::string> orders = {"round_robin", "random"};
+  std::vector<double> gaps(orders.size(), 0.0);  // by order, summed over seeds
+  const std::vector<int> seeds = {1, 2};
+  for (int seed : seeds) {
     const double sync = Train(workers, "sync", "", seed);
     ASSERT_GT(sync, 0.8) << "the sync baseline did not train";
-    for (const char* order : {"round_robin", "random"}) {
-      const double async = Train(workers, "async", order, seed);
-      std::printf("ASYNC-TABLE: N=%d seed=%d sync=%.4f %s=%.4f\n", workers, seed, sync, order,
-                  async);
+    for (size_t o = 0; o < orders.size(); ++o) {
+      const double async = Train(workers, "async", orders[o], seed);
+      std::printf("ASYNC-TABLE: N=%d seed=%d sync=%.4f %s=%.4f\n", workers, seed, sync,
+                  orders[o].c_str(), async);
       std::fflush(stdout);
-      EXPECT_TRUE(std::isfinite(async) && async > 0.5) << order << ": diverged";
-      EXPECT_NEAR(async, sync, Tolerance(workers)) << order << " order, seed " << seed;
+      EXPECT_TRUE(std::isfinite(async) && async > 0.5) << orders[o] << ": diverged";
+      EXPECT_NEAR(async, sync, tolerance.job) << orders[o] << " order, seed " << seed;
+      gaps[o] += (sync - async) / static_cast<double>(seeds.size());
     }
+  }
+  for (size_t o = 0; o < orders.size(); ++o) {
+    std::printf("ASYNC-TABLE: N=%d %s mean gap to sync over the seeds %.4f\n", workers,
+                orders[o].c_str(), gaps[o]);
+    EXPECT_LE(std::abs(gaps[o]), tolerance.mean) << orders[o] << " order, mean over the seeds";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, AsyncConvergesLikeSync, ::testing::Values(2, 4, 8),
+INSTANTIATE_TEST_SUITE_P(Workers, AsyncConvergesLikeSync, ::testing::Values(2, 4, 8, 16),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("N", info.param);
                          });
