@@ -245,10 +245,9 @@ TEST(EmbeddingTableTest, MemoryStaysUnderTheCapacity) {
     Train(*t, ids, step);
     ASSERT_LE(t->rows(), 4096);
   }
-  // Index sized for the capacity up front; records for at most one chunk,
-  // the free list and the bitmap of rows in use.
-  EXPECT_LE(t->bytes(),
-            bytes_at_start + (int64_t{t->record_bytes()} << RowStore::kChunkBits) + 65536);
+  // Index sized for the capacity up front; records for at most the
+  // capacity's rows, the free list and the bitmap of rows in use.
+  EXPECT_LE(t->bytes(), bytes_at_start + int64_t{t->record_bytes()} * 4096 + 65536);
 }
 
 TEST(EmbeddingTableTest, RecordsRoundTripWholeRows) {

@@ -6,7 +6,9 @@
 // computed from its fingerprint alone, so growing and deleting never reread
 // a record. Any slot count works (Lemire's multiply-shift reduction), so the
 // index can be sized to a table's capacity exactly: 8 / 0.875 = 9.1 bytes
-// per row at the highest load.
+// per row at the highest load. The slots live on huge pages
+// (sparse/huge_page_buffer.h): a probe at 10^7 rows is a cache miss, and
+// should not also be a TLB miss.
 //
 // Lookups in batches should Prefetch(hash) a few ids ahead: at 10^7 rows
 // nearly every probe is a cache miss, and the prefetches overlap them.
@@ -16,7 +18,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+
+#include "sparse/huge_page_buffer.h"
 
 namespace shardtrain::sparse {
 
@@ -27,7 +30,7 @@ class RowIndex {
   // Slots for at least `expected` entries at the highest load.
   explicit RowIndex(size_t expected = 0);
 
-  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots_[Home(hash >> 32)]); }
+  void Prefetch(uint64_t hash) const { __builtin_prefetch(&slots()[Home(hash >> 32)]); }
 
   // The row of id (hash: its hash), or kNone. id_of(row) returns the id
   // that row holds.
@@ -36,7 +39,7 @@ class RowIndex {
     const uint32_t fp = static_cast<uint32_t>(hash >> 32);
     size_t i = Home(fp);
     for (;;) {
-      const uint64_t s = slots_[i];
+      const uint64_t s = slots()[i];
       if (s == 0) return kNone;
       if (static_cast<uint32_t>(s >> 32) == fp) {
         const uint32_t row = static_cast<uint32_t>(s) - 1;
@@ -51,7 +54,7 @@ class RowIndex {
   uint32_t Candidate(uint64_t hash) const {
     const uint32_t fp = static_cast<uint32_t>(hash >> 32);
     for (size_t i = Home(fp);; i = Next(i)) {
-      const uint64_t s = slots_[i];
+      const uint64_t s = slots()[i];
       if (s == 0) return kNone;
       if (static_cast<uint32_t>(s >> 32) == fp) return static_cast<uint32_t>(s) - 1;
     }
@@ -65,7 +68,7 @@ class RowIndex {
   bool Erase(uint64_t id, uint64_t hash, const IdOf& id_of) {
     const uint32_t fp = static_cast<uint32_t>(hash >> 32);
     for (size_t i = Home(fp);; i = Next(i)) {
-      const uint64_t s = slots_[i];
+      const uint64_t s = slots()[i];
       if (s == 0) return false;
       if (static_cast<uint32_t>(s >> 32) == fp && id_of(static_cast<uint32_t>(s) - 1) == id) {
         EraseAt(i);
@@ -75,22 +78,26 @@ class RowIndex {
   }
 
   size_t size() const { return size_; }
-  size_t slot_count() const { return slots_.size(); }
-  int64_t bytes() const { return static_cast<int64_t>(slots_.size() * sizeof(uint64_t)); }
+  size_t slot_count() const { return slot_count_; }
+  int64_t bytes() const { return static_cast<int64_t>(slot_count_ * sizeof(uint64_t)); }
 
  private:
   // Highest load: 7/8 of the slots.
   static size_t SlotsFor(size_t entries);
 
   size_t Home(uint32_t fp) const {
-    return static_cast<size_t>((static_cast<uint64_t>(fp) * slots_.size()) >> 32);
+    return static_cast<size_t>((static_cast<uint64_t>(fp) * slot_count_) >> 32);
   }
-  size_t Next(size_t i) const { return i + 1 == slots_.size() ? 0 : i + 1; }
+  size_t Next(size_t i) const { return i + 1 == slot_count_ ? 0 : i + 1; }
+  uint64_t* slots() { return buffer_.as<uint64_t>(); }
+  const uint64_t* slots() const { return buffer_.as<uint64_t>(); }
   void Place(uint64_t slot);
   void EraseAt(size_t i);
   void Grow();
 
-  std::vector<uint64_t> slots_;  // 0: empty; else fingerprint << 32 | row + 1
+  // slot_count_ slots, each 0 (empty) or fingerprint << 32 | row + 1.
+  HugePageBuffer buffer_;
+  size_t slot_count_ = 0;
   size_t size_ = 0;
 };
 

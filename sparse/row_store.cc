@@ -5,7 +5,28 @@
 
 namespace shardtrain::sparse {
 
-RowStore::RowStore(int32_t record_words) : words_(record_words) {}
+namespace {
+
+// log2 of the records per chunk: the fewest that fill whole 2 MiB pages
+// (2 MiB x the odd part of the record's words, e.g. 10 MiB of 80-byte
+// records), so that no chunk ends in a huge page it only partly uses; for
+// records whose odd part is large (chunks over 512 MiB) about 64 MiB a
+// chunk, where the last page's padding is at most 3%.
+int ChunkBits(int32_t words) {
+  const uint32_t w = static_cast<uint32_t>(words);
+  const int exact = 19 - std::min(__builtin_ctz(w), 19);
+  if ((uint64_t{w} * 4 << exact) <= (uint64_t{512} << 20)) return exact;
+  int bits = 0;
+  while ((uint64_t{w} * 4 << bits) < (uint64_t{64} << 20)) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+RowStore::RowStore(int32_t record_words)
+    : words_(record_words),
+      chunk_bits_(ChunkBits(record_words)),
+      chunk_mask_((uint32_t{1} << chunk_bits_) - 1) {}
 
 uint32_t RowStore::Allocate() {
   uint32_t row;
@@ -15,9 +36,9 @@ uint32_t RowStore::Allocate() {
     free_.pop_back();
   } else {
     row = end_++;
-    if ((row >> kChunkBits) >= chunks_.size()) {
-      // Default-initialised: pages are touched only as records are written.
-      chunks_.emplace_back(new uint32_t[static_cast<size_t>(words_) << kChunkBits]);
+    if ((row >> chunk_bits_) >= chunks_.size()) {
+      // Address space: pages are touched only as records are written.
+      chunks_.emplace_back(static_cast<size_t>(words_) * 4 << chunk_bits_);
     }
     if ((row >> 6) >= live_.size()) live_.push_back(0);
   }
@@ -34,7 +55,7 @@ void RowStore::Free(uint32_t row) {
 }
 
 int64_t RowStore::bytes() const {
-  return static_cast<int64_t>(chunks_.size()) * (int64_t{words_} << kChunkBits) * 4 +
+  return int64_t{end_} * words_ * 4 +
          static_cast<int64_t>(live_.capacity() * 8 + free_.capacity() * 4);
 }
 
