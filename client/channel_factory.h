@@ -9,8 +9,8 @@
 //   std::shared_ptr<grpc::Channel> channel = factory.Make("10.0.0.5:7000");
 //
 // A factory is immutable after Create; thread-safe.
-#ifndef SHARDTRAIN_CLIENT_CHANNELS_H_
-#define SHARDTRAIN_CLIENT_CHANNELS_H_
+#ifndef SHARDTRAIN_CLIENT_CHANNEL_FACTORY_H_
+#define SHARDTRAIN_CLIENT_CHANNEL_FACTORY_H_
 
 #include <memory>
 #include <string>
@@ -84,4 +84,4 @@ class ChannelFactory {
 
 }  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_CLIENT_CHANNELS_H_
+#endif  // SHARDTRAIN_CLIENT_CHANNEL_FACTORY_H_

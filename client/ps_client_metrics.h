@@ -6,8 +6,8 @@
 //   prometheus::Registry registry;
 //   client::PsClientMetrics metrics(registry);
 //   ASSIGN_OR_RETURN(auto ps, client::PsClient::Create(options, nullptr, &metrics));
-#ifndef SHARDTRAIN_CLIENT_CLIENT_METRICS_H_
-#define SHARDTRAIN_CLIENT_CLIENT_METRICS_H_
+#ifndef SHARDTRAIN_CLIENT_PS_CLIENT_METRICS_H_
+#define SHARDTRAIN_CLIENT_PS_CLIENT_METRICS_H_
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -41,4 +41,4 @@ class PsClientMetrics {
 
 }  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_CLIENT_CLIENT_METRICS_H_
+#endif  // SHARDTRAIN_CLIENT_PS_CLIENT_METRICS_H_

@@ -52,8 +52,8 @@
 //   channel.Call(std::move(rpc), [](absl::Status status) { ... });
 //
 // Thread-safe.
-#ifndef SHARDTRAIN_CLIENT_SHARD_CALL_H_
-#define SHARDTRAIN_CLIENT_SHARD_CALL_H_
+#ifndef SHARDTRAIN_CLIENT_SHARD_CHANNEL_H_
+#define SHARDTRAIN_CLIENT_SHARD_CHANNEL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -295,4 +295,4 @@ class ShardChannel {
 
 }  // namespace shardtrain::client
 
-#endif  // SHARDTRAIN_CLIENT_SHARD_CALL_H_
+#endif  // SHARDTRAIN_CLIENT_SHARD_CHANNEL_H_
