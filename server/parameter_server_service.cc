@@ -399,13 +399,13 @@ grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerCon
   const absl::Time start = absl::Now();
   LookupRequest lookup;
   absl::Status status = ParseStock(*request, &lookup);
-  if (status.ok() && shard_->tables().LookupWaits(lookup)) {
+  if (status.ok() && LookupWaits(lookup)) {
     auto* waiter = new LookupWaiter(this, start, PullDeadline(context, start),
                                     request->Length(), std::move(lookup), response);
-    // Checked again as it is parked: the push that applies the step wakes
-    // the lot after applying it, so the wake-up cannot be missed.
-    if (!lookups_.Park(waiter,
-                       [&] { return shard_->tables().LookupWaits(waiter->request_); })) {
+    // Checked again as it is parked: the push that applies the step, or the
+    // clock that moves the staleness bound, wakes the lot after it changed,
+    // so the wake-up cannot be missed.
+    if (!lookups_.Park(waiter, [&] { return LookupWaits(waiter->request_); })) {
       AnswerLookup(waiter);
     }
     return waiter;
@@ -451,9 +451,19 @@ void ParameterServerService::AnswerLookup(LookupWaiter* waiter) {
                waiter->request_bytes_);
 }
 
+bool ParameterServerService::LookupWaits(const LookupRequest& request) const {
+  // A training lookup obeys the staleness bound as a dense pull does (a
+  // worker more than --max_staleness steps ahead of the slowest waits), and
+  // a sync table's waits for the step's pushes.
+  if (shard_->tables().LookupWaits(request)) return true;
+  return request.train() &&
+         request.worker() < static_cast<uint32_t>(shard_->options().num_workers) &&
+         !shard_->pulls().WithinStaleness(request.worker(), request.clock());
+}
+
 void ParameterServerService::WakeLookups() {
   for (LookupWaiter* waiter : lookups_.Take([this](const LookupWaiter* waiter) {
-         return !shard_->tables().LookupWaits(waiter->request_);
+         return !LookupWaits(waiter->request_);
        })) {
     AnswerLookup(waiter);
   }
@@ -652,6 +662,8 @@ void ParameterServerService::WakeWaiters() {
   }
   for (WaitingReactor* waiter : committed) FinishWaiter(waiter, grpc::Status::OK);
   for (WaitingReactor* waiter : ready) AnswerWaiter(waiter);
+  // What moved the pulls' staleness bound moves the lookups' too.
+  WakeLookups();
 }
 
 void ParameterServerService::ExpireWaiters(absl::Time now) {
@@ -659,10 +671,11 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
   for (LookupWaiter* waiter : lookups_.TakeExpired(now)) {
     FinishRaw(waiter, "Lookup",
               absl::DeadlineExceededError(absl::StrFormat(
-                  "lookup of sync table \"%s\" by worker %d waited %s for the other workers' "
-                  "pushes of the step",
+                  "training lookup of table \"%s\" by worker %d (clock %d) waited %s for "
+                  "the other workers' pushes of the step (a sync table) or for the slowest "
+                  "worker to come within --max_staleness",
                   waiter->request_.table(), waiter->request_.worker(),
-                  absl::FormatDuration(now - waiter->start_))),
+                  waiter->request_.clock(), absl::FormatDuration(now - waiter->start_))),
               waiter->start_, waiter->request_bytes_, *waiter->response_);
   }
   for (WaitingReactor* waiter : pulls_.TakeExpired(now)) {

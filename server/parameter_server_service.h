@@ -16,11 +16,14 @@
 // callback re-checks parked pulls and answers those now ready. A parked pull
 // ends with DEADLINE_EXCEEDED at the client's deadline or the server's
 // max_pull_wait, with CANCELLED if the client goes away, or with UNAVAILABLE
-// at shutdown. A training Lookup of a sync table that must wait for its
-// step (SparseTables::LookupWaits) is parked the same way and answered by
-// the PushSparse that applies the step. Thread-safe.
-#ifndef SHARDTRAIN_SERVER_SERVICE_H_
-#define SHARDTRAIN_SERVER_SERVICE_H_
+// at shutdown. A training Lookup that must wait is parked the same way: one
+// of a sync table until its step's pushes are in (SparseTables::LookupWaits,
+// answered by the PushSparse that applies the step), and any of a worker
+// too far ahead of the slowest in async mode with --max_staleness (the same
+// SSP bound as its pulls, answered as the slowest worker's clock moves).
+// Thread-safe.
+#ifndef SHARDTRAIN_SERVER_PARAMETER_SERVER_SERVICE_H_
+#define SHARDTRAIN_SERVER_PARAMETER_SERVER_SERVICE_H_
 
 #include <memory>
 
@@ -139,6 +142,9 @@ class ParameterServerService final : public ParameterServerBase {
                     grpc::ByteBuffer* response, absl::Time start, size_t request_bytes);
   // Answers a parked (or about to be parked) lookup and finishes it.
   void AnswerLookup(LookupWaiter* waiter);
+  // Whether a lookup must be parked: a sync table's step is not in yet, or
+  // the worker is too far ahead of the slowest (SSP, as for pulls).
+  bool LookupWaits(const LookupRequest& request) const;
   // Answers the parked lookups whose step has been applied.
   void WakeLookups();
   void OnLookupCancelled(LookupWaiter* waiter);
@@ -209,4 +215,4 @@ class ParameterServerService final : public ParameterServerBase {
 
 }  // namespace shardtrain::server
 
-#endif  // SHARDTRAIN_SERVER_SERVICE_H_
+#endif  // SHARDTRAIN_SERVER_PARAMETER_SERVER_SERVICE_H_

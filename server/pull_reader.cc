@@ -93,20 +93,18 @@ bool PullReader::Ready(const PullRequest& request) const {
       }
     }
   }
-  if (options_.mode == ConsistencyMode::kAsync && options_.max_staleness >= 0) {
-    const std::optional<int64_t> slowest = membership_->SlowestActiveClock();
-    // Both on the bound's scale: a worker back after being dropped counts
-    // from where the others were (see Membership). slowest <= 2 * kMaxClock;
-    // the sum saturates instead of overflowing.
-    if (slowest && options_.max_staleness <=
-                       std::numeric_limits<int64_t>::max() - *slowest &&
-        membership_->StalenessClock(static_cast<int>(request.worker()),
-                                   request.clock()) >
-            *slowest + options_.max_staleness) {
-      return false;
-    }
-  }
-  return true;
+  return WithinStaleness(request.worker(), request.clock());
+}
+
+bool PullReader::WithinStaleness(uint32_t worker, int64_t clock) const {
+  if (options_.mode != ConsistencyMode::kAsync || options_.max_staleness < 0) return true;
+  const std::optional<int64_t> slowest = membership_->SlowestActiveClock();
+  // Both on the bound's scale: a worker back after being dropped counts
+  // from where the others were (see Membership). slowest <= 2 * kMaxClock;
+  // the sum saturates instead of overflowing.
+  return !(slowest && options_.max_staleness <= std::numeric_limits<int64_t>::max() - *slowest &&
+           membership_->StalenessClock(static_cast<int>(worker), clock) >
+               *slowest + options_.max_staleness);
 }
 
 void PullReader::Fill(const PullRequest& request, wire::PullResponseBuilder* builder,

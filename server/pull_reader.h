@@ -45,6 +45,10 @@ class PullReader {
   absl::Status Validate(const PullRequest& request) const;
   // True when `request` may be answered now. REQUIRES: Validate(request).ok().
   bool Ready(const PullRequest& request) const;
+  // The SSP part of Ready, which a table's training lookup obeys too: false
+  // when, in async mode with a staleness bound, `worker` at `clock` is more
+  // than --max_staleness steps ahead of the slowest live worker.
+  bool WithinStaleness(uint32_t worker, int64_t clock) const;
   // Writes every requested partition once into `builder`; `versions` (if
   // not null) gets the version written of each part, in request order.
   // REQUIRES: Validate(request).ok().

@@ -267,6 +267,7 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
     scratch.resize(ids.size() * dim);
     out = scratch.data();
   }
+  const absl::Time begin = absl::Now();
   if (request.train()) {
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
@@ -286,6 +287,10 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
   } else {
     absl::ReaderMutexLock lock(&table->mu);
     table->rows->LookupReadOnly(ids, out);
+  }
+  if (request.train() && table->set->metrics.lookup_ids != nullptr) {
+    table->set->metrics.lookup_ids->Observe(static_cast<double>(ids.size()));
+    table->set->metrics.lookup_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   }
   if (dtype != DTYPE_F32) {
     common::EncodeDenseInto(absl::MakeConstSpan(scratch.data(), ids.size() * dim), dtype, rows);
@@ -377,6 +382,7 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   RETURN_IF_ERROR(CheckPush(request, &push));
   Table* const table = push.table;
   response->set_incarnation(incarnation_);
+  const absl::Time begin = absl::Now();
   absl::MutexLock lock(&table->mu);
   PushLog& log = push_logs_.Of(table->group, request.worker());
   absl::MutexLock log_lock(&log.mu());
@@ -410,6 +416,7 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
     table->set->metrics.unique_ids->Observe(static_cast<double>(push.ids.size()));
     table->set->metrics.staleness->Observe(
         static_cast<double>(table->newest_clock - StepOf(request.clock())));
+    table->set->metrics.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   }
   AfterChange(*table, now);
   return absl::OkStatus();

@@ -417,5 +417,47 @@ TEST_F(ReplicatedTableTest, BadOperationsAreRefusedAndChangeNothing) {
   EXPECT_EQ(Apply(unreplicated, ops[0]).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A table whose TTL counts seconds (ttl_in_seconds) drops rows unused for
+// that long, whatever the clocks the workers send: ids 1 and 2, untouched
+// for 2 s with a TTL of 1 s, are gone after the next training lookup;
+// id 3, just looked up, stays, and id 1 comes back as a fresh row.
+TEST(TableTtlTest, RowsUnusedForTheTtlInSecondsAreEvicted) {
+  ShardOptions options;
+  options.num_workers = 1;
+  SparseTables tables(options, {0}, /*incarnation=*/1, /*metrics=*/nullptr);
+  RegisterTablesRequest request;
+  TableSpec* spec = request.add_tables();
+  spec->set_name("t");
+  spec->set_dim(kDim);
+  spec->set_optimizer("sgd");
+  spec->set_learning_rate(0.1f);
+  spec->set_ttl(1);
+  spec->set_ttl_in_seconds(true);
+  const absl::Status registered = tables.Register(request);
+  ASSERT_TRUE(registered.ok()) << registered;
+  const auto lookup = [&tables](std::vector<uint64_t> ids, int64_t clock) {
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(Bytes(ids.data(), ids.size() * 8));
+    lookup.set_train(true);
+    lookup.set_clock(clock);
+    wire::LookupResponseBuilder builder;
+    EXPECT_TRUE(tables.Lookup(lookup, &builder).ok());
+  };
+  const auto rows = [&tables] {
+    StatusResponse status;
+    tables.FillStatus(&status);
+    return status.tables(0).rows();
+  };
+  lookup({1, 2}, /*clock=*/1);
+  ASSERT_EQ(rows(), 2);
+  // Steps would not expire them: the clock stays at 1.
+  absl::SleepFor(absl::Milliseconds(2200));
+  lookup({3}, /*clock=*/1);
+  EXPECT_EQ(rows(), 1) << "ids 1 and 2 were unused for 2 s with a TTL of 1 s";
+  lookup({1}, /*clock=*/1);
+  EXPECT_EQ(rows(), 2);
+}
+
 }  // namespace
 }  // namespace shardtrain::server

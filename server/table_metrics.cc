@@ -1,5 +1,7 @@
 #include "server/table_metrics.h"
 
+#include "common/rpc_metrics.h"
+
 namespace shardtrain::server {
 
 TableMetrics::TableMetrics(prometheus::Registry& registry)
@@ -43,6 +45,16 @@ TableMetrics::TableMetrics(prometheus::Registry& registry)
                       .Name("shardtrain_table_push_ids")
                       .Help("Unique ids per PushSparse request")
                       .Register(registry)),
+      lookup_ids_(prometheus::BuildHistogram()
+                      .Name("shardtrain_table_lookup_ids")
+                      .Help("Ids per training Lookup request (the client sends each id of "
+                            "a batch once)")
+                      .Register(registry)),
+      op_seconds_(prometheus::BuildHistogram()
+                      .Name("shardtrain_table_op_seconds")
+                      .Help("The shard's time in one Lookup or PushSparse of a sparse table "
+                            "(its lock and the work on the rows), by op")
+                      .Register(registry)),
       staleness_(prometheus::BuildHistogram()
                      .Name("shardtrain_table_push_staleness_steps")
                      .Help("Steps a PushSparse request's clock is behind the newest clock "
@@ -73,9 +85,13 @@ TableMetrics::Series TableMetrics::ForTable(const std::string& table) {
   s.evicted_capacity = &evicted_.Add({{"table", table}, {"reason", "capacity"}});
   s.applied = &gradients_.Add({{"table", table}, {"result", "applied"}});
   s.dropped = &gradients_.Add({{"table", table}, {"result", "dropped"}});
-  s.unique_ids = &unique_ids_.Add(
-      {{"table", table}},
-      prometheus::Histogram::BucketBoundaries{64, 256, 1024, 4096, 16384, 65536, 262144, 1048576});
+  const prometheus::Histogram::BucketBoundaries ids{64,    256,    1024,   4096,
+                                                    16384, 65536, 262144, 1048576};
+  s.unique_ids = &unique_ids_.Add({{"table", table}}, ids);
+  s.lookup_ids = &lookup_ids_.Add({{"table", table}}, ids);
+  s.lookup_seconds =
+      &op_seconds_.Add({{"table", table}, {"op", "lookup"}}, common::LatencyBuckets());
+  s.push_seconds = &op_seconds_.Add({{"table", table}, {"op", "push"}}, common::LatencyBuckets());
   s.staleness = &staleness_.Add(
       {{"table", table}}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 4, 8, 16, 32, 64, 128});
   s.sync_steps = &sync_steps_.Add({{"table", table}});

@@ -29,6 +29,12 @@ class TableMetrics {
     prometheus::Counter* applied;
     prometheus::Counter* dropped;       // gradients of rows not stored
     prometheus::Histogram* unique_ids;  // ids per PushSparse request
+    prometheus::Histogram* lookup_ids;  // ids per training Lookup request
+    // The shard's time in one Lookup or PushSparse of the table (waiting for
+    // its lock and the work on its rows; not the RPC's transfer or a sync
+    // lookup's wait for the step, which shardtrain_rpc_duration_seconds has).
+    prometheus::Histogram* lookup_seconds;
+    prometheus::Histogram* push_seconds;
     // Per PushSparse request: the newest clock the table has seen from any
     // worker minus the request's clock.
     prometheus::Histogram* staleness;
@@ -53,6 +59,8 @@ class TableMetrics {
   prometheus::Family<prometheus::Counter>& evicted_;
   prometheus::Family<prometheus::Counter>& gradients_;
   prometheus::Family<prometheus::Histogram>& unique_ids_;
+  prometheus::Family<prometheus::Histogram>& lookup_ids_;
+  prometheus::Family<prometheus::Histogram>& op_seconds_;
   prometheus::Family<prometheus::Histogram>& staleness_;
   prometheus::Family<prometheus::Gauge>& sync_steps_;
   prometheus::Family<prometheus::Gauge>& step_arrivals_;

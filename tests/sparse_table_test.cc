@@ -35,7 +35,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "chain/chain_config.h"
 #include "chain/chain_reader.h"
@@ -102,6 +105,8 @@ class TableJob {
     if (metrics_ports_.size() <= static_cast<size_t>(s)) metrics_ports_.resize(s + 1);
     metrics_ports_[s] = (*ports)[1];
   }
+
+  int MetricsPort(int s) const { return metrics_ports_[s]; }
 
   // Shard s's /metrics, summed by metric name.
   std::map<std::string, double> Metrics(int s) {
@@ -517,6 +522,44 @@ TEST(SparseTables, SparseCheckpointResume) {
 // next call of the worker finds it missing, registers the tables again (with
 // a warning) and goes on; the rows of the other shard are untouched and the
 // restarted shard's start over from their initial values.
+// What a training lookup costs on the wire, as the shards count it: the
+// request carries each unique id of a batch once, as 8 raw bytes (3000 ids,
+// 1000 of them unique: 8000 bytes and a few of name and flags per call),
+// and the response exactly dim x 4 bytes per row, with no per-row framing.
+TEST(SparseTables, ALookupSendsEightBytesPerUniqueIdAndGetsItsRowsUnframed) {
+  TableJob job(1);
+  ASSERT_NO_FATAL_FAILURE(job.Start());
+  constexpr int kDim = 4;
+  auto client = job.Connect(0);
+  client::TableClient tables(client.get());
+  ASSERT_TRUE(tables.Register({Spec("wire", kDim, "sgd", 0.1f)}).ok());
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 3000; ++i) ids.push_back(sparse::Mix64(i % 1000));
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(tables.Lookup("wire", ids, /*train=*/true, /*clock=*/1, rows.data()).ok());
+  double received = 0, sent = 0, calls = 0;
+  for (int s = 0; s < kShards; ++s) {
+    absl::StatusOr<std::string> body = testutil::HttpGet(job.MetricsPort(s), "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
+      if (!absl::StrContains(line, "method=\"Lookup\"") ||
+          !absl::StrContains(line, "side=\"server\"")) {
+        continue;
+      }
+      double value = 0;
+      ASSERT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
+      if (absl::StartsWith(line, "shardtrain_rpc_received_bytes_total")) received += value;
+      if (absl::StartsWith(line, "shardtrain_rpc_sent_bytes_total")) sent += value;
+      if (absl::StartsWith(line, "shardtrain_rpc_requests_total")) calls += value;
+    }
+  }
+  ASSERT_GE(calls, 1);
+  EXPECT_GE(received, 8.0 * 1000);
+  EXPECT_LE(received, 8.0 * 1000 + 32 * calls) << calls << " calls";
+  EXPECT_GE(sent, 4.0 * kDim * 1000);
+  EXPECT_LE(sent, 4.0 * kDim * 1000 + 16 * calls) << calls << " calls";
+}
+
 TEST(SparseTables, ARestartedShardIsGivenItsTablesAgain) {
   TableJob job(1);
   ASSERT_NO_FATAL_FAILURE(job.Start());

@@ -3,12 +3,15 @@
 // one worker slowed down on purpose, the fast one must wait, the clock gap
 // must stay within S+1 (S, plus the step it is pushing), and no gradient the
 // shards apply may be staler than (N-1)(2S+1) updates: while one gradient is
-// computed, each other worker can push at most 2S+1 gradients.
+// computed, each other worker can push at most 2S+1 gradients. A sparse
+// table's training lookups obey the same bound (TableLookupsWaitLikePulls).
 #include <atomic>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "client/ps_client.h"
+#include "client/table_client.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
@@ -116,6 +119,63 @@ TEST(StalenessBound, WithoutABoundTheFastWorkerRunsAhead) {
   EXPECT_GT(outcome.max_gap, 3);
   EXPECT_GT(outcome.max_staleness, 3);
   EXPECT_LT(outcome.fast_wait_seconds, 0.05);
+}
+
+// Worker 0 looks up an async table at clock 3 while worker 1 is at clock 0
+// and the bound is 1: the lookup waits (an evaluation lookup does not)
+// until worker 1's clock reaches 2, as a pull would.
+TEST(StalenessBound, TableLookupsWaitLikePulls) {
+  server::ShardOptions options;
+  options.mode = server::ConsistencyMode::kAsync;
+  options.num_workers = kWorkers;
+  options.max_staleness = 1;
+  ASSERT_OK_AND_ASSIGN(testutil::InProcessShards cluster,
+                       testutil::StartInProcessShards(options, 1));
+  std::vector<std::unique_ptr<client::PsClient>> clients;
+  for (int w = 0; w < kWorkers; ++w) {
+    client::PsClientOptions client_options;
+    client_options.servers = cluster.addresses;
+    client_options.worker_index = w;
+    client_options.num_workers = kWorkers;
+    ASSERT_OK_AND_ASSIGN(clients.emplace_back(),
+                         client::PsClient::Create(client_options, nullptr));
+    TensorSpec dense;  // registering makes the worker a member
+    dense.set_name("w");
+    dense.add_shape(4);
+    dense.set_dtype(DTYPE_F32);
+    ASSERT_OK(clients.back()->Register({dense}));
+  }
+  client::TableClient fast(clients[0].get());
+  client::TableClient slow(clients[1].get());
+  TableSpec spec;
+  spec.set_name("t");
+  spec.set_dim(4);
+  spec.set_optimizer("sgd");
+  spec.set_learning_rate(0.1f);
+  ASSERT_OK(fast.Register({spec}));
+  const std::vector<uint64_t> ids = {1, 2, 3};
+  std::vector<float> rows(ids.size() * 4);
+  ASSERT_OK(clients[0]->Heartbeat(3, /*done=*/false, absl::InfiniteDuration()));
+  ASSERT_OK(clients[1]->Heartbeat(0, /*done=*/false, absl::InfiniteDuration()));
+  ASSERT_OK(fast.Lookup("t", ids, /*train=*/true, /*clock=*/1, rows.data()));
+  ASSERT_OK(fast.Lookup("t", ids, /*train=*/false, /*clock=*/3, rows.data()));
+
+  absl::Notification looked_up;
+  absl::Status status;
+  std::thread ahead([&] {
+    std::vector<float> out(ids.size() * 4);
+    status = fast.Lookup("t", ids, /*train=*/true, /*clock=*/3, out.data());
+    looked_up.Notify();
+  });
+  EXPECT_FALSE(looked_up.WaitForNotificationWithTimeout(absl::Milliseconds(500)))
+      << "worker 0 at clock 3 read the table with worker 1 at clock 0 and a bound of 1";
+  ASSERT_OK(clients[1]->Heartbeat(1, /*done=*/false, absl::InfiniteDuration()));
+  EXPECT_FALSE(looked_up.WaitForNotificationWithTimeout(absl::Milliseconds(300)))
+      << "clock 3 is still 2 ahead of 1";
+  ASSERT_OK(clients[1]->Heartbeat(2, /*done=*/false, absl::InfiniteDuration()));
+  EXPECT_TRUE(looked_up.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ahead.join();
+  EXPECT_OK(status);
 }
 
 }  // namespace

@@ -5,8 +5,11 @@
 // test decides when the tail "has" an update. Also: a head handing its
 // place over (ChainTable::Freeze) waits for that and refuses new pushes;
 // a forward stuck on a successor the chain dropped ends at once; one past
-// its timeout goes on until the tail has it.
+// its timeout goes on until the tail has it; a push half that is not one
+// field of the request is refused (ReplicatedPushPath forwards it as it
+// arrived).
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -150,12 +153,11 @@ class HeadPushPullTest : public ::testing::Test {
     service_->set_replicator(replicator_.get());
     shard_->SetProgressCallback([this] { service_->WakeWaiters(); });
     grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    stub_ = ParameterServer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+    stub_ = ParameterServer::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
                                                          grpc::InsecureChannelCredentials()));
 
     RegisterRequest request;
@@ -252,6 +254,7 @@ class HeadPushPullTest : public ::testing::Test {
   std::unique_ptr<ReplicatedPushPath> push_path_;
   std::unique_ptr<ParameterServerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
   std::unique_ptr<ParameterServer::Stub> stub_;
   std::unique_ptr<HeldSuccessor> successor_;
   std::vector<uint32_t> partitions_;
@@ -423,6 +426,64 @@ TEST_F(HeadForwardTimeoutTest, AForwardPastItsTimeoutGoesOnUntilTheTailHasIt) {
 TEST_F(HeadPushPullTest, AShardThatIsNotTheHeadRefusesAndChangesNothing) {
   SetChain(/*head_first=*/false);
   ExpectRefusedUnchanged(0, "not its head");
+}
+
+TEST_F(HeadPushPullTest, APushHalfInTwoFieldsIsRefusedAndChangesNothing) {
+  SetChain(/*head_first=*/true);
+  // Worker 0's PushPull, its push half written as two fields (the header,
+  // then the parts): protobuf merges them, but the head forwards the push
+  // half as it arrived, so it must be one piece of the request.
+  PushPullRequest request;
+  PushRequest& push = *request.mutable_push();
+  push.set_worker(0);
+  push.set_clock(1);
+  push.set_worker_incarnation(100);
+  push.set_sequence(1);
+  push.set_chain_epoch(kEpoch);
+  PullRequest& pull = *request.mutable_pull();
+  pull.set_worker(0);
+  pull.set_clock(1);
+  pull.set_chain_epoch(kEpoch);
+  PushRequest parts;
+  for (uint32_t p : partitions_) {
+    GradientPart& part = *parts.add_parts();
+    part.mutable_key()->set_tensor("w");
+    part.mutable_key()->set_partition(p);
+    part.mutable_grad()->set_dtype(DTYPE_F32);
+    common::EncodeDense(std::vector<float>(4, 1.0f), DTYPE_F32,
+                        part.mutable_grad()->mutable_data());
+    *pull.add_parts() = part.key();
+  }
+  PushPullRequest first, second, rest;
+  *first.mutable_push() = push;
+  *second.mutable_push() = parts;
+  *rest.mutable_pull() = pull;
+  const std::string body =
+      first.SerializeAsString() + second.SerializeAsString() + rest.SerializeAsString();
+  PushPullRequest merged;
+  ASSERT_TRUE(merged.ParseFromString(body));
+  ASSERT_EQ(merged.push().parts_size(), static_cast<int>(partitions_.size()))
+      << "the body is a valid PushPull";
+
+  const uint64_t before = shard_->Checksum();
+  grpc::GenericStub stub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
+                                             grpc::InsecureChannelCredentials()));
+  grpc::Slice slice(body);
+  grpc::ByteBuffer raw(&slice, 1), response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  absl::Notification done;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/shardtrain.ParameterServer/PushPull", grpc::StubOptions(), &raw,
+                 &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(15)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("push half in one field"), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(shard_->Checksum(), before);
 }
 
 }  // namespace
