@@ -26,7 +26,10 @@ to 10^8, ids drawn Zipf(--alpha), 13 normal dense features, and labels drawn
 from a hidden teacher (a linear term of the dense features plus a rank-4
 factorisation machine over the 26 fields, whose factors shrink with an id's
 rarity as real logs' do), so the best AUC any model can reach on the test
-set is known: the teacher's own, printed beside the model's. Each worker streams its own seed; the test
+set is known: the teacher's own, printed beside the model's. With
+--multi_hot K every field of a sample holds 1 to K ids (a bag, as a user's
+recent items or a page's keywords), whose factors the teacher averages and
+the model mean-pools. Each worker streams its own seed; the test
 set (--test samples) is the same for everyone. --criteo FILE reads Criteo's
 TSV format instead (label, 13 integers, 26 hexadecimal categoricals; empty
 fields allowed), the last --test lines as the test set.
@@ -73,38 +76,57 @@ def hashed_normal(keys, salt):
 
 
 def table_ids(raw):
-    """Per-field raw ids [n, 26] -> the shared table's ids (field << 56 | id)."""
-    fields = np.arange(FIELDS, dtype=np.uint64) << np.uint64(56)
+    """Per-field raw ids [n, 26, K] -> the shared table's ids (field << 56 | id)."""
+    fields = (np.arange(FIELDS, dtype=np.uint64) << np.uint64(56))[:, None]
     return (raw.astype(np.uint64) | fields).view(np.int64)
+
+
+def bags(ids):
+    """Ids [n, 26, K], -1 where a bag has no more ids -> (the ids in order,
+    the offset of each of the n * 26 bags), as nn.EmbeddingBag takes them."""
+    present = ids >= 0
+    counts = present.sum(-1).reshape(-1)
+    offsets = np.zeros(len(counts), np.int64)
+    np.cumsum(counts[:-1], out=offsets[1:])
+    return ids[present], offsets
 
 
 class Synthetic:
     """Criteo-shaped samples whose labels come from a hidden teacher FM."""
 
-    def __init__(self, alpha=1.1, teacher_seed=20261127, k=4):
+    def __init__(self, alpha=1.1, teacher_seed=20261127, k=4, multi_hot=1):
         self.alpha = alpha
         self.k = k
+        self.multi_hot = multi_hot
         self.salt = teacher_seed
         rng = np.random.default_rng(teacher_seed)
         self.dense_w = rng.normal(0.0, 0.3, DENSE)
         self.bias = -1.2  # about a quarter of the samples are clicks
 
     def _teacher(self, dense, ids):
-        keys = ids.view(np.uint64)
+        present = ids >= 0  # [n, 26, K]
+        keys = np.where(present, ids, 0).view(np.uint64)
         # Rare ids say little (as in real logs): an id's weights shrink with
         # its Zipf rank (its raw id), so what decides a label can be learnt.
         rank = (keys & np.uint64((1 << 56) - 1)).astype(np.float64)
-        scale = 1.0 / (1.0 + rank / 10.0)
+        scale = present / (1.0 + rank / 10.0)
         factors = np.stack([0.5 * scale * hashed_normal(keys, self.salt + 1 + j)
-                            for j in range(self.k)], axis=-1)  # [n, 26, k]
+                            for j in range(self.k)], axis=-1)  # [n, 26, K, k]
+        # A bag's factor is the mean of its ids'.
+        factors = factors.sum(2) / present.sum(-1, keepdims=True)  # [n, 26, k]
         s = factors.sum(1)
         pairwise = 0.5 * ((s * s).sum(-1) - (factors * factors).sum((1, 2)))
         return self.bias + dense @ self.dense_w + pairwise
 
     def batch(self, n, rng):
-        """(dense [n, 13] f32, ids [n, 26] int64, labels [n] f32, teacher p [n])."""
-        raw = (rng.zipf(self.alpha, size=(n, FIELDS)) - 1) % CARDINALITIES
+        """(dense [n, 13] f32, ids [n, 26, K] int64 (-1: no more ids in that
+        field's bag), labels [n] f32, teacher p [n])."""
+        k = self.multi_hot
+        raw = (rng.zipf(self.alpha, size=(n, FIELDS, k)) - 1) % CARDINALITIES[:, None]
         ids = table_ids(raw)
+        if k > 1:  # 1 to K ids in each bag
+            sizes = rng.integers(1, k + 1, size=(n, FIELDS, 1))
+            ids = np.where(np.arange(k) < sizes, ids, -1)
         dense = rng.standard_normal((n, DENSE)).astype(np.float32)
         p = 1.0 / (1.0 + np.exp(-self._teacher(dense.astype(np.float64), ids)))
         labels = (rng.random(n) < p).astype(np.float32)
@@ -123,7 +145,7 @@ def read_criteo(path):
             dense.append([np.log1p(max(int(c), 0)) if c else 0.0 for c in cols[1:1 + DENSE]])
             # 0: missing; a value v is v + 1 (values are 32-bit hex hashes).
             raw.append([int(c, 16) + 1 if c else 0 for c in cols[1 + DENSE:]])
-    return (np.asarray(dense, np.float32), table_ids(np.asarray(raw, np.uint64)),
+    return (np.asarray(dense, np.float32), table_ids(np.asarray(raw, np.uint64)[:, :, None]),
             np.asarray(labels, np.float32))
 
 
@@ -163,12 +185,13 @@ class HashedEmbedding(nn.Module):
     def __init__(self, rows, dim):
         super().__init__()
         self.rows = rows
-        self.bag = nn.EmbeddingBag(rows, dim, mode="sum", sparse=True)
+        self.bag = nn.EmbeddingBag(rows, dim, mode="mean", sparse=True)
         nn.init.uniform_(self.bag.weight, -0.01, 0.01)
 
-    def forward(self, ids):
+    def forward(self, ids, offsets=None):
         index = mix64(ids.numpy().view(np.uint64)) % np.uint64(self.rows)
-        return self.bag(torch.from_numpy(index.astype(np.int64)).view(ids.shape))
+        index = torch.from_numpy(index.astype(np.int64)).view(ids.shape)
+        return self.bag(index, offsets)
 
 
 class DLRM(nn.Module):
@@ -183,8 +206,14 @@ class DLRM(nn.Module):
                              persistent=False)
 
     def forward(self, dense, ids):
+        """ids [n, 26, K]: each field's bag of ids, -1 after its last."""
         n = dense.shape[0]
-        e = self.emb(ids.reshape(-1, 1)).view(n, FIELDS, self.dim)
+        if ids.shape[2] == 1:
+            e = self.emb(ids.reshape(-1, 1))
+        else:
+            flat, offsets = bags(ids.numpy())
+            e = self.emb(torch.from_numpy(flat), torch.from_numpy(offsets))
+        e = e.view(n, FIELDS, self.dim)
         d = self.bottom(dense)
         z = torch.cat([d.unsqueeze(1), e], 1)
         inter = torch.bmm(z, z.transpose(1, 2))[:, self.upper[0], self.upper[1]]
@@ -209,6 +238,8 @@ def parse_args(argv):
                         "the memory (rounded stochastically)")
     p.add_argument("--lr", type=float, default=0.001, help="--local: the dense layers' Adam lr")
     p.add_argument("--alpha", type=float, default=1.1, help="Zipf exponent of the ids")
+    p.add_argument("--multi_hot", type=int, default=1,
+                   help="synthetic data: each field holds 1 to this many ids (mean-pooled)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--criteo", default="", help="a Criteo TSV file instead of synthetic data")
     p.add_argument("--local", action="store_true", help="one plain PyTorch process")
@@ -227,7 +258,7 @@ def main(argv=None):
     if distributed:
         import shardtrain.torch as st
         worker, workers = st.rank(), st.world_size()
-        emb = st.SparseEmbedding("ctr", args.dim, mode="sum", optimizer="adagrad",
+        emb = st.SparseEmbedding("ctr", args.dim, mode="mean", optimizer="adagrad",
                                  learning_rate=args.emb_lr, init="uniform", init_scale=0.01,
                                  seed=args.seed, sync=args.table_mode == "sync",
                                  storage_dtype=args.table_dtype)
@@ -235,7 +266,9 @@ def main(argv=None):
         emb = HashedEmbedding(args.local_rows, args.dim)
     model = DLRM(emb, args.dim)
 
-    synthetic = None if args.criteo else Synthetic(alpha=args.alpha)
+    if args.multi_hot < 1:
+        sys.exit(f"--multi_hot {args.multi_hot}: at least 1")
+    synthetic = None if args.criteo else Synthetic(alpha=args.alpha, multi_hot=args.multi_hot)
     if synthetic is not None:
         test = synthetic.batch(args.test, np.random.default_rng(10_000 + args.seed))
         teacher_auc = auc(test[2], test[3])
