@@ -46,6 +46,9 @@
 #include "testing/port_file.h"
 #include "testing/process_group.h"
 
+ABSL_FLAG(std::string, order, "sorted",
+          "Order of a call's unique ids: sorted (as SparseEmbedding sends them, from "
+          "torch.unique; the client then skips its hash deduplication) or shuffled");
 ABSL_FLAG(int64_t, rows, 1'000'000, "Rows in the table");
 ABSL_FLAG(int, dim, 16, "Embedding dim");
 ABSL_FLAG(int, batch, 65536, "Unique ids per call");
@@ -77,6 +80,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   const int batch = absl::GetFlag(FLAGS_batch);
   const int rounds = absl::GetFlag(FLAGS_rounds);
   const int calls = absl::GetFlag(FLAGS_calls);
+  const std::string order = absl::GetFlag(FLAGS_order);
+  if (order != "sorted" && order != "shuffled") {
+    return absl::InvalidArgumentError("--order must be sorted or shuffled");
+  }
+  const bool shuffled = order == "shuffled";
   if (rows < batch || dim < 1 || batch < 1 || rounds < 1 || calls < 1) {
     return absl::InvalidArgumentError("need --rows >= --batch >= 1, --dim, --rounds, --calls >= 1");
   }
@@ -125,20 +133,24 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   RETURN_IF_ERROR(ps->Register({tensor}));
   std::unique_ptr<Echo::Stub> echo_stub = NewEchoStub(absl::StrCat("127.0.0.1:", echo_port));
 
-  // Every row created once.
+  // Every row created once, in a random order, as ids arrive in training:
+  // a row's place in the shard's memory says nothing of its id.
+  std::mt19937_64 rng(1);
+  std::vector<uint64_t> all(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) all[r] = static_cast<uint64_t>(r);
+  std::vector<uint64_t> arrival = all;
+  std::shuffle(arrival.begin(), arrival.end(), rng);
   std::vector<float> out(static_cast<size_t>(elements));
   std::vector<uint64_t> ids(static_cast<size_t>(batch));
   for (int64_t r = 0; r < rows; r += batch) {
     const int64_t n = std::min<int64_t>(batch, rows - r);
-    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<uint64_t>(r + i);
-    RETURN_IF_ERROR(tables.Lookup("t", absl::MakeConstSpan(ids.data(), n), true, 0, out.data()));
+    RETURN_IF_ERROR(tables.Lookup("t", absl::MakeConstSpan(arrival.data() + r, n), true, 0,
+                                  out.data()));
   }
+  arrival = {};
   std::vector<float> grads(static_cast<size_t>(elements), 1e-3f);
   std::vector<float> params(static_cast<size_t>(elements));
   std::vector<std::vector<uint64_t>> batches(calls);
-  std::mt19937_64 rng(1);
-  std::vector<uint64_t> all(static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) all[r] = static_cast<uint64_t>(r);
 
   const double row_bytes = static_cast<double>(elements) * width;
   EchoRequest pull_request, push_request;
@@ -176,6 +188,7 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   for (int round = -1; round < rounds; ++round) {  // round -1 warms up
     for (int c = 0; c < calls; ++c) {
       std::sample(all.begin(), all.end(), ids.begin(), batch, rng);
+      if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
       batches[c] = ids;
     }
     for (size_t k = 0; k < ops.size(); ++k) {
@@ -200,10 +213,10 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   std::string text = absl::StrCat(
       CommonHeader(command_line),
       absl::StrFormat("# 1 worker, 1 ps-server process; table of %d rows, dim %d f32 (%s on "
-                      "the wire), %s; %d unique ids per call (%s of rows); %d rounds of %d "
+                      "the wire), %s; %d unique ids per call (%s of rows, %s); %d rounds of %d "
                       "calls\n",
                       rows, dim, common::DTypeName(wire), absl::GetFlag(FLAGS_optimizer), batch,
-                      SizeName(static_cast<int64_t>(row_bytes)), rounds, calls),
+                      SizeName(static_cast<int64_t>(row_bytes)), order, rounds, calls),
       absl::StrFormat("%-12s %12s %12s %12s %10s %10s\n", "operation", "M rows/s", "MB/s",
                       "CPU ms/MB", "x dense", "x echo"));
   for (size_t o = 0; o < ops.size(); ++o) {

@@ -160,18 +160,29 @@ absl::Status TableClient::Reregister(const std::string& table, const absl::Statu
 }
 
 void TableClient::Dedup(absl::Span<const uint64_t> ids, bool every_shard_once, Batch* batch) {
-  positions_.Reset(ids.size());
   batch->inverse.resize(ids.size());
   batch->unique.clear();
   std::vector<std::vector<uint32_t>> by_shard(static_cast<size_t>(client_->num_shards()));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    auto [first, fresh] =
-        positions_.Insert(ids[i], static_cast<uint32_t>(batch->unique.size()));
-    if (fresh) {
-      batch->unique.push_back(ids[i]);
-      by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(first);
+  if (sparse::StrictlyIncreasing(ids)) {
+    // Unique already (SparseEmbedding's batches are: torch.unique sorts
+    // them): no hash table, 0.3 instead of 10 ns an id.
+    batch->unique.assign(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      batch->inverse[i] = static_cast<uint32_t>(i);
+      by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(
+          static_cast<uint32_t>(i));
     }
-    batch->inverse[i] = first;
+  } else {
+    positions_.Reset(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto [first, fresh] =
+          positions_.Insert(ids[i], static_cast<uint32_t>(batch->unique.size()));
+      if (fresh) {
+        batch->unique.push_back(ids[i]);
+        by_shard[sparse::ShardOfId(ids[i], client_->num_shards())].push_back(first);
+      }
+      batch->inverse[i] = first;
+    }
   }
   batch->parts.clear();
   for (int s = 0; s < client_->num_shards(); ++s) {

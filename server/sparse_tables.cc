@@ -363,6 +363,7 @@ absl::Status SparseTables::CheckPush(const PushSparseRequest& request,
           "the gradient of id %d holds a NaN or Inf", ids[i / dim]));
     }
   }
+  if (sparse::StrictlyIncreasing(ids)) return absl::OkStatus();  // no id twice
   thread_local sparse::IdPositions seen;
   seen.Reset(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -6,6 +6,13 @@
 
 namespace shardtrain::sparse {
 
+bool StrictlyIncreasing(absl::Span<const uint64_t> ids) {
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (ids[i] <= ids[i - 1]) return false;
+  }
+  return true;
+}
+
 void IdPositions::Reset(size_t max_ids) {
   size_t size = 16;
   while (size < 2 * max_ids) size *= 2;

@@ -24,7 +24,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/types/span.h"
+
 namespace shardtrain::sparse {
+
+// Whether ids[i] < ids[i + 1] for every i: then no id repeats, and a batch
+// needs no IdPositions (sorted unique batches, as torch.unique makes them,
+// are checked in one sequential pass).
+bool StrictlyIncreasing(absl::Span<const uint64_t> ids);
 
 class IdPositions {
  public:

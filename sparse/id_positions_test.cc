@@ -39,5 +39,14 @@ TEST(IdPositionsTest, ResetForgetsEveryEarlierBatch) {
   EXPECT_EQ(positions.Insert(7, 3).first, 2u);
 }
 
+TEST(IdPositionsTest, StrictlyIncreasingBatchesHaveNoRepeats) {
+  EXPECT_TRUE(StrictlyIncreasing({}));
+  EXPECT_TRUE(StrictlyIncreasing({7}));
+  EXPECT_TRUE(StrictlyIncreasing({1, 2, 9, UINT64_MAX}));
+  EXPECT_FALSE(StrictlyIncreasing({1, 2, 2, 3})) << "a repeat";
+  EXPECT_FALSE(StrictlyIncreasing({3, 1, 2})) << "unsorted: may repeat";
+  EXPECT_FALSE(StrictlyIncreasing({UINT64_MAX, 0}));
+}
+
 }  // namespace
 }  // namespace shardtrain::sparse
