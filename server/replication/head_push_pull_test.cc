@@ -211,16 +211,15 @@ class HeadPushPullTest : public ::testing::Test {
   }
 
   // Worker `worker`'s PushPull of gradient 1 for every partition of group 0.
-  std::unique_ptr<Call> Start(uint32_t worker, uint64_t epoch = kEpoch) {
-    auto call = std::make_unique<Call>();
-    call->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    PushRequest& push = *call->request.mutable_push();
+  PushPullRequest RequestOf(uint32_t worker, uint64_t epoch = kEpoch) const {
+    PushPullRequest request;
+    PushRequest& push = *request.mutable_push();
     push.set_worker(worker);
     push.set_clock(1);
     push.set_worker_incarnation(100 + worker);
     push.set_sequence(1);
     push.set_chain_epoch(epoch);
-    PullRequest& pull = *call->request.mutable_pull();
+    PullRequest& pull = *request.mutable_pull();
     pull.set_worker(worker);
     pull.set_clock(1);
     pull.set_chain_epoch(epoch);
@@ -233,6 +232,14 @@ class HeadPushPullTest : public ::testing::Test {
                           part.mutable_grad()->mutable_data());
       *pull.add_parts() = part.key();
     }
+    return request;
+  }
+
+  // Sends RequestOf(worker, epoch).
+  std::unique_ptr<Call> Start(uint32_t worker, uint64_t epoch = kEpoch) {
+    auto call = std::make_unique<Call>();
+    call->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    call->request = RequestOf(worker, epoch);
     Call* raw = call.get();
     stub_->async()->PushPull(&raw->context, &raw->request, &raw->response,
                              [raw](grpc::Status status) {
@@ -433,31 +440,12 @@ TEST_F(HeadPushPullTest, APushHalfInTwoFieldsIsRefusedAndChangesNothing) {
   // Worker 0's PushPull, its push half written as two fields (the header,
   // then the parts): protobuf merges them, but the head forwards the push
   // half as it arrived, so it must be one piece of the request.
-  PushPullRequest request;
-  PushRequest& push = *request.mutable_push();
-  push.set_worker(0);
-  push.set_clock(1);
-  push.set_worker_incarnation(100);
-  push.set_sequence(1);
-  push.set_chain_epoch(kEpoch);
-  PullRequest& pull = *request.mutable_pull();
-  pull.set_worker(0);
-  pull.set_clock(1);
-  pull.set_chain_epoch(kEpoch);
-  PushRequest parts;
-  for (uint32_t p : partitions_) {
-    GradientPart& part = *parts.add_parts();
-    part.mutable_key()->set_tensor("w");
-    part.mutable_key()->set_partition(p);
-    part.mutable_grad()->set_dtype(DTYPE_F32);
-    common::EncodeDense(std::vector<float>(4, 1.0f), DTYPE_F32,
-                        part.mutable_grad()->mutable_data());
-    *pull.add_parts() = part.key();
-  }
+  const PushPullRequest request = RequestOf(0);
   PushPullRequest first, second, rest;
-  *first.mutable_push() = push;
-  *second.mutable_push() = parts;
-  *rest.mutable_pull() = pull;
+  *first.mutable_push() = request.push();
+  first.mutable_push()->clear_parts();
+  *second.mutable_push()->mutable_parts() = request.push().parts();
+  *rest.mutable_pull() = request.pull();
   const std::string body =
       first.SerializeAsString() + second.SerializeAsString() + rest.SerializeAsString();
   PushPullRequest merged;
