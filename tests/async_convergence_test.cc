@@ -1,7 +1,8 @@
 // AsyncConvergesLikeSync (issue 27), with real ps-server and ps-worker
 // processes on 127.0.0.1: the Fashion-MNIST MLP trained with SGD momentum
 // 0.9 at lr 0.1 by N = 2, 4, 8 and 16 workers ends within 0.01 of the same
-// job in sync mode (see Tolerance for what each N is held to), with no
+// job in sync mode (see Tolerance for what each N is held to; 16 workers
+// run a momentum period of 32), with no
 // NaN, when the shards admit pushes in strict worker order (every gradient
 // exactly N-1 updates stale) and in seeded random order (--push_order),
 // for two data/initialisation seeds. The async shards run momentum as
@@ -43,8 +44,12 @@ int TrainExamples(int workers) { return workers <= 4 ? 30000 : 60000; }
 // (strict order 0.0044 on average), N = 8 0.0082 at most (strict order
 // 0.0057 on average), once 0.0095 in a later run and 0.0107 with 4
 // epochs. So N <= 4 holds every job to 0.01; N = 8 holds the mean of the
-// two seeds to 0.01 and each job to 0.015. With 16 workers (the issue
-// asks for 0.03) every gradient is 15 updates stale.
+// two seeds to 0.01 and each job to 0.015. With 16 workers in strict order
+// every gradient is 15 updates stale, and a period of 16 is not enough:
+// jobs ended 0.011-0.024 below sync and, in 2 runs of 12, 0.029-0.038 (the
+// mean of the seeds 0.034 once). A period of 32 (--async_momentum_period,
+// twice the workers) gave 0.006-0.015 in strict and random order over 8
+// runs: the issue's 0.03 holds every job at that period.
 struct Tolerance {
   double job;
   double mean;
@@ -72,6 +77,9 @@ double Train(int workers, const std::string& mode, const std::string& order, int
                           "--lr_schedule=cosine",
                           absl::StrCat("--lr_total_steps=", mode == "sync" ? steps : steps * workers)};
   if (mode == "async") {
+    if (workers >= 16) {
+      options.server_flags.push_back(absl::StrCat("--async_momentum_period=", 2 * workers));
+    }
     options.server_flags.push_back("--push_order=" + order);
     options.server_flags.push_back(absl::StrCat("--push_order_seed=", seed));
   }
