@@ -205,14 +205,23 @@ class DLRM(nn.Module):
         self.register_buffer("upper", torch.triu_indices(FIELDS + 1, FIELDS + 1, offset=1),
                              persistent=False)
 
+    @staticmethod
+    def bags(ids):
+        """ids [n, 26, K] as the embedding's input: (ids, offsets or None)."""
+        if ids.shape[2] == 1:
+            return ids.reshape(-1, 1), None
+        flat, offsets = bags(ids.numpy())
+        return torch.from_numpy(flat), torch.from_numpy(offsets)
+
+    def prefetch(self, ids):
+        """Starts the lookup of a later batch's rows (SparseEmbedding.prefetch)."""
+        self.emb.prefetch(self.bags(ids)[0])
+
     def forward(self, dense, ids):
         """ids [n, 26, K]: each field's bag of ids, -1 after its last."""
         n = dense.shape[0]
-        if ids.shape[2] == 1:
-            e = self.emb(ids.reshape(-1, 1))
-        else:
-            flat, offsets = bags(ids.numpy())
-            e = self.emb(torch.from_numpy(flat), torch.from_numpy(offsets))
+        flat, offsets = self.bags(ids)
+        e = self.emb(flat) if offsets is None else self.emb(flat, offsets)
         e = e.view(n, FIELDS, self.dim)
         d = self.bottom(dense)
         z = torch.cat([d.unsqueeze(1), e], 1)
@@ -240,6 +249,9 @@ def parse_args(argv):
     p.add_argument("--alpha", type=float, default=1.1, help="Zipf exponent of the ids")
     p.add_argument("--multi_hot", type=int, default=1,
                    help="synthetic data: each field holds 1 to this many ids (mean-pooled)")
+    p.add_argument("--prefetch", action="store_true",
+                   help="look the next batch's rows up while this one computes (async "
+                        "tables; rows one step staler)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--criteo", default="", help="a Criteo TSV file instead of synthetic data")
     p.add_argument("--local", action="store_true", help="one plain PyTorch process")
@@ -254,6 +266,10 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
     distributed = not args.local and bool(os.environ.get("SHARDTRAIN_SERVERS"))
+    if args.prefetch and args.table_mode == "sync":
+        sys.exit("--prefetch needs --table_mode async: a sync table's lookup waits for the "
+                 "step's pushes")
+    prefetch = args.prefetch and distributed
     worker, workers = 0, 1
     if distributed:
         import shardtrain.torch as st
@@ -330,13 +346,26 @@ def main(argv=None):
         start = time.monotonic()
         total, seen = 0.0, 0
         order = None if synthetic else np.random.default_rng(args.seed + epoch).permutation(mine)
-        for step in range(steps):
+
+        def batch(step):
             if synthetic is not None:
                 d, x, y, _ = synthetic.batch(args.batch, train_stream)
             else:
                 rows = order[step * args.batch:(step + 1) * args.batch]
                 d, x, y = train[0][rows], train[1][rows], train[2][rows]
-            d, x, y = torch.from_numpy(d), torch.from_numpy(x), torch.from_numpy(y)
+            return torch.from_numpy(d), torch.from_numpy(x), torch.from_numpy(y)
+
+        following = batch(0) if steps > 0 else None
+        if prefetch and following is not None:
+            model.prefetch(following[1])
+        for step in range(steps):
+            d, x, y = following
+            if step + 1 < steps:
+                # The next batch is made (and with --prefetch its rows are
+                # on their way) before this one computes.
+                following = batch(step + 1)
+                if prefetch:
+                    model.prefetch(following[1])
             loss = F.binary_cross_entropy_with_logits(model(d, x), y)
             if distributed:
                 loss.backward()

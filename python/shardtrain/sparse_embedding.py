@@ -18,10 +18,23 @@ to every SparseEmbedding of the model it is given:
     loss = model(batch).sum(); loss.backward(); opt.step()
 
 Outside DistributedOptimizer, attach a shardtrain.Client yourself:
-emb.attach(client). Rows come back to the input's device (from pinned host
-memory for CUDA inputs); in eval() mode lookups store nothing.
+emb.attach(client), and call emb.flush() after backward() when the pushes
+must have been applied. Rows come back to the input's device (from pinned
+host memory for CUDA inputs); in eval() mode lookups store nothing.
+
+Overlap. The client runs table calls on a thread of its own, in the order
+they were made. backward() only starts its push: it travels and is applied
+while the rest of backward, the dense exchange and the next batch's
+preparation run; DistributedOptimizer.step() waits for it (in sync mode
+before its held-back dense push, so the hybrid's order is kept), and the
+next lookup follows it on the shards. prefetch(batch) starts the lookup of a
+later batch at once (async tables only), so that its rows travel while the
+current batch computes; its forward(batch) then takes them. Such rows miss
+the pushes made between the prefetch and the forward (one step staler, as
+PERSIA's prefetching workers), so a prefetch is opt-in.
 """
 
+import collections
 from typing import Optional
 
 import numpy
@@ -73,6 +86,8 @@ class SparseEmbedding(torch.nn.Module):
         self._clock = 0
         self._staging = None  # pinned host rows for CUDA inputs
         self._staged = None   # the CUDA event after the last copy out of it
+        self._pushes = []     # TableCalls backward started, not yet waited for
+        self._prefetched = collections.deque()  # _Lookups, in forward order
         self.last_stats = {}
         if client is not None:
             self.attach(client)
@@ -91,51 +106,102 @@ class SparseEmbedding(torch.nn.Module):
     def extra_repr(self) -> str:
         return f"{self.name!r}, {self.dim}, mode={self.mode!r}, optimizer={self.spec['optimizer']!r}"
 
-    def _rows(self, unique: "torch.Tensor", device, train: bool) -> "torch.Tensor":
+    def _start_lookup(self, input: "torch.Tensor", train: bool, clock: int,
+                      own_staging: bool) -> "_Lookup":
+        """Starts the lookup of input's unique ids on the client's table
+        thread. own_staging: a pinned buffer of its own for CUDA inputs (a
+        prefetch; otherwise the module's, reused)."""
+        flat = input.reshape(-1).to("cpu", torch.int64)
+        unique, inverse = torch.unique(flat, return_inverse=True)
         n = unique.numel()
-        pinned = device.type == "cuda"
-        if pinned:
-            # The last batch's copy to the device must be done before its
-            # staging memory is written again.
-            if self._staged is not None:
-                self._staged.synchronize()
-            if self._staging is None or self._staging.numel() < n * self.dim:
-                self._staging = torch.empty(max(n * self.dim, 1), dtype=torch.float32,
-                                            pin_memory=True)
-            host = self._staging[: n * self.dim].view(n, self.dim)
+        device = input.device
+        if device.type == "cuda":
+            if own_staging:
+                host = torch.empty(n, self.dim, dtype=torch.float32, pin_memory=True)
+            else:
+                # The last batch's copy to the device must be done before
+                # its staging memory is written again.
+                if self._staged is not None:
+                    self._staged.synchronize()
+                if self._staging is None or self._staging.numel() < n * self.dim:
+                    self._staging = torch.empty(max(n * self.dim, 1), dtype=torch.float32,
+                                                pin_memory=True)
+                host = self._staging[: n * self.dim].view(n, self.dim)
         else:
             host = torch.empty(n, self.dim, dtype=torch.float32)
         ids = unique.numpy().view(numpy.uint64)
-        self.last_stats = self._client.lookup(self.name, ids, host.numpy(), train, self._clock)
-        if not pinned:
-            return host
-        rows = host.to(device, non_blocking=True)
+        call = self._client.lookup_async(self.name, ids, host.numpy(), train, clock)
+        return _Lookup(input, unique, inverse, host, call, train, clock)
+
+    def _finish_lookup(self, lookup: "_Lookup") -> "torch.Tensor":
+        """Waits for the lookup; its rows on the input's device."""
+        self.last_stats = lookup.call.wait()
+        # The table calls run in order: the pushes started before it are done.
+        self.flush()
+        device = lookup.input.device
+        if device.type != "cuda":
+            return lookup.host
+        rows = lookup.host.to(device, non_blocking=True)
         self._staged = torch.cuda.Event()
         self._staged.record()
         return rows
 
-    def forward(self, input: "torch.Tensor", offsets: Optional["torch.Tensor"] = None,
-                per_sample_weights: Optional["torch.Tensor"] = None) -> "torch.Tensor":
-        """As nn.EmbeddingBag: a 1-D `input` of ids with `offsets` (bag
-        starts), or a 2-D input of fixed-size bags. Returns (bags, dim)."""
+    def prefetch(self, input: "torch.Tensor") -> None:
+        """Starts the lookup of `input`'s rows now, for a later
+        forward(input) (the same ids; prefetched batches are taken in the
+        order they were prefetched). Training mode and async tables only: a
+        sync table's lookup waits for the pushes of the steps before it,
+        which would come after."""
+        self._check_ready(input)
+        if self.spec.get("sync"):
+            raise ValueError(f"prefetch() on sync table {self.name!r}: its lookups wait for "
+                             "the step's pushes, which come after; prefetch async tables only")
+        if not (self.training and torch.is_grad_enabled()):
+            raise ValueError("prefetch() is for training batches (train mode, grad enabled)")
+        clock = self._clock + len(self._prefetched)
+        self._prefetched.append(self._start_lookup(input, True, clock, own_staging=True))
+
+    def flush(self) -> None:
+        """Waits until the pushes backward started have been applied; the
+        first error raises."""
+        pushes, self._pushes = self._pushes, []
+        for call in pushes:
+            self.last_stats = call.wait()
+
+    def _check_ready(self, input: "torch.Tensor") -> None:
         if self._client is None:
             raise RuntimeError(
                 f"SparseEmbedding {self.name!r} has no client: give the model to "
                 "DistributedOptimizer, or call attach(client)")
         if input.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"ids must be int64 (or int32), got {input.dtype}")
+
+    def forward(self, input: "torch.Tensor", offsets: Optional["torch.Tensor"] = None,
+                per_sample_weights: Optional["torch.Tensor"] = None) -> "torch.Tensor":
+        """As nn.EmbeddingBag: a 1-D `input` of ids with `offsets` (bag
+        starts), or a 2-D input of fixed-size bags. Returns (bags, dim)."""
+        self._check_ready(input)
         device = input.device
-        flat = input.reshape(-1).to("cpu", torch.int64)
-        unique, inverse = torch.unique(flat, return_inverse=True)
         train = self.training and torch.is_grad_enabled()
-        rows = self._rows(unique, device, train)
+        if self._prefetched:
+            lookup = self._prefetched.popleft()
+            if not train or not (lookup.input is input or (
+                    lookup.input.shape == input.shape and torch.equal(lookup.input, input))):
+                self._prefetched.clear()
+                raise ValueError("forward() of a batch other than the one prefetched first "
+                                 "(pass the same ids, in the order of the prefetches, "
+                                 "in training mode)")
+        else:
+            lookup = self._start_lookup(input, train, self._clock, own_staging=False)
+        rows = self._finish_lookup(lookup)
+        unique = lookup.unique
         if train:
             rows.requires_grad_(True)
             unique_ids = unique.numpy().view(numpy.uint64).copy()
-            clock = self._clock
+            clock = lookup.clock
             rows.register_hook(lambda grad: self._push(unique_ids, grad, clock))
             self._clock += 1
-        inverse = inverse.to(device).view(input.shape)
+        inverse = lookup.inverse.to(device).view(input.shape)
         if input.dim() == 2:
             return F.embedding_bag(inverse, rows, mode=self.mode,
                                    per_sample_weights=per_sample_weights)
@@ -144,5 +210,24 @@ class SparseEmbedding(torch.nn.Module):
 
     def _push(self, ids: numpy.ndarray, grad: "torch.Tensor", clock: int):
         grad = grad.detach().to("cpu", torch.float32).contiguous()
-        self.last_stats = self._client.push_sparse(self.name, ids, grad.numpy(), clock + 1)
+        # Started only: flush() (DistributedOptimizer.step(), the next
+        # lookup) waits for it. The handle holds grad until it has run.
+        self._pushes.append(
+            self._client.push_sparse_async(self.name, ids, grad.numpy(), clock + 1))
         return None
+
+
+class _Lookup:
+    """A lookup started: the batch, its unique ids and inverse index, the
+    host rows the client writes, and the client's TableCall."""
+
+    __slots__ = ("input", "unique", "inverse", "host", "call", "train", "clock")
+
+    def __init__(self, input, unique, inverse, host, call, train, clock):
+        self.input = input
+        self.unique = unique
+        self.inverse = inverse
+        self.host = host
+        self.call = call
+        self.train = train
+        self.clock = clock

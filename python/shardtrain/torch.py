@@ -35,7 +35,9 @@ layers in steps, rows applied as pushes come). A step's lookups see every
 worker's table pushes of the steps before, as a sync table's do: a table
 push is answered once applied, and the dense step it belongs to cannot end
 before it, because each worker's push of its first parameter leaves only
-in step(), after the table pushes its backward made.
+in step(), once the table pushes its backward started have been applied.
+(In async mode step() waits for those table pushes after the dense
+exchange, beside which they travelled.)
 
 Momentum under asynchrony, on the workers (DANA-Slim). Heavy-ball momentum
 on an async server amplifies staleness; besides the shards' delay-tolerant
@@ -283,6 +285,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.client.close()
             raise
         self.first_step = self._clock  # where this process started (a resume: > 0)
+        self._tables = []  # the model's SparseEmbeddings
         self._hooks = []
         self._install_hooks()
         # When this step's compute began: the model's first forward with
@@ -294,6 +297,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._hooks.append(model.register_forward_pre_hook(self._on_forward))
             # Sparse tables train through this worker's client.
             tables = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
+            self._tables = tables
             for module in tables:
                 if not module.attached:
                     module.attach(self.client)
@@ -484,6 +488,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(
                 "step() without backward(): no gradient was computed since the last step()")
         compute_end = time.monotonic()
+        if self._sync:
+            # The held-back push leaves after the step's table pushes are in.
+            self._flush_tables()
         for p in self._params:
             if not p.started:
                 # No gradient this step (or fewer passes than asked): the
@@ -492,6 +499,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._start(p, grad if grad is not None else torch.zeros_like(p.param))
         try:
             stats = self._finish_exchanges()
+            # Async: the table pushes travelled beside the dense exchange.
+            self._flush_tables()
         finally:
             for p in self._params:
                 p.passes = 0
@@ -513,6 +522,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._step_start = now
         self._forward_seen = False
         return loss
+
+    def _flush_tables(self):
+        """Waits for the table pushes backward started (SparseEmbedding.flush)."""
+        for table in self._tables:
+            table.flush()
 
     def _finish_exchanges(self) -> dict:
         step = self._clock
@@ -605,6 +619,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._closed = True
         self._stop_heartbeats()
         try:
+            self._flush_tables()
             if self._pending:
                 self.client.finish_exchanges()
         except shardtrain.ShardtrainError as e:

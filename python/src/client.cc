@@ -309,6 +309,9 @@ void PyClient::RecordEpoch(int64_t epoch, double test_accuracy, double samples_p
 void PyClient::Close() {
   std::vector<FloatBuffer> released;  // destroyed with the GIL held, on return
   py::gil_scoped_release release;
+  // The table calls already started run first (a push started is a push
+  // made); later ones fail.
+  table_queue_.Close();
   absl::MutexLock life(&life_mu_);
   absl::MutexLock data(&data_mu_);
   if (client_ != nullptr && exchanges_ > 0) {
@@ -320,7 +323,10 @@ void PyClient::Close() {
   released.swap(exchange_buffers_);
   exchanging_.clear();
   exchanges_ = 0;
-  tables_.reset();
+  {
+    absl::MutexLock tables(&table_mu_);
+    tables_.reset();
+  }
   client_.reset();
   metrics_.reset();
   metrics_port_ = -1;
@@ -388,72 +394,90 @@ TableSpec TableSpecOf(py::handle object) {
   return spec;
 }
 
-py::dict TableStatsDict(const client::TableCallStats& stats) {
-  py::dict out;
-  out["ids"] = stats.ids;
-  out["unique_ids"] = stats.unique_ids;
-  out["dropped"] = stats.dropped;
-  out["duplicates"] = stats.duplicates;
-  return out;
+}  // namespace
+
+absl::Status PyClient::OnTables(const char* call,
+                                absl::FunctionRef<absl::Status(client::TableClient&)> fn) {
+  absl::ReaderMutexLock life(&life_mu_);
+  if (client_ == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(call, "() on a closed client"));
+  }
+  absl::MutexLock lock(&table_mu_);
+  if (tables_ == nullptr) tables_ = std::make_unique<client::TableClient>(client_.get());
+  return fn(*tables_);
 }
 
-}  // namespace
+int64_t PyClient::RegisteredDim(const std::string& table) {
+  const int64_t dim = TableDim(table);
+  if (dim == 0) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+  return dim;
+}
 
 void PyClient::RegisterTables(py::handle specs) {
   std::vector<TableSpec> tables;
   for (py::handle spec : specs) tables.push_back(TableSpecOf(spec));
   if (tables.empty()) throw py::value_error("register_tables() needs at least one table");
-  DataCall call(this);
-  if (client_ == nullptr) Refuse("register_tables() on a closed client");
-  if (tables_ == nullptr) tables_ = std::make_unique<client::TableClient>(client_.get());
-  absl::Status status;
+  std::shared_ptr<const TableQueue::Call> call =
+      table_queue_.Add([this, tables](client::TableCallStats*) {
+        return OnTables("register_tables", [&](client::TableClient& client) {
+          return client.Register(tables);
+        });
+      });
   {
     py::gil_scoped_release release;
-    status = tables_->Register(tables);
+    call->Wait();
+    if (call->status().ok()) {
+      absl::MutexLock lock(&dims_mu_);
+      for (const TableSpec& spec : tables) table_dims_[spec.name()] = spec.dim();
+    }
   }
-  ThrowIfError(status);
+  ThrowIfError(call->status());
 }
 
 void PyClient::SetTableWireDType(const std::string& table, const std::string& dtype) {
   absl::StatusOr<DType> parsed = common::ParseDTypeName(dtype);
   if (!parsed.ok()) throw py::value_error(std::string(parsed.status().message()));
-  DataCall call(this);
-  if (client_ == nullptr) Refuse("set_table_wire_dtype() on a closed client");
-  if (tables_ == nullptr) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
-  ThrowIfError(tables_->SetWireDType(table, *parsed));
+  RegisteredDim(table);
+  std::shared_ptr<const TableQueue::Call> call =
+      table_queue_.Add([this, table, wire = *parsed](client::TableCallStats*) {
+        return OnTables("set_table_wire_dtype", [&](client::TableClient& client) {
+          return client.SetWireDType(table, wire);
+        });
+      });
+  {
+    py::gil_scoped_release release;
+    call->Wait();
+  }
+  ThrowIfError(call->status());
 }
 
 int64_t PyClient::TableDim(const std::string& table) {
-  DataCall call(this);
-  return tables_ == nullptr ? 0 : tables_->dim(table);
+  py::gil_scoped_release release;
+  absl::MutexLock lock(&dims_mu_);
+  auto it = table_dims_.find(table);
+  return it == table_dims_.end() ? 0 : it->second;
 }
 
-py::dict PyClient::Lookup(const std::string& table, py::handle ids, py::handle out, bool train,
-                          int64_t clock) {
-  const std::vector<uint64_t> id_list = IdsOf(ids);
-  DataCall call(this);
-  if (client_ == nullptr) Refuse("lookup() on a closed client");
-  const int64_t dim = tables_ == nullptr ? 0 : tables_->dim(table);
-  if (dim == 0) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+std::unique_ptr<TableCall> PyClient::LookupAsync(const std::string& table, py::handle ids,
+                                                 py::handle out, bool train, int64_t clock) {
+  std::vector<uint64_t> id_list = IdsOf(ids);
+  const int64_t dim = RegisteredDim(table);
   FloatBuffer rows = FloatBuffer::Get(out, absl::StrCat("rows of table ", table),
                                       static_cast<int64_t>(id_list.size()) * dim, true);
-  client::TableCallStats stats;
-  absl::Status status;
-  {
-    py::gil_scoped_release release;
-    status = tables_->Lookup(table, id_list, train, clock, rows.data(), &stats);
-  }
-  ThrowIfError(status);
-  return TableStatsDict(stats);
+  std::shared_ptr<const TableQueue::Call> call = table_queue_.Add(
+      [this, table, id_list = std::move(id_list), out = rows.data(), train,
+       clock](client::TableCallStats* stats) {
+        return OnTables("lookup", [&](client::TableClient& client) {
+          return client.Lookup(table, id_list, train, clock, out, stats);
+        });
+      });
+  return std::make_unique<TableCall>(std::move(call), std::move(rows));
 }
 
-py::dict PyClient::PushSparse(const std::string& table, py::handle ids, py::handle grads,
-                              int64_t clock) {
-  const std::vector<uint64_t> id_list = IdsOf(ids);
-  DataCall call(this);
-  if (client_ == nullptr) Refuse("push_sparse() on a closed client");
-  const int64_t dim = tables_ == nullptr ? 0 : tables_->dim(table);
-  if (dim == 0) throw py::value_error(absl::StrCat("table '", table, "' is not registered"));
+std::unique_ptr<TableCall> PyClient::PushSparseAsync(const std::string& table, py::handle ids,
+                                                     py::handle grads, int64_t clock) {
+  std::vector<uint64_t> id_list = IdsOf(ids);
+  const int64_t dim = RegisteredDim(table);
   FloatBuffer g = FloatBuffer::Get(grads, absl::StrCat("gradients of table ", table),
                                    static_cast<int64_t>(id_list.size()) * dim, false);
   for (float x : g.const_span()) {
@@ -461,14 +485,24 @@ py::dict PyClient::PushSparse(const std::string& table, py::handle ids, py::hand
       throw py::value_error(absl::StrCat("gradients of table ", table, " hold a NaN or Inf"));
     }
   }
-  client::TableCallStats stats;
-  absl::Status status;
-  {
-    py::gil_scoped_release release;
-    status = tables_->Push(table, id_list, g.data(), clock, &stats);
-  }
-  ThrowIfError(status);
-  return TableStatsDict(stats);
+  std::shared_ptr<const TableQueue::Call> call = table_queue_.Add(
+      [this, table, id_list = std::move(id_list), grads = g.data(),
+       clock](client::TableCallStats* stats) {
+        return OnTables("push_sparse", [&](client::TableClient& client) {
+          return client.Push(table, id_list, grads, clock, stats);
+        });
+      });
+  return std::make_unique<TableCall>(std::move(call), std::move(g));
+}
+
+py::dict PyClient::Lookup(const std::string& table, py::handle ids, py::handle out, bool train,
+                          int64_t clock) {
+  return LookupAsync(table, ids, out, train, clock)->Wait();
+}
+
+py::dict PyClient::PushSparse(const std::string& table, py::handle ids, py::handle grads,
+                              int64_t clock) {
+  return PushSparseAsync(table, ids, grads, clock)->Wait();
 }
 
 int64_t PyClient::registered_worker_clock() {

@@ -14,26 +14,37 @@
 //   c.pull(0, 0, [w])
 //   c.push(1, [grad])
 //
-// Thread-safe: the data calls (register, push, pull, push_pull,
-// start_exchange, finish_exchanges) run one at a time; heartbeat, status
-// and the metrics may run beside them from another thread; close waits for
-// every call under way.
+// Thread-safe: the dense data calls (register, push, pull, push_pull,
+// start_exchange, finish_exchanges) run one at a time; the table calls
+// (register_tables, lookup, push_sparse and their _async forms) run one at
+// a time in the order they were made, on a thread of the client's own
+// (python/src/table_queue.h), beside the dense calls: a lookup or a push
+// started with the _async form overlaps the caller's compute and the dense
+// exchange. heartbeat, status and the metrics may run beside them from
+// another thread; close runs the table calls already started, then waits
+// for every call under way.
 #ifndef SHARDTRAIN_PYTHON_SRC_CLIENT_H_
 #define SHARDTRAIN_PYTHON_SRC_CLIENT_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <pybind11/pybind11.h>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "client/ps_client.h"
 #include "client/table_client.h"
 #include "python/src/buffers.h"
 #include "python/src/client_options.h"
 #include "python/src/step_metrics.h"
+#include "python/src/table_call.h"
+#include "python/src/table_queue.h"
 #include "python/src/tensors.h"
 
 namespace shardtrain::python {
@@ -67,6 +78,13 @@ class PyClient {
                         bool train, int64_t clock);
   pybind11::dict PushSparse(const std::string& table, pybind11::handle ids,
                             pybind11::handle grads, int64_t clock);
+  // As Lookup and PushSparse, but return as soon as the call is queued: the
+  // handle's wait() gives its stats or raises its error. The buffers are
+  // held until the call has run and must not be changed before.
+  std::unique_ptr<TableCall> LookupAsync(const std::string& table, pybind11::handle ids,
+                                         pybind11::handle out, bool train, int64_t clock);
+  std::unique_ptr<TableCall> PushSparseAsync(const std::string& table, pybind11::handle ids,
+                                             pybind11::handle grads, int64_t clock);
   // A registered table's dim (0: not registered through this client).
   int64_t TableDim(const std::string& table);
   void SetTableWireDType(const std::string& table, const std::string& dtype);
@@ -94,6 +112,13 @@ class PyClient {
   // exchange under way.
   void CheckReady(const char* call, bool exchange_ok) const
       ABSL_SHARED_LOCKS_REQUIRED(life_mu_) ABSL_EXCLUSIVE_LOCKS_REQUIRED(data_mu_);
+  // On the table thread: fn(the TableClient, made at the first call), or
+  // FAILED_PRECONDITION naming `call` on a closed client.
+  absl::Status OnTables(const char* call,
+                        absl::FunctionRef<absl::Status(client::TableClient&)> fn)
+      ABSL_LOCKS_EXCLUDED(life_mu_, table_mu_);
+  // The dim of a table registered through this client, or ValueError.
+  int64_t RegisteredDim(const std::string& table) ABSL_LOCKS_EXCLUDED(dims_mu_);
 
   const int64_t worker_;
   const bool send_values_;  // worker 0: KIND_VALUES tensors carry their values
@@ -113,8 +138,17 @@ class PyClient {
   std::vector<FloatBuffer> exchange_buffers_ ABSL_GUARDED_BY(data_mu_);
   std::vector<bool> exchanging_ ABSL_GUARDED_BY(data_mu_);
   int exchanges_ ABSL_GUARDED_BY(data_mu_) = 0;
-  // Made by the first register_tables.
-  std::unique_ptr<client::TableClient> tables_ ABSL_GUARDED_BY(data_mu_);
+
+  // The table calls, in order, on the queue's thread.
+  TableQueue table_queue_;
+  // Held by that thread for a call (after life_mu_). Made by the first
+  // table call.
+  mutable absl::Mutex table_mu_ ABSL_ACQUIRED_AFTER(life_mu_);
+  std::unique_ptr<client::TableClient> tables_ ABSL_GUARDED_BY(table_mu_);
+  // The dims of the tables registered, for checking buffers when a call is
+  // made (table_mu_ may be held by a call under way).
+  mutable absl::Mutex dims_mu_;
+  absl::flat_hash_map<std::string, int64_t> table_dims_ ABSL_GUARDED_BY(dims_mu_);
 };
 
 }  // namespace shardtrain::python

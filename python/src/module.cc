@@ -1,6 +1,6 @@
 // shardtrain._core: the Python binding of the parameter-server client.
-// python/shardtrain/__init__.py re-exports Client, Init, ShardtrainError and
-// __version__; see python/src/client.h for the semantics.
+// python/shardtrain/__init__.py re-exports Client, Init, ShardtrainError,
+// TableCall and __version__; see python/src/client.h for the semantics.
 #include <glog/logging.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,6 +9,7 @@
 #include "app/deadlock_detection.h"
 #include "python/src/client.h"
 #include "python/src/errors.h"
+#include "python/src/table_call.h"
 #include "python/src/tensors.h"
 
 namespace py = pybind11;
@@ -77,6 +78,14 @@ PYBIND11_MODULE(_core, m) {
         return absl::StrCat("shardtrain.Init('", init.kind, "', scale=", init.scale,
                             ", seed=", init.seed, ")");
       });
+
+  py::class_<TableCall>(m, "TableCall",
+                        "A table call started with Client.lookup_async() or "
+                        "push_sparse_async(); its buffers are held until it has run.")
+      .def("done", &TableCall::done, "done() -> bool: whether the call has run.")
+      .def("wait", &TableCall::Wait,
+           "wait() -> dict(ids, unique_ids, dropped, duplicates): blocks until the call "
+           "has run; its error raises ShardtrainError.");
 
   py::class_<PyClient>(m, "Client", kClientDoc)
       .def(py::init([](std::vector<std::string> servers, int64_t worker, int64_t num_workers,
@@ -189,6 +198,17 @@ PYBIND11_MODULE(_core, m) {
            "push_sparse(table, ids, grads, clock=0) -> dict(ids, unique_ids, dropped, "
            "duplicates): applies row gradients (float32, len(ids) * dim; a repeated id's "
            "are summed), at most once however often the call is retried.")
+      .def("lookup_async", &PyClient::LookupAsync, py::arg("table"), py::arg("ids"),
+           py::arg("out"), py::arg("train") = true, py::arg("clock") = 0,
+           "lookup_async(table, ids, out, train=True, clock=0) -> TableCall: lookup() "
+           "started on the client's table thread after the table calls made before it; "
+           "returns at once. out is written, and must not be touched, until wait().")
+      .def("push_sparse_async", &PyClient::PushSparseAsync, py::arg("table"), py::arg("ids"),
+           py::arg("grads"), py::arg("clock") = 0,
+           "push_sparse_async(table, ids, grads, clock=0) -> TableCall: push_sparse() "
+           "started on the client's table thread after the table calls made before it; "
+           "returns at once. grads must not change until wait() (a handle dropped "
+           "earlier waits for its call).")
       .def("set_table_wire_dtype", &PyClient::SetTableWireDType, py::arg("table"),
            py::arg("dtype"),
            "set_table_wire_dtype(table, dtype): rows and gradients of a registered table "

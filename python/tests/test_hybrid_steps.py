@@ -1,7 +1,9 @@
 """The hybrid (sync mode, an async SparseEmbedding table) through
 shardtrain.torch: each step's lookups see every worker's table pushes of
 the steps before, even when a worker's table push leaves well after its
-dense pushes (worker 1's backward stalls between the two here)."""
+dense pushes (worker 1's backward stalls between the two here) and takes
+long to arrive (worker 1's table pushes land 0.4 s after backward started
+them: step() must wait for them before its held-back dense push)."""
 
 import json
 import sys
@@ -25,6 +27,7 @@ WORKERS = 2
 WORKER = textwrap.dedent(f"""
     import json
     import sys
+    import threading
     import time
 
     import torch
@@ -54,8 +57,34 @@ WORKER = textwrap.dedent(f"""
             self.row = float(e.detach().item())  # the lookup's row
             return StallOnWorker1.apply(e).sum() + self.dense(x).sum()
 
+    class SlowTablePushes:
+        # The client, but a started table push lands 0.4 s later.
+        def __init__(self, client):
+            self._client = client
+
+        def __getattr__(self, name):
+            return getattr(self._client, name)
+
+        def push_sparse_async(self, *args):
+            def land():
+                time.sleep(0.4)
+                self._client.push_sparse(*args)
+            thread = threading.Thread(target=land)
+            thread.start()
+            return Landing(thread)
+
+    class Landing:
+        def __init__(self, thread):
+            self._thread = thread
+
+        def wait(self):
+            self._thread.join()
+            return {{}}
+
     model = Model()
     opt = st.DistributedOptimizer(model, batch_size=1)
+    if st.rank() == 1:
+        model.emb._client = SlowTablePushes(model.emb._client)
     ids = torch.tensor([[7]], dtype=torch.int64)
     x = torch.ones(1, 1)
     seen = []

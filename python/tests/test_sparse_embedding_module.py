@@ -157,6 +157,7 @@ def test_bf16_on_the_wire_rounds_rows_and_gradients(start_shards):
         assert torch.equal(shard_rows(half, "w", ids), bf16(stored))
         # A gradient is rounded before it is sent: 1 + 2^-10 arrives as 1.
         out.backward(torch.full_like(out, 1.0 + 2.0 ** -10))
+        emb.flush()  # the push is applied before another client reads
         assert torch.equal(shard_rows(exact, "w", ids), stored - 1.0)
         with pytest.raises(ValueError, match="wire_dtype"):
             SparseEmbedding("w8", DIM, wire_dtype="int8")
@@ -219,3 +220,48 @@ def test_bf16_storage_keeps_rows_in_bf16_and_trains_like_f32(client):
     assert per_row["s16"][0] < per_row["s32"][0]
     with pytest.raises(ValueError, match="storage_dtype"):
         SparseEmbedding("s8", DIM, storage_dtype="f16")
+
+
+def test_backward_starts_its_push_and_flush_waits_for_it(client):
+    emb = SparseEmbedding("fl", DIM, mode="sum", optimizer="sgd", learning_rate=1.0,
+                          init="zeros", client=client)
+    ids = torch.tensor([4, 9], dtype=torch.int64)
+    emb(ids.view(1, 2)).sum().backward()
+    emb.flush()
+    np.testing.assert_array_equal(shard_rows(client, "fl", ids).numpy(),
+                                  np.full((2, DIM), -1.0, np.float32))
+    # The next forward follows the push on the shards without a flush.
+    emb(ids.view(1, 2)).sum().backward()
+    out = emb(ids.view(1, 2))
+    assert torch.equal(out.detach(), torch.full((1, DIM), -4.0))
+
+
+def test_prefetched_rows_miss_the_pushes_made_after_the_prefetch(client):
+    emb = SparseEmbedding("pf", DIM, mode="sum", optimizer="sgd", learning_rate=1.0,
+                          init="zeros", client=client)
+    a = torch.tensor([[1, 2]], dtype=torch.int64)
+    b = torch.tensor([[2, 3]], dtype=torch.int64)
+    emb.prefetch(a)
+    emb.prefetch(b)
+    emb(a).sum().backward()  # row 2 -> -1, after b's rows were read
+    out_b = emb(b)
+    assert torch.equal(out_b.detach(), torch.zeros(1, DIM))
+    out_b.sum().backward()
+    emb.flush()
+    np.testing.assert_array_equal(shard_rows(client, "pf", torch.tensor([1, 2, 3])).numpy(),
+                                  np.array([[-1.0] * DIM, [-2.0] * DIM, [-1.0] * DIM],
+                                           np.float32))
+    # Without a prefetch the lookup follows the push.
+    assert torch.equal(emb(b).detach(), torch.full((1, DIM), -3.0))
+
+
+def test_prefetch_misuse_raises(client):
+    sync = SparseEmbedding("ps", DIM, sync=True, client=client)
+    with pytest.raises(ValueError, match="sync table"):
+        sync.prefetch(IDS.view(2, 4))
+    emb = SparseEmbedding("pm", DIM, client=client)
+    with torch.no_grad(), pytest.raises(ValueError, match="training"):
+        emb.prefetch(IDS.view(2, 4))
+    emb.prefetch(IDS.view(2, 4))
+    with pytest.raises(ValueError, match="other than the one prefetched"):
+        emb(IDS.view(4, 2))
