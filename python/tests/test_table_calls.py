@@ -105,3 +105,22 @@ def test_bad_calls_raise_when_made(start_shards):
             c.lookup_async("b", IDS, np.empty((1, DIM), np.float32))  # out too small
         # Nothing was sent: the rows are still unstored.
         assert sum(t["rows"] for s in c.status() for t in s["tables"] if t["name"] == "b") == 0
+
+
+def test_a_large_answer_arrives_row_for_row(start_shards):
+    # 40k rows of 12 bytes (in calls of up to 16k ids per shard, each answer
+    # many network reads): each row is its id's, as read 50 at a time.
+    cluster = start_shards(2)
+    with shardtrain.Client(cluster.addresses, worker=0, num_workers=1) as c:
+        c.register_tables([dict(name="big", dim=DIM, optimizer="sgd", learning_rate=0.1,
+                                init="INIT_NORMAL", init_scale=1.0,
+                                seed=3)])
+        ids = np.random.default_rng(5).integers(0, 2**63, 40_000, dtype=np.uint64)
+        whole = np.empty((len(ids), DIM), np.float32)
+        c.lookup("big", ids, whole, train=False)
+        for start in range(0, len(ids), 5000):
+            chunk = ids[start:start + 5000]
+            small = np.empty((len(chunk), DIM), np.float32)
+            for i in range(0, len(chunk), 50):
+                c.lookup("big", chunk[i:i + 50], small[i:i + 50], train=False)
+            np.testing.assert_array_equal(whole[start:start + 5000], small)
