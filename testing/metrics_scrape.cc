@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -49,13 +50,23 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   return response.substr(body + 4);
 }
 
-std::map<std::string, double> SumByName(const std::string& exposition) {
+std::map<std::string, double> SumByName(const std::string& exposition,
+                                        const std::vector<std::string>& labels) {
   std::map<std::string, double> sums;
   for (absl::string_view line : absl::StrSplit(exposition, '\n')) {
     if (line.empty() || line[0] == '#') continue;
     const size_t name_end = line.find_first_of("{ ");
     const size_t value_start = line.rfind(' ');
     if (name_end == absl::string_view::npos || value_start == absl::string_view::npos) continue;
+    const absl::string_view label_set = line.substr(name_end, value_start - name_end);
+    bool wanted = true;
+    for (const std::string& label : labels) {
+      wanted = wanted && (absl::StrContains(label_set, absl::StrCat("{", label, ",")) ||
+                          absl::StrContains(label_set, absl::StrCat(",", label, ",")) ||
+                          absl::StrContains(label_set, absl::StrCat(",", label, "}")) ||
+                          absl::StrContains(label_set, absl::StrCat("{", label, "}")));
+    }
+    if (!wanted) continue;
     double value = 0;
     if (!absl::SimpleAtod(line.substr(value_start + 1), &value)) continue;
     sums[std::string(line.substr(0, name_end))] += value;

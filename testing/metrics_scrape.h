@@ -3,6 +3,7 @@
 //
 //   ASSIGN_OR_RETURN(std::string body, HttpGet(metrics_port, "/metrics"));
 //   double applied = SumByName(body)["shardtrain_updates_applied_total"];
+//   double lookups = SumByName(body, {"method=\"Lookup\""})["shardtrain_rpc_requests_total"];
 //
 // Thread-safe.
 #ifndef SHARDTRAIN_TESTING_METRICS_SCRAPE_H_
@@ -10,6 +11,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -20,8 +22,10 @@ namespace shardtrain::testutil {
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 
 // Sums the samples of each metric name in a Prometheus text exposition
-// (all label sets together).
-std::map<std::string, double> SumByName(const std::string& exposition);
+// (all label sets together), or only those whose labels include every one
+// of `labels`, each written as in the exposition (method="Lookup").
+std::map<std::string, double> SumByName(const std::string& exposition,
+                                        const std::vector<std::string>& labels = {});
 
 }  // namespace shardtrain::testutil
 

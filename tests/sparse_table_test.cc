@@ -35,10 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "chain/chain_config.h"
 #include "chain/chain_reader.h"
@@ -518,10 +515,6 @@ TEST(SparseTables, SparseCheckpointResume) {
       << "Adam's state was not restored";
 }
 
-// A shard SIGKILLed before any checkpoint comes back without the table: the
-// next call of the worker finds it missing, registers the tables again (with
-// a warning) and goes on; the rows of the other shard are untouched and the
-// restarted shard's start over from their initial values.
 // What a training lookup costs on the wire, as the shards count it: the
 // request carries each unique id of a batch once, as 8 raw bytes (3000 ids,
 // 1000 of them unique: 8000 bytes and a few of name and flags per call),
@@ -541,17 +534,11 @@ TEST(SparseTables, ALookupSendsEightBytesPerUniqueIdAndGetsItsRowsUnframed) {
   for (int s = 0; s < kShards; ++s) {
     absl::StatusOr<std::string> body = testutil::HttpGet(job.MetricsPort(s), "/metrics");
     ASSERT_TRUE(body.ok()) << body.status();
-    for (absl::string_view line : absl::StrSplit(*body, '\n')) {
-      if (!absl::StrContains(line, "method=\"Lookup\"") ||
-          !absl::StrContains(line, "side=\"server\"")) {
-        continue;
-      }
-      double value = 0;
-      ASSERT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
-      if (absl::StartsWith(line, "shardtrain_rpc_received_bytes_total")) received += value;
-      if (absl::StartsWith(line, "shardtrain_rpc_sent_bytes_total")) sent += value;
-      if (absl::StartsWith(line, "shardtrain_rpc_requests_total")) calls += value;
-    }
+    std::map<std::string, double> lookups =
+        testutil::SumByName(*body, {"method=\"Lookup\"", "side=\"server\""});
+    received += lookups["shardtrain_rpc_received_bytes_total"];
+    sent += lookups["shardtrain_rpc_sent_bytes_total"];
+    calls += lookups["shardtrain_rpc_requests_total"];
   }
   ASSERT_GE(calls, 1);
   EXPECT_GE(received, 8.0 * 1000);
@@ -560,6 +547,10 @@ TEST(SparseTables, ALookupSendsEightBytesPerUniqueIdAndGetsItsRowsUnframed) {
   EXPECT_LE(sent, 4.0 * kDim * 1000 + 16 * calls) << calls << " calls";
 }
 
+// A shard SIGKILLed before any checkpoint comes back without the table: the
+// next call of the worker finds it missing, registers the tables again (with
+// a warning) and goes on; the rows of the other shard are untouched and the
+// restarted shard's start over from their initial values.
 TEST(SparseTables, ARestartedShardIsGivenItsTablesAgain) {
   TableJob job(1);
   ASSERT_NO_FATAL_FAILURE(job.Start());

@@ -131,7 +131,7 @@ class SparseEmbedding(torch.nn.Module):
             host = torch.empty(n, self.dim, dtype=torch.float32)
         ids = unique.numpy().view(numpy.uint64)
         call = self._client.lookup_async(self.name, ids, host.numpy(), train, clock)
-        return _Lookup(input, unique, inverse, host, call, train, clock)
+        return _Lookup(input, unique, inverse, host, call, clock)
 
     def _finish_lookup(self, lookup: "_Lookup") -> "torch.Tensor":
         """Waits for the lookup; its rows on the input's device."""
@@ -221,13 +221,12 @@ class _Lookup:
     """A lookup started: the batch, its unique ids and inverse index, the
     host rows the client writes, and the client's TableCall."""
 
-    __slots__ = ("input", "unique", "inverse", "host", "call", "train", "clock")
+    __slots__ = ("input", "unique", "inverse", "host", "call", "clock")
 
-    def __init__(self, input, unique, inverse, host, call, train, clock):
+    def __init__(self, input, unique, inverse, host, call, clock):
         self.input = input
         self.unique = unique
         self.inverse = inverse
         self.host = host
         self.call = call
-        self.train = train
         self.clock = clock
