@@ -23,6 +23,12 @@
 //            own completion queue and answering inline) and an async stub
 //            whose completion queue the calling thread polls
 //            (--systems=echo-cq)
+//   echo tcp the same without gRPC: a server process with
+//            --echo_model=tcp (bench/tcp_echo.h: a thread per connection
+//            reading a call and writing its reply itself, a 16-byte header
+//            each way) and a client writing and reading in the calling
+//            thread (--systems=echo-tcp): what a plain TCP parameter
+//            server's transport costs on request/response calls
 //   iperf3   a single-stream `iperf3 -c 127.0.0.1 -t N` (default settings)
 //            against an `iperf3 -s` process: the reference for what one TCP
 //            stream over loopback moves on this machine
@@ -96,6 +102,7 @@
 #include "bench/bench_util.h"
 #include "bench/process_stats.h"
 #include "bench/echo_models.h"
+#include "bench/tcp_echo.h"
 #include "client/ps_client.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
@@ -123,7 +130,8 @@ ABSL_FLAG(bool, quick, false,
 ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
           "Systems to time, comma-separated (e.g. st1x1 alone while profiling): "
           "st1x1, st2x2, echo (or echo-cb: callback API), echo-sync (sync API), "
-          "echo-cq (async API, completion queues polled inline), iperf3");
+          "echo-cq (async API, completion queues polled inline), echo-tcp (no gRPC: "
+          "framed calls on a TCP socket, bench/tcp_echo.h), iperf3");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(std::string, client, "",
           "Client settings of st 1x1 and st 2x2, key=value,...: channels, write_buffer_kb, "
@@ -140,7 +148,7 @@ ABSL_FLAG(int, echo_max_mb, 64, "--serve_echo: largest reply in MiB");
 ABSL_FLAG(std::string, echo_model, "callback",
           "--serve_echo: gRPC API of the server: callback, sync (gRPC's sync thread "
           "pool) or cq (async API: --echo_cq_threads threads, each polling its own "
-          "completion queue and answering inline)");
+          "completion queue and answering inline) or tcp (no gRPC, bench/tcp_echo.h)");
 ABSL_FLAG(std::string, scaling, "",
           "Scaling mode instead of --systems: SxW configurations, comma-separated "
           "(e.g. 1x1,2x2,4x4,8x4): S ps-server processes, W workers");
@@ -158,12 +166,12 @@ using testutil::WaitForPorts;
 // ---------------------------------------------------------------------------
 // Measurements.
 
-enum System { kSt1x1 = 0, kSt2x2, kEcho, kEchoSync, kEchoCq, kIperf, kNumSystems };
-const char* const kSystemNames[kNumSystems] = {"st 1x1",    "st 2x2",  "echo",
-                                               "echo sync", "echo cq", "iperf3"};
+enum System { kSt1x1 = 0, kSt2x2, kEcho, kEchoSync, kEchoCq, kEchoTcp, kIperf, kNumSystems };
+const char* const kSystemNames[kNumSystems] = {"st 1x1",  "st 2x2",   "echo",  "echo sync",
+                                               "echo cq", "echo tcp", "iperf3"};
 // The --echo_model of each echo system's server process.
 const char* EchoModelOf(int s) {
-  return s == kEchoSync ? "sync" : s == kEchoCq ? "cq" : "callback";
+  return s == kEchoSync ? "sync" : s == kEchoCq ? "cq" : s == kEchoTcp ? "tcp" : "callback";
 }
 
 // What one system did in one (size, op) case, over all rounds.
@@ -378,6 +386,7 @@ absl::StatusOr<Shards> StartShards(ProcessGroup& group, const BenchOptions& opti
 struct EchoProcess {
   pid_t pid = 0;
   std::string address;
+  int port = 0;
 };
 
 absl::StatusOr<EchoProcess> StartEcho(ProcessGroup& group, const BenchOptions& options,
@@ -397,6 +406,7 @@ absl::StatusOr<EchoProcess> StartEcho(ProcessGroup& group, const BenchOptions& o
                      log));
   ASSIGN_OR_RETURN(const std::vector<int> ports,
                    WaitForPorts(group, echo.pid, port_file, log, options.start_timeout));
+  echo.port = ports[0];
   echo.address = absl::StrCat("127.0.0.1:", ports[0]);
   return echo;
 }
@@ -475,7 +485,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   ASSIGN_OR_RETURN(const Shards two, StartShards(group, options, dir, "shard2x2", 2, 2));
   // The echo servers, one process per selected model.
   EchoProcess echoes[kNumSystems];
-  for (int s : {kEcho, kEchoSync, kEchoCq}) {
+  for (int s : {kEcho, kEchoSync, kEchoCq, kEchoTcp}) {
     if (options.systems[s]) {
       ASSIGN_OR_RETURN(echoes[s], StartEcho(group, options, self, dir, s));
     }
@@ -521,6 +531,10 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   if (options.systems[kEchoCq]) {
     echo_cq = std::make_unique<CqEchoClient>(echoes[kEchoCq].address);
   }
+  std::unique_ptr<TcpEchoClient> echo_tcp;
+  if (options.systems[kEchoTcp]) {
+    ASSIGN_OR_RETURN(echo_tcp, TcpEchoClient::Connect(echoes[kEchoTcp].port, absl::Seconds(60)));
+  }
   const std::string echo_source(static_cast<size_t>(options.sizes.back()), '\x3c');
 
   const std::string header = absl::StrCat(
@@ -535,7 +549,10 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
                       "(gRPC's sync thread pool, default sizes) and blocking stub; echo cq: "
                       "async-API server, %d thread(s) each polling its own completion queue "
                       "and answering inline, and an async stub whose completion queue the "
-                      "calling thread polls; each server in its own process\n",
+                      "calling thread polls; echo tcp: no gRPC, a 16-byte header each way on "
+                      "one TCP connection, a server thread per connection answering inline, "
+                      "the client reading in the calling thread; each server in its own "
+                      "process\n",
                       options.echo_cq_threads),
       "# MB/s = 1e6 payload bytes per second of wall time (both directions for pushpull; "
       "2x2 = both workers), median over rounds; p50/p99 in ms over all calls; cpu/MB = "
@@ -581,7 +598,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
       std::vector<OpFn> ops2;
       if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
-      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops;
+      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops;
       if (echo_cb != nullptr) {
         echo_cb_ops = {[&] {
           return echo_cb->Call(echo_source, echo_request_bytes, echo_reply_bytes);
@@ -597,14 +614,21 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
           return echo_cq->Call(echo_source, echo_request_bytes, echo_reply_bytes);
         }};
       }
+      if (echo_tcp != nullptr) {
+        echo_tcp_ops = {[&] {
+          return echo_tcp->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+        }};
+      }
       // By system; iperf3 (kIperf) has no ops.
       std::vector<std::vector<OpFn>> ops = {
-          {tensor1->MakeOp(op)}, ops2, echo_cb_ops, echo_sync_ops, echo_cq_ops, {}};
+          {tensor1->MakeOp(op)}, ops2, echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops,
+          {}};
       std::vector<std::vector<pid_t>> servers = {one.pids,
                                                  two.pids,
                                                  {echoes[kEcho].pid},
                                                  {echoes[kEchoSync].pid},
                                                  {echoes[kEchoCq].pid},
+                                                 {echoes[kEchoTcp].pid},
                                                  {}};
       for (const std::unique_ptr<BenchTensor>& tensor : variant_tensors) {
         ops.push_back({tensor->MakeOp(op)});
@@ -775,8 +799,9 @@ int ServeEcho() {
   std::unique_ptr<EchoServer> callback;
   std::unique_ptr<SyncEchoServer> sync;
   std::unique_ptr<CqEchoServer> cq;
+  std::unique_ptr<TcpEchoServer> tcp;
   absl::StatusOr<int> port = absl::InvalidArgumentError(
-      absl::StrCat("--echo_model: \"", model, "\" is not callback, sync or cq"));
+      absl::StrCat("--echo_model: \"", model, "\" is not callback, sync, cq or tcp"));
   if (model == "callback") {
     port = KeepServer(EchoServer::Start(max_reply_bytes), &callback);
   } else if (model == "sync") {
@@ -784,6 +809,8 @@ int ServeEcho() {
   } else if (model == "cq") {
     port = KeepServer(
         CqEchoServer::Start(max_reply_bytes, absl::GetFlag(FLAGS_echo_cq_threads)), &cq);
+  } else if (model == "tcp") {
+    port = KeepServer(TcpEchoServer::Start(max_reply_bytes), &tcp);
   }
   if (!port.ok()) {
     LOG(ERROR) << port.status();
@@ -869,7 +896,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, int> system_names = {
       {"st1x1", b::kSt1x1},        {"st2x2", b::kSt2x2},     {"echo", b::kEcho},
       {"echo-cb", b::kEcho},       {"echo-sync", b::kEchoSync}, {"echo-cq", b::kEchoCq},
-      {"iperf3", b::kIperf}};
+      {"echo-tcp", b::kEchoTcp},   {"iperf3", b::kIperf}};
   std::fill(std::begin(options.systems), std::end(options.systems), false);
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',')) {
     const auto it = system_names.find(std::string(name));

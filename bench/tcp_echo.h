@@ -1,0 +1,95 @@
+// The Echo baseline without gRPC: what a plain TCP parameter server's
+// transport (ps-lite, BytePS's) costs in this process model, so that
+// wire_bench can show how far gRPC's HTTP/2 stands from the socket itself
+// on request/response calls, beside iperf3's one-way stream.
+//
+// One call is a 16-byte request header (request bytes, reply bytes: two
+// little-endian u64), the request's bytes, then an 8-byte reply header
+// (reply bytes) and the reply's bytes, on one TCP connection (TCP_NODELAY)
+// that carries one call at a time. The server runs a thread per connection
+// that reads a call into a buffer it reuses (the one copy out of the
+// socket) and writes the reply from a buffer filled at start-up with one
+// writev, in the same thread: no hand-off between threads, no framing but
+// the headers. The client writes in the calling thread and reads the reply
+// there into a buffer it reuses.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<TcpEchoServer> server,
+//                    TcpEchoServer::Start(max_reply_bytes));
+//   ASSIGN_OR_RETURN(std::unique_ptr<TcpEchoClient> client,
+//                    TcpEchoClient::Connect(server->port(), absl::Seconds(30)));
+//   RETURN_IF_ERROR(client->Call(source, request_bytes, reply_bytes));
+#ifndef SHARDTRAIN_BENCH_TCP_ECHO_H_
+#define SHARDTRAIN_BENCH_TCP_ECHO_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace shardtrain::bench {
+
+// Listens on 127.0.0.1 (a free port) and answers every call on every
+// connection with `reply bytes` bytes of a buffer filled at start-up.
+// Requests and replies larger than `max_bytes` end their connection.
+// Thread-safe.
+class TcpEchoServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpEchoServer>> Start(int64_t max_bytes);
+  // Stops listening, ends every connection and joins every thread.
+  ~TcpEchoServer();
+
+  int port() const { return port_; }
+
+ private:
+  explicit TcpEchoServer(int64_t max_bytes);
+
+  // Accepts connections until the listening socket is shut down.
+  void Accept();
+  // Answers the calls of connection `fd` until it ends or the server stops.
+  void Serve(int fd);
+
+  const int64_t max_bytes_;
+  const std::string source_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::thread acceptor_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int> connections_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> servers_ ABSL_GUARDED_BY(mu_);
+};
+
+// One call at a time on one connection. Thread-compatible.
+class TcpEchoClient {
+ public:
+  // Connects to 127.0.0.1:`port`; a call that hears nothing for `timeout`
+  // fails with DEADLINE_EXCEEDED.
+  static absl::StatusOr<std::unique_ptr<TcpEchoClient>> Connect(int port,
+                                                                absl::Duration timeout);
+  ~TcpEchoClient();
+  TcpEchoClient(const TcpEchoClient&) = delete;
+  TcpEchoClient& operator=(const TcpEchoClient&) = delete;
+
+  // Sends the first `request_bytes` bytes of `source` and asks for
+  // `reply_bytes` back, which it reads into a buffer of its own and checks
+  // for size. REQUIRES: request_bytes <= source.size().
+  absl::Status Call(const std::string& source, int64_t request_bytes, int64_t reply_bytes);
+
+ private:
+  explicit TcpEchoClient(int fd) : fd_(fd) {}
+
+  const int fd_;
+  std::vector<char> reply_;
+};
+
+}  // namespace shardtrain::bench
+
+#endif  // SHARDTRAIN_BENCH_TCP_ECHO_H_
