@@ -1,7 +1,11 @@
 // ProcessGroup: the processes a test or a benchmark starts (ps-server,
 // ps-worker, etcd, iperf3 ...), each with its output in a log file, waited
 // for, signalled and stopped by PID, and always stopped when the group
-// goes, so that no run leaves a process behind.
+// goes, so that no run leaves a process behind. They also die (SIGKILL,
+// PR_SET_PDEATHSIG) when the process that started them ends without
+// stopping them: a failed CHECK, an abort, a test's timeout. A thread of its
+// own that lives as long as the process starts them, since that signal
+// follows the thread that started a process, not its process.
 //
 //   ProcessGroup group;  // stops every process still running when it goes
 //   ASSIGN_OR_RETURN(pid_t pid, group.Start({bin + "/ps-server", ...}, log));

@@ -2,8 +2,12 @@
 
 #include <signal.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -95,6 +99,62 @@ TEST_F(ProcessGroupTest, TheGroupStopsWhatIsStillRunningWhenItGoes) {
   EXPECT_FALSE(std::filesystem::exists("/proc/" + std::to_string(pid) + "/stat") &&
                ReadFile("/proc/" + std::to_string(pid) + "/cmdline").find("sleep") !=
                    std::string::npos);
+}
+
+// Whether process `pid` is gone: no such process, or a zombie that nothing
+// reaps (an orphan's new parent may not).
+bool Gone(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return true;
+  const size_t end = stat.rfind(')');
+  return end != std::string::npos && end + 2 < stat.size() && stat[end + 2] == 'Z';
+}
+
+// A test process that aborts (a failed CHECK) or is SIGKILLed (a test's
+// timeout) runs no destructor: its processes must still die with it. One
+// started from a thread that has ended lives on until then.
+TEST_F(ProcessGroupTest, ProcessesDieWithTheProcessThatStartedThem) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // The death test runs this test again in a new process, with a scratch
+  // directory of its own: the file's name goes there by the environment.
+  const std::string pid_file = dir_ + "/pids";
+  if (getenv("PROCESS_GROUP_TEST_PIDS") == nullptr) {
+    setenv("PROCESS_GROUP_TEST_PIDS", pid_file.c_str(), 1);
+  }
+  // The processes hold the death test's pipe (they inherit it): while one
+  // lives, EXPECT_DEATH waits.
+  const absl::Time start = absl::Now();
+  EXPECT_DEATH(
+      {
+        ProcessGroup group;
+        pid_t from_thread = 0;
+        std::thread([&] { from_thread = *group.Start({"sleep", "60"}, Log()); }).join();
+        const pid_t from_main = *group.Start({"sleep", "60"}, Log());
+        absl::SleepFor(absl::Milliseconds(200));
+        std::ofstream(getenv("PROCESS_GROUP_TEST_PIDS")) << from_thread << " " << from_main << " "
+                                << (Gone(from_thread) ? "gone" : "alive") << "\n";
+        std::abort();
+      },
+      "");
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "its processes outlived it";
+  unsetenv("PROCESS_GROUP_TEST_PIDS");
+  std::istringstream pids(ReadFile(pid_file));
+  pid_t from_thread = 0;
+  pid_t from_main = 0;
+  std::string state;
+  pids >> from_thread >> from_main >> state;
+  ASSERT_GT(from_thread, 0);
+  ASSERT_GT(from_main, 0);
+  EXPECT_EQ(state, "alive") << "a process died with the thread that started it";
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!(Gone(from_thread) && Gone(from_main)) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(Gone(from_thread));
+  EXPECT_TRUE(Gone(from_main));
+  for (pid_t pid : {from_thread, from_main}) {
+    if (!Gone(pid)) kill(pid, SIGKILL);
+  }
 }
 
 TEST_F(ProcessGroupTest, WaitForPortsReadsThePortsOrTheLogOfAProcessThatDied) {
