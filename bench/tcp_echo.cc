@@ -2,83 +2,38 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
+#include <grpcpp/support/slice.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace shardtrain::bench {
 namespace {
 
-constexpr size_t kRequestHeaderBytes = 16;
-constexpr size_t kReplyHeaderBytes = 8;
+// The frames' method number.
+constexpr uint8_t kEchoMethod = 1;
+// The request body's prefix: the reply's size.
+constexpr size_t kPrefixBytes = 8;
 
 void PutU64(uint64_t value, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(value >> (8 * i));
 }
 
-uint64_t GetU64(const char* in) {
+uint64_t GetU64(const uint8_t* in) {
   uint64_t value = 0;
-  for (int i = 0; i < 8; ++i) value |= uint64_t{static_cast<unsigned char>(in[i])} << (8 * i);
+  for (int i = 0; i < 8; ++i) value |= uint64_t{in[i]} << (8 * i);
   return value;
 }
 
 absl::Status SocketError(const char* what) {
-  const int err = errno;
-  if (err == EAGAIN || err == EWOULDBLOCK) {
-    return absl::DeadlineExceededError(absl::StrCat("tcp echo: ", what, " timed out"));
-  }
-  return absl::UnavailableError(absl::StrCat("tcp echo: ", what, ": ", std::strerror(err)));
-}
-
-// Writes every byte of `iov[0..count)` (modified as it goes).
-absl::Status WriteAll(int fd, iovec* iov, int count) {
-  while (count > 0) {
-    const ssize_t n = ::writev(fd, iov, count);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return SocketError("write");
-    }
-    size_t left = static_cast<size_t>(n);
-    while (count > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --count;
-    }
-    if (count > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Reads exactly `bytes` bytes into `out`. UNAVAILABLE (with "closed") when
-// the peer closes first.
-absl::Status ReadAll(int fd, char* out, size_t bytes) {
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, out, bytes, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return SocketError("read");
-    }
-    if (n == 0) return absl::UnavailableError("tcp echo: connection closed");
-    out += n;
-    bytes -= static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-void NoDelay(int fd) {
-  const int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return absl::UnavailableError(absl::StrCat("tcp echo: ", what, ": ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -113,19 +68,16 @@ TcpEchoServer::~TcpEchoServer() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+    for (const std::unique_ptr<wire::FrameSocket>& connection : connections_) {
+      connection->Shutdown();
+    }
     servers.swap(servers_);
   }
   if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
   if (acceptor_.joinable()) acceptor_.join();
   for (std::thread& thread : servers) thread.join();
-  {
-    // A connection accepted while stopping has no thread; close it here.
-    absl::MutexLock lock(&mu_);
-    for (std::thread& thread : servers_) thread.join();
-    for (int fd : connections_) ::close(fd);
-  }
   if (listen_fd_ >= 0) ::close(listen_fd_);
+  // connections_ close as the server goes, no thread using them.
 }
 
 void TcpEchoServer::Accept() {
@@ -135,35 +87,40 @@ void TcpEchoServer::Accept() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;  // shut down
     }
-    NoDelay(fd);
     absl::MutexLock lock(&mu_);
-    connections_.push_back(fd);
+    wire::FrameSocket* connection =
+        connections_.emplace_back(std::make_unique<wire::FrameSocket>(fd)).get();
     if (stopping_) {
-      ::shutdown(fd, SHUT_RDWR);
+      connection->Shutdown();
       return;
     }
-    servers_.emplace_back([this, fd] { Serve(fd); });
+    servers_.emplace_back([this, connection] { Serve(connection); });
   }
 }
 
-void TcpEchoServer::Serve(int fd) {
-  std::vector<char> request;
-  char header[kRequestHeaderBytes];
-  while (ReadAll(fd, header, sizeof(header)).ok()) {
-    const uint64_t request_bytes = GetU64(header);
-    const uint64_t reply_bytes = GetU64(header + 8);
-    const uint64_t max_bytes = static_cast<uint64_t>(max_bytes_);
-    if (request_bytes > max_bytes || reply_bytes > max_bytes) break;
-    if (request.size() < request_bytes) request.resize(request_bytes);
-    if (!ReadAll(fd, request.data(), request_bytes).ok()) break;
-    char reply_header[kReplyHeaderBytes];
-    PutU64(reply_bytes, reply_header);
-    iovec iov[2] = {{reply_header, sizeof(reply_header)},
-                    {const_cast<char*>(source_.data()), reply_bytes}};
-    if (!WriteAll(fd, iov, reply_bytes > 0 ? 2 : 1).ok()) break;
+void TcpEchoServer::Serve(wire::FrameSocket* connection) {
+  const uint64_t max_bytes = static_cast<uint64_t>(max_bytes_);
+  wire::FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer request;
+  std::vector<grpc::Slice> slices;
+  while (connection
+             ->Read(max_bytes + kPrefixBytes, 0, absl::InfiniteFuture(), &header, &message,
+                    &request)
+             .ok()) {
+    slices.clear();
+    if (!request.Dump(&slices).ok() || slices.empty() || slices[0].size() < kPrefixBytes) break;
+    const uint64_t reply_bytes = GetU64(slices[0].begin());
+    if (reply_bytes > max_bytes) break;
+    wire::FrameHeader response;
+    response.response = true;
+    response.method = header.method;
+    response.call_id = header.call_id;
+    const grpc::Slice reply_slice(source_.data(), reply_bytes, grpc::Slice::STATIC_SLICE);
+    const grpc::ByteBuffer reply(&reply_slice, 1);
+    if (!connection->Write(response, "", &reply, absl::InfiniteFuture()).ok()) break;
   }
-  // The destructor closes the socket, once no thread uses it.
-  ::shutdown(fd, SHUT_RDWR);
+  connection->Shutdown();
 }
 
 // ---------------------------------------------------------------------------
@@ -171,45 +128,40 @@ void TcpEchoServer::Serve(int fd) {
 
 absl::StatusOr<std::unique_ptr<TcpEchoClient>> TcpEchoClient::Connect(int port,
                                                                        absl::Duration timeout) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return SocketError("socket");
-  std::unique_ptr<TcpEchoClient> client(new TcpEchoClient(fd));
-  const timeval limit = absl::ToTimeval(timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-  NoDelay(fd);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    return SocketError("connect");
-  }
-  return client;
+  absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket =
+      wire::FrameSocket::Connect("127.0.0.1", port, timeout);
+  if (!socket.ok()) return socket.status();
+  return std::unique_ptr<TcpEchoClient>(new TcpEchoClient(*std::move(socket), timeout));
 }
-
-TcpEchoClient::~TcpEchoClient() { ::close(fd_); }
 
 absl::Status TcpEchoClient::Call(const std::string& source, int64_t request_bytes,
                                  int64_t reply_bytes) {
-  char header[kRequestHeaderBytes];
-  PutU64(static_cast<uint64_t>(request_bytes), header);
-  PutU64(static_cast<uint64_t>(reply_bytes), header + 8);
-  iovec iov[2] = {{header, sizeof(header)},
-                  {const_cast<char*>(source.data()), static_cast<size_t>(request_bytes)}};
-  if (absl::Status written = WriteAll(fd_, iov, request_bytes > 0 ? 2 : 1); !written.ok()) {
+  const absl::Time deadline = absl::Now() + timeout_;
+  char prefix[kPrefixBytes];
+  PutU64(static_cast<uint64_t>(reply_bytes), prefix);
+  const grpc::Slice slices[2] = {
+      grpc::Slice(prefix, sizeof(prefix), grpc::Slice::STATIC_SLICE),
+      grpc::Slice(source.data(), static_cast<size_t>(request_bytes), grpc::Slice::STATIC_SLICE)};
+  const grpc::ByteBuffer request(slices, request_bytes > 0 ? 2 : 1);
+  wire::FrameHeader header;
+  header.method = kEchoMethod;
+  header.call_id = ++calls_;
+  if (absl::Status written = socket_->Write(header, "", &request, deadline); !written.ok()) {
     return written;
   }
-  char reply_header[kReplyHeaderBytes];
-  if (absl::Status read = ReadAll(fd_, reply_header, sizeof(reply_header)); !read.ok()) {
+  wire::FrameHeader answer;
+  std::string message;
+  grpc::ByteBuffer reply;
+  if (absl::Status read = socket_->Read(static_cast<uint64_t>(reply_bytes), 0, deadline, &answer,
+                                        &message, &reply);
+      !read.ok()) {
     return read;
   }
-  const uint64_t bytes = GetU64(reply_header);
-  if (bytes != static_cast<uint64_t>(reply_bytes)) {
-    return absl::InternalError("tcp echo: the reply has the wrong size");
+  if (!answer.response || answer.call_id != header.call_id ||
+      answer.body_bytes != static_cast<uint64_t>(reply_bytes)) {
+    return absl::InternalError("tcp echo: the reply does not answer the call");
   }
-  if (reply_.size() < bytes) reply_.resize(bytes);
-  return ReadAll(fd_, reply_.data(), bytes);
+  return absl::OkStatus();
 }
 
 }  // namespace shardtrain::bench

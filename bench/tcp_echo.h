@@ -3,15 +3,15 @@
 // wire_bench can show how far gRPC's HTTP/2 stands from the socket itself
 // on request/response calls, beside iperf3's one-way stream.
 //
-// One call is a 16-byte request header (request bytes, reply bytes: two
-// little-endian u64), the request's bytes, then an 8-byte reply header
-// (reply bytes) and the reply's bytes, on one TCP connection (TCP_NODELAY)
-// that carries one call at a time. The server runs a thread per connection
-// that reads a call into a buffer it reuses (the one copy out of the
-// socket) and writes the reply from a buffer filled at start-up with one
-// writev, in the same thread: no hand-off between threads, no framing but
-// the headers. The client writes in the calling thread and reads the reply
-// there into a buffer it reuses.
+// A call is a frame of the data path's framed TCP connections
+// (wire/frame_socket.h: a 32-byte header, the body read into one slice of
+// its own) whose body is the reply's size (a little-endian u64) and the
+// request's bytes, answered by a frame holding the reply's bytes, on one
+// connection (TCP_NODELAY) that carries one call at a time. The server runs
+// a thread per connection that reads a call and writes the reply from a
+// buffer filled at start-up with one sendmsg, in the same thread: no
+// hand-off between threads, no framing but the headers. The client writes
+// in the calling thread and reads the reply there.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<TcpEchoServer> server,
 //                    TcpEchoServer::Start(max_reply_bytes));
@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -32,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "wire/frame_socket.h"
 
 namespace shardtrain::bench {
 
@@ -52,8 +54,8 @@ class TcpEchoServer {
 
   // Accepts connections until the listening socket is shut down.
   void Accept();
-  // Answers the calls of connection `fd` until it ends or the server stops.
-  void Serve(int fd);
+  // Answers the calls of `connection` until it ends or the server stops.
+  void Serve(wire::FrameSocket* connection);
 
   const int64_t max_bytes_;
   const std::string source_;
@@ -63,7 +65,7 @@ class TcpEchoServer {
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<int> connections_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<wire::FrameSocket>> connections_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> servers_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -74,7 +76,6 @@ class TcpEchoClient {
   // fails with DEADLINE_EXCEEDED.
   static absl::StatusOr<std::unique_ptr<TcpEchoClient>> Connect(int port,
                                                                 absl::Duration timeout);
-  ~TcpEchoClient();
   TcpEchoClient(const TcpEchoClient&) = delete;
   TcpEchoClient& operator=(const TcpEchoClient&) = delete;
 
@@ -84,10 +85,12 @@ class TcpEchoClient {
   absl::Status Call(const std::string& source, int64_t request_bytes, int64_t reply_bytes);
 
  private:
-  explicit TcpEchoClient(int fd) : fd_(fd) {}
+  TcpEchoClient(std::unique_ptr<wire::FrameSocket> socket, absl::Duration timeout)
+      : socket_(std::move(socket)), timeout_(timeout) {}
 
-  const int fd_;
-  std::vector<char> reply_;
+  const std::unique_ptr<wire::FrameSocket> socket_;
+  const absl::Duration timeout_;
+  uint64_t calls_ = 0;
 };
 
 }  // namespace shardtrain::bench

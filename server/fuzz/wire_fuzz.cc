@@ -10,7 +10,10 @@
 //    the stock message's view (ViewOf);
 //  - a refusal is INVALID_ARGUMENT naming the message type;
 //  - an accepted message re-encoded by the zero-copy encoder (when the
-//    encoder can express it) parses with stock protobuf to the same view.
+//    encoder can express it) parses with stock protobuf to the same view;
+//  - the input's first 32 bytes read as a data-path frame header are
+//    refused with INVALID_ARGUMENT or RESOURCE_EXHAUSTED, or encode back to
+//    the same bytes.
 // A broken promise aborts, which libFuzzer reports as a crash.
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +28,7 @@
 #include "absl/strings/match.h"
 #include "proto/shardtrain.pb.h"
 #include "server/fuzz/wire_fuzz_input.h"
+#include "wire/frame_header.h"
 #include "wire/message_encoder.h"
 #include "wire/message_views.h"
 #include "wire/testing/view_diff.h"
@@ -142,6 +146,28 @@ void Check(const WireInput& input, Parse parse, const char* error_prefix) {
   }
 }
 
+// Reads the input's first bytes as a data-path frame header
+// (wire/frame_header.h): a refusal is INVALID_ARGUMENT or
+// RESOURCE_EXHAUSTED, and an accepted header encodes back to the same bytes.
+void CheckFrameHeader(const uint8_t* data, size_t size) {
+  if (size < wire::FrameHeader::kBytes) return;
+  const char* bytes = reinterpret_cast<const char*>(data);
+  const absl::StatusOr<wire::FrameHeader> header =
+      wire::FrameHeader::Decode(bytes, uint64_t{1} << 30, 1 << 12);
+  if (!header.ok()) {
+    if (header.status().code() != absl::StatusCode::kInvalidArgument &&
+        header.status().code() != absl::StatusCode::kResourceExhausted) {
+      Fail("frame header refused with another code", header.status().ToString());
+    }
+    return;
+  }
+  char encoded[wire::FrameHeader::kBytes];
+  header->Encode(encoded);
+  if (std::string(encoded, sizeof(encoded)) != std::string(bytes, sizeof(encoded))) {
+    Fail("frame header does not encode back to its bytes", "");
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::server::fuzz
 
@@ -154,6 +180,7 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardtrain;
   using namespace shardtrain::server::fuzz;
+  CheckFrameHeader(data, size);
   WireInput input;
   if (!ReadWireInput(data, size, &input)) return 0;
   switch (input.message) {

@@ -1,0 +1,219 @@
+#include "wire/frame_socket.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <grpcpp/support/slice.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace shardtrain::wire {
+namespace {
+
+absl::Status Failed(const char* what, int err) {
+  return absl::UnavailableError(absl::StrCat("frame socket: ", what, ": ", std::strerror(err)));
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes.
+absl::Status WaitFor(int fd, short events, absl::Time deadline) {
+  while (true) {
+    int timeout_ms = -1;
+    if (deadline != absl::InfiniteFuture()) {
+      const double left = absl::ToDoubleMilliseconds(deadline - absl::Now());
+      if (left <= 0) return absl::DeadlineExceededError("frame socket: deadline exceeded");
+      timeout_ms = static_cast<int>(std::min(std::ceil(left), double{INT_MAX}));
+    }
+    pollfd entry{fd, events, 0};
+    const int ready = ::poll(&entry, 1, timeout_ms);
+    if (ready > 0) return absl::OkStatus();  // an error shows in the next call
+    if (ready == 0) continue;                // the deadline check above ends it
+    if (errno != EINTR) return Failed("poll", errno);
+  }
+}
+
+void SetNonBlocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+void SetNoDelay(int fd) {
+  const int one = 1;
+  // Fails harmlessly on a socket that is not TCP (a socketpair).
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FrameSocket>> FrameSocket::Connect(const std::string& host,
+                                                                 int port,
+                                                                 absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int err = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); err != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("frame socket: cannot resolve ", host, ": ", ::gai_strerror(err)));
+  }
+  absl::Status last = absl::UnavailableError(absl::StrCat("frame socket: no address for ", host));
+  for (addrinfo* address = found; address != nullptr; address = address->ai_next) {
+    const int fd = ::socket(address->ai_family, address->ai_socktype | SOCK_CLOEXEC,
+                            address->ai_protocol);
+    if (fd < 0) {
+      last = Failed("socket", errno);
+      continue;
+    }
+    auto socket = std::make_unique<FrameSocket>(fd);  // closes fd on failure
+    if (::connect(fd, address->ai_addr, address->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        last = Failed("connect", errno);
+        continue;
+      }
+      last = WaitFor(fd, POLLOUT, deadline);
+      if (!last.ok()) {
+        if (absl::IsDeadlineExceeded(last)) break;
+        continue;
+      }
+      int err = 0;
+      socklen_t length = sizeof(err);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &length);
+      if (err != 0) {
+        last = Failed("connect", err);
+        continue;
+      }
+    }
+    ::freeaddrinfo(found);
+    return socket;
+  }
+  ::freeaddrinfo(found);
+  return absl::Status(last.code(), absl::StrCat(last.message(), " (", host, ":", port, ")"));
+}
+
+FrameSocket::FrameSocket(int fd) : fd_(fd) {
+  SetNonBlocking(fd_);
+  SetNoDelay(fd_);
+}
+
+FrameSocket::~FrameSocket() { ::close(fd_); }
+
+void FrameSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
+
+absl::Status FrameSocket::Write(FrameHeader header, absl::string_view message,
+                                const grpc::ByteBuffer* body, absl::Time deadline) {
+  std::vector<grpc::Slice> slices;
+  if (body != nullptr && body->Valid()) {
+    const grpc::Status dumped = body->Dump(&slices);
+    if (!dumped.ok()) return absl::InternalError("frame socket: cannot read the body's slices");
+  }
+  header.message_bytes = static_cast<uint32_t>(message.size());
+  header.body_bytes = 0;
+  for (const grpc::Slice& slice : slices) header.body_bytes += slice.size();
+  char encoded[FrameHeader::kBytes];
+  header.Encode(encoded);
+
+  std::vector<iovec> pieces;
+  pieces.reserve(2 + slices.size());
+  pieces.push_back({encoded, sizeof(encoded)});
+  if (!message.empty()) pieces.push_back({const_cast<char*>(message.data()), message.size()});
+  for (const grpc::Slice& slice : slices) {
+    if (slice.size() > 0) {
+      pieces.push_back({const_cast<uint8_t*>(slice.begin()), slice.size()});
+    }
+  }
+  size_t next = 0;
+  while (next < pieces.size()) {
+    msghdr out{};
+    out.msg_iov = pieces.data() + next;
+    out.msg_iovlen = std::min<size_t>(pieces.size() - next, IOV_MAX);
+    const ssize_t sent = ::sendmsg(fd_, &out, MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        if (absl::Status ready = WaitFor(fd_, POLLOUT, deadline); !ready.ok()) return ready;
+        continue;
+      }
+      return Failed("write", errno);
+    }
+    size_t left = static_cast<size_t>(sent);
+    while (next < pieces.size() && left >= pieces[next].iov_len) {
+      left -= pieces[next].iov_len;
+      ++next;
+    }
+    if (left > 0) {
+      pieces[next].iov_base = static_cast<char*>(pieces[next].iov_base) + left;
+      pieces[next].iov_len -= left;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::ReadExactly(char* out, size_t bytes, absl::Time deadline,
+                                      bool started) {
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = ::recv(fd_, out + done, bytes - done, 0);
+    if (got > 0) {
+      done += static_cast<size_t>(got);
+      continue;
+    }
+    if (got == 0) {
+      if (!started && done == 0) return absl::OutOfRangeError("frame socket: closed by the peer");
+      return absl::UnavailableError("frame socket: closed by the peer within a frame");
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      if (absl::Status ready = WaitFor(fd_, POLLIN, deadline); !ready.ok()) return ready;
+      continue;
+    }
+    return Failed("read", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::Read(uint64_t max_body_bytes, uint32_t max_message_bytes,
+                               absl::Time deadline, FrameHeader* header, std::string* message,
+                               grpc::ByteBuffer* body) {
+  char encoded[FrameHeader::kBytes];
+  if (absl::Status read = ReadExactly(encoded, sizeof(encoded), deadline, /*started=*/false);
+      !read.ok()) {
+    return read;
+  }
+  absl::StatusOr<FrameHeader> decoded =
+      FrameHeader::Decode(encoded, max_body_bytes, max_message_bytes);
+  if (!decoded.ok()) return decoded.status();
+  *header = *decoded;
+  message->resize(header->message_bytes);
+  if (absl::Status read = ReadExactly(message->data(), message->size(), deadline, true);
+      !read.ok()) {
+    return read;
+  }
+  body->Clear();
+  if (header->body_bytes == 0) return absl::OkStatus();
+  // Uninitialised, and filled by the socket: the one copy, out of the kernel.
+  grpc::Slice slice(static_cast<size_t>(header->body_bytes));
+  if (absl::Status read = ReadExactly(reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())),
+                                      slice.size(), deadline, true);
+      !read.ok()) {
+    return read;
+  }
+  *body = grpc::ByteBuffer(&slice, 1);
+  return absl::OkStatus();
+}
+
+}  // namespace shardtrain::wire

@@ -1,0 +1,275 @@
+#include "wire/frame_socket.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/support/slice.h>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "wire/frame_header.h"
+
+namespace shardtrain::wire {
+namespace {
+
+constexpr uint64_t kMaxBody = 64 << 20;
+constexpr uint32_t kMaxMessage = 4096;
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Valid() || !buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& slice : slices) {
+    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return out;
+}
+
+// Two connected frame sockets.
+struct Pair {
+  Pair() {
+    int fds[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    a = std::make_unique<FrameSocket>(fds[0]);
+    b = std::make_unique<FrameSocket>(fds[1]);
+  }
+  std::unique_ptr<FrameSocket> a;
+  std::unique_ptr<FrameSocket> b;
+};
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+TEST(FrameHeaderTest, EncodesEveryFieldAndRefusesWhatNoPeerSends) {
+  FrameHeader header;
+  header.response = true;
+  header.method = 3;
+  header.status = 14;
+  header.timeout_ms = 0x01020304;
+  header.call_id = 0x1122334455667788;
+  header.message_bytes = 17;
+  header.body_bytes = (uint64_t{1} << 33) + 5;
+  char bytes[FrameHeader::kBytes];
+  header.Encode(bytes);
+  EXPECT_EQ(std::string(bytes, 4), "STF1");
+  absl::StatusOr<FrameHeader> read = FrameHeader::Decode(bytes, uint64_t{1} << 34, 100);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->response);
+  EXPECT_EQ(read->method, 3);
+  EXPECT_EQ(read->status, 14);
+  EXPECT_EQ(read->timeout_ms, 0x01020304u);
+  EXPECT_EQ(read->call_id, 0x1122334455667788u);
+  EXPECT_EQ(read->message_bytes, 17u);
+  EXPECT_EQ(read->body_bytes, (uint64_t{1} << 33) + 5);
+
+  // Limits, before anything of the body or message is read.
+  EXPECT_EQ(FrameHeader::Decode(bytes, uint64_t{1} << 33, 100).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(FrameHeader::Decode(bytes, uint64_t{1} << 34, 16).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Another protocol, unknown flags, method 0, a request with a status.
+  char bad[FrameHeader::kBytes];
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[0] = 'G';
+  EXPECT_EQ(FrameHeader::Decode(bad, ~uint64_t{0}, ~0u).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::memcpy(bad, bytes, sizeof(bad));
+  bad[4] = 3;
+  EXPECT_EQ(FrameHeader::Decode(bad, ~uint64_t{0}, ~0u).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  header.method = 0;
+  header.Encode(bad);
+  EXPECT_EQ(FrameHeader::Decode(bad, ~uint64_t{0}, ~0u).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  header.method = 1;
+  header.response = false;
+  header.Encode(bad);
+  EXPECT_EQ(FrameHeader::Decode(bad, ~uint64_t{0}, ~0u).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(FrameSocketTest, AFrameOfSeveralSlicesArrivesWholeInOneSlice) {
+  Pair pair;
+  const std::string first(1000, 'x');
+  const std::string second = "tail";
+  grpc::Slice slices[2] = {grpc::Slice(first), grpc::Slice(second)};
+  const grpc::ByteBuffer body(slices, 2);
+  FrameHeader request;
+  request.method = 2;
+  request.call_id = 42;
+  request.timeout_ms = 5000;
+  ASSERT_TRUE(pair.a->Write(request, "", &body, Soon()).ok());
+
+  FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer read;
+  ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+  EXPECT_FALSE(header.response);
+  EXPECT_EQ(header.method, 2);
+  EXPECT_EQ(header.call_id, 42u);
+  EXPECT_EQ(header.timeout_ms, 5000u);
+  EXPECT_EQ(header.body_bytes, first.size() + second.size());
+  EXPECT_TRUE(message.empty());
+  std::vector<grpc::Slice> parts;
+  ASSERT_TRUE(read.Dump(&parts).ok());
+  EXPECT_EQ(parts.size(), 1u) << "read into one slice, wrapped without a copy";
+  EXPECT_EQ(Flatten(read), first + second);
+
+  // A failed call's answer: its status and message, no body.
+  FrameHeader response;
+  response.response = true;
+  response.method = 2;
+  response.call_id = 42;
+  response.status = 3;
+  ASSERT_TRUE(pair.b->Write(response, "bad partition", nullptr, Soon()).ok());
+  ASSERT_TRUE(pair.a->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+  EXPECT_TRUE(header.response);
+  EXPECT_EQ(header.status, 3);
+  EXPECT_EQ(message, "bad partition");
+  EXPECT_EQ(header.body_bytes, 0u);
+  EXPECT_EQ(Flatten(read), "");
+}
+
+TEST(FrameSocketTest, LargeFramesCrossAFullSocket) {
+  Pair pair;
+  // Larger than any socket buffer: written in many partial writes while
+  // the other side reads.
+  std::string payload(24 << 20, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 + 7);
+  const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer body(&slice, 1);
+  std::thread writer([&] {
+    FrameHeader header;
+    header.method = 1;
+    for (uint64_t call = 0; call < 3; ++call) {
+      header.call_id = call;
+      ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
+    }
+  });
+  for (uint64_t call = 0; call < 3; ++call) {
+    FrameHeader header;
+    std::string message;
+    grpc::ByteBuffer read;
+    ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+    EXPECT_EQ(header.call_id, call);
+    EXPECT_TRUE(Flatten(read) == payload) << "call " << call;
+  }
+  writer.join();
+}
+
+TEST(FrameSocketTest, LimitsDeadlinesAndEndsAreTold) {
+  FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer read;
+  {
+    // A body over the limit is refused from its header.
+    Pair pair;
+    const grpc::Slice slice(std::string(1000, 'y'));
+    const grpc::ByteBuffer body(&slice, 1);
+    FrameHeader request;
+    request.method = 1;
+    ASSERT_TRUE(pair.a->Write(request, "", &body, Soon()).ok());
+    EXPECT_EQ(pair.b->Read(999, kMaxMessage, Soon(), &header, &message, &read).code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  {
+    // Nothing arrives: the deadline ends the wait.
+    Pair pair;
+    const absl::Time start = absl::Now();
+    EXPECT_EQ(pair.b->Read(kMaxBody, kMaxMessage, absl::Now() + absl::Milliseconds(100),
+                           &header, &message, &read)
+                  .code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_GE(absl::Now() - start, absl::Milliseconds(90));
+  }
+  {
+    // A close between frames is a clean end; within a frame it is not.
+    Pair pair;
+    pair.a.reset();
+    EXPECT_EQ(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).code(),
+              absl::StatusCode::kOutOfRange);
+  }
+  {
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+    FrameSocket reader(fds[1]);
+    FrameHeader request;
+    request.method = 1;
+    request.body_bytes = 100;
+    char bytes[FrameHeader::kBytes];
+    request.Encode(bytes);
+    ASSERT_EQ(::write(fds[0], bytes, sizeof(bytes)), static_cast<ssize_t>(sizeof(bytes)));
+    ASSERT_EQ(::write(fds[0], "partial", 7), 7);
+    ::close(fds[0]);
+    EXPECT_EQ(reader.Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).code(),
+              absl::StatusCode::kUnavailable);
+  }
+  {
+    // Shutdown wakes a reader blocked in another thread.
+    Pair pair;
+    absl::Status status;
+    std::thread reader([&] {
+      status = pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read);
+    });
+    absl::SleepFor(absl::Milliseconds(50));
+    const absl::Time start = absl::Now();
+    pair.b->Shutdown();
+    reader.join();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+    EXPECT_FALSE(status.ok());
+  }
+  {
+    // Writing to a closed peer fails (and raises no SIGPIPE).
+    Pair pair;
+    pair.b.reset();
+    const grpc::Slice slice(std::string(1 << 20, 'z'));
+    const grpc::ByteBuffer body(&slice, 1);
+    FrameHeader request;
+    request.method = 1;
+    EXPECT_EQ(pair.a->Write(request, "", &body, Soon()).code(), absl::StatusCode::kUnavailable);
+  }
+}
+
+TEST(FrameSocketTest, ConnectsOverTcpAndTellsARefusal) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const int port = ntohs(address.sin_port);
+
+  absl::StatusOr<std::unique_ptr<FrameSocket>> client =
+      FrameSocket::Connect("127.0.0.1", port, absl::Seconds(10));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const int accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(accepted, 0);
+  FrameSocket server(accepted);
+  const grpc::Slice slice(std::string("ping"));
+  const grpc::ByteBuffer body(&slice, 1);
+  FrameHeader request;
+  request.method = 9;
+  request.call_id = 1;
+  ASSERT_TRUE((*client)->Write(request, "", &body, Soon()).ok());
+  FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer read;
+  ASSERT_TRUE(server.Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+  EXPECT_EQ(Flatten(read), "ping");
+  ::close(listener);
+
+  // Nothing listens there any more.
+  EXPECT_EQ(FrameSocket::Connect("127.0.0.1", port, absl::Seconds(10)).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace shardtrain::wire
