@@ -127,15 +127,60 @@ void TcpEchoServer::Serve(wire::FrameSocket* connection) {
 // TcpEchoClient.
 
 absl::StatusOr<std::unique_ptr<TcpEchoClient>> TcpEchoClient::Connect(int port,
-                                                                       absl::Duration timeout) {
+                                                                       absl::Duration timeout,
+                                                                       bool hand_off) {
   absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket =
       wire::FrameSocket::Connect("127.0.0.1", port, timeout);
   if (!socket.ok()) return socket.status();
-  return std::unique_ptr<TcpEchoClient>(new TcpEchoClient(*std::move(socket), timeout));
+  std::unique_ptr<TcpEchoClient> client(new TcpEchoClient(*std::move(socket), timeout));
+  if (hand_off) client->thread_ = std::thread([c = client.get()] { c->RunHandedOff(); });
+  return client;
+}
+
+TcpEchoClient::~TcpEchoClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
 }
 
 absl::Status TcpEchoClient::Call(const std::string& source, int64_t request_bytes,
                                  int64_t reply_bytes) {
+  if (!thread_.joinable()) return CallHere(source, request_bytes, reply_bytes);
+  HandedOff call;
+  call.source = &source;
+  call.request_bytes = request_bytes;
+  call.reply_bytes = reply_bytes;
+  absl::MutexLock lock(&mu_);
+  handed_off_ = &call;
+  mu_.Await(absl::Condition(&call.done));
+  return call.status;
+}
+
+void TcpEchoClient::RunHandedOff() {
+  while (true) {
+    HandedOff* call = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](TcpEchoClient* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+            return c->stopping_ || c->handed_off_ != nullptr;
+          },
+          this));
+      if (handed_off_ == nullptr) return;  // stopping
+      call = handed_off_;
+      handed_off_ = nullptr;
+    }
+    const absl::Status status = CallHere(*call->source, call->request_bytes, call->reply_bytes);
+    absl::MutexLock lock(&mu_);
+    call->status = status;
+    call->done = true;
+  }
+}
+
+absl::Status TcpEchoClient::CallHere(const std::string& source, int64_t request_bytes,
+                                     int64_t reply_bytes) {
   const absl::Time deadline = absl::Now() + timeout_;
   char prefix[kPrefixBytes];
   PutU64(static_cast<uint64_t>(reply_bytes), prefix);

@@ -69,13 +69,18 @@ class TcpEchoServer {
   std::vector<std::thread> servers_ ABSL_GUARDED_BY(mu_);
 };
 
-// One call at a time on one connection. Thread-compatible.
+// One call at a time on one connection. With `hand_off`, a thread of the
+// client's writes and reads each call and wakes the caller, one hand-off
+// each way, as a client whose calls end in callbacks (PsClient's
+// BatchCall) would; without, the calling thread does. Thread-compatible.
 class TcpEchoClient {
  public:
   // Connects to 127.0.0.1:`port`; a call that hears nothing for `timeout`
   // fails with DEADLINE_EXCEEDED.
   static absl::StatusOr<std::unique_ptr<TcpEchoClient>> Connect(int port,
-                                                                absl::Duration timeout);
+                                                                absl::Duration timeout,
+                                                                bool hand_off = false);
+  ~TcpEchoClient();
   TcpEchoClient(const TcpEchoClient&) = delete;
   TcpEchoClient& operator=(const TcpEchoClient&) = delete;
 
@@ -85,12 +90,31 @@ class TcpEchoClient {
   absl::Status Call(const std::string& source, int64_t request_bytes, int64_t reply_bytes);
 
  private:
+  // A call handed to the client's thread.
+  struct HandedOff {
+    const std::string* source = nullptr;
+    int64_t request_bytes = 0;
+    int64_t reply_bytes = 0;
+    bool done = false;
+    absl::Status status;
+  };
+
   TcpEchoClient(std::unique_ptr<wire::FrameSocket> socket, absl::Duration timeout)
       : socket_(std::move(socket)), timeout_(timeout) {}
 
+  // Writes the call and reads its reply in this thread.
+  absl::Status CallHere(const std::string& source, int64_t request_bytes, int64_t reply_bytes);
+  // The hand-off thread: runs each handed-off call until the client goes.
+  void RunHandedOff();
+
   const std::unique_ptr<wire::FrameSocket> socket_;
   const absl::Duration timeout_;
-  uint64_t calls_ = 0;
+  uint64_t calls_ = 0;  // used by one thread at a time: the caller or the hand-off thread
+
+  absl::Mutex mu_;
+  HandedOff* handed_off_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // with hand_off only
 };
 
 }  // namespace shardtrain::bench

@@ -29,6 +29,10 @@
 //            each way) and a client writing and reading in the calling
 //            thread (--systems=echo-tcp): what a plain TCP parameter
 //            server's transport costs on request/response calls
+//   echo tcp hop the same, but a thread of the client's writes and reads
+//            each call and wakes the caller (--systems=echo-tcp-hop): what
+//            one hand-off each way costs a client whose calls end in
+//            callbacks
 //   iperf3   a single-stream `iperf3 -c 127.0.0.1 -t N` (default settings)
 //            against an `iperf3 -s` process: the reference for what one TCP
 //            stream over loopback moves on this machine
@@ -131,7 +135,8 @@ ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
           "Systems to time, comma-separated (e.g. st1x1 alone while profiling): "
           "st1x1, st2x2, echo (or echo-cb: callback API), echo-sync (sync API), "
           "echo-cq (async API, completion queues polled inline), echo-tcp (no gRPC: "
-          "framed calls on a TCP socket, bench/tcp_echo.h), iperf3");
+          "framed calls on a TCP socket, bench/tcp_echo.h), echo-tcp-hop (the same, "
+          "each call handed to a client thread), iperf3");
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(std::string, client, "",
           "Client settings of st 1x1 and st 2x2, key=value,...: channels, write_buffer_kb, "
@@ -166,12 +171,25 @@ using testutil::WaitForPorts;
 // ---------------------------------------------------------------------------
 // Measurements.
 
-enum System { kSt1x1 = 0, kSt2x2, kEcho, kEchoSync, kEchoCq, kEchoTcp, kIperf, kNumSystems };
-const char* const kSystemNames[kNumSystems] = {"st 1x1",  "st 2x2",   "echo",  "echo sync",
-                                               "echo cq", "echo tcp", "iperf3"};
+enum System {
+  kSt1x1 = 0,
+  kSt2x2,
+  kEcho,
+  kEchoSync,
+  kEchoCq,
+  kEchoTcp,
+  kEchoTcpHop,
+  kIperf,
+  kNumSystems
+};
+const char* const kSystemNames[kNumSystems] = {
+    "st 1x1", "st 2x2", "echo", "echo sync", "echo cq", "echo tcp", "echo tcp hop", "iperf3"};
 // The --echo_model of each echo system's server process.
 const char* EchoModelOf(int s) {
-  return s == kEchoSync ? "sync" : s == kEchoCq ? "cq" : s == kEchoTcp ? "tcp" : "callback";
+  return s == kEchoSync                        ? "sync"
+         : s == kEchoCq                        ? "cq"
+         : s == kEchoTcp || s == kEchoTcpHop ? "tcp"
+                                               : "callback";
 }
 
 // What one system did in one (size, op) case, over all rounds.
@@ -392,7 +410,7 @@ struct EchoProcess {
 absl::StatusOr<EchoProcess> StartEcho(ProcessGroup& group, const BenchOptions& options,
                                       const std::string& self, const std::string& dir,
                                       int s) {
-  const std::string name = absl::StrCat("echo-", EchoModelOf(s));
+  const std::string name = absl::StrCat("echo-", EchoModelOf(s), s == kEchoTcpHop ? "-hop" : "");
   const std::string port_file = absl::StrCat(dir, "/", name, ".port");
   const std::string log = absl::StrCat(dir, "/", name, ".log");
   EchoProcess echo;
@@ -435,7 +453,7 @@ struct Row {
 };
 
 std::string TableHeader() {
-  return absl::StrFormat("%-7s %-8s %-10s %9s %8s %8s %7s %7s %7s %7s %7s\n", "payload", "op",
+  return absl::StrFormat("%-7s %-8s %-12s %9s %8s %8s %7s %7s %7s %7s %7s\n", "payload", "op",
                          "system", "MB/s", "p50 ms", "p99 ms", "cpu/MB", "cli/MB",
                          "srv/MB", "x iperf", "x echo");
 }
@@ -452,7 +470,7 @@ std::string FormatRows(const BenchOptions& options, const Row& row, bool with_ip
     const std::string vs_echo =
         !row.vs_echo[s].empty() ? absl::StrFormat("%.2f", Median(row.vs_echo[s])) : "-";
     text += absl::StrFormat(
-        "%-7s %-8s %-10s %9.1f %8s %8s %7.3f %7.3f %7.3f %7s %7s\n", SizeName(row.payload_bytes),
+        "%-7s %-8s %-12s %9.1f %8s %8s %7.3f %7.3f %7.3f %7s %7s\n", SizeName(row.payload_bytes),
         s == kIperf ? "tcp" : OpName(row.op), SystemName(options, s), Median(f.rates), p50, p99,
         1e3 * (f.client_cpu_seconds + f.server_cpu_seconds) / f.megabytes,
         1e3 * f.client_cpu_seconds / f.megabytes, 1e3 * f.server_cpu_seconds / f.megabytes,
@@ -485,7 +503,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   ASSIGN_OR_RETURN(const Shards two, StartShards(group, options, dir, "shard2x2", 2, 2));
   // The echo servers, one process per selected model.
   EchoProcess echoes[kNumSystems];
-  for (int s : {kEcho, kEchoSync, kEchoCq, kEchoTcp}) {
+  for (int s : {kEcho, kEchoSync, kEchoCq, kEchoTcp, kEchoTcpHop}) {
     if (options.systems[s]) {
       ASSIGN_OR_RETURN(echoes[s], StartEcho(group, options, self, dir, s));
     }
@@ -535,6 +553,11 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
   if (options.systems[kEchoTcp]) {
     ASSIGN_OR_RETURN(echo_tcp, TcpEchoClient::Connect(echoes[kEchoTcp].port, absl::Seconds(60)));
   }
+  std::unique_ptr<TcpEchoClient> echo_tcp_hop;
+  if (options.systems[kEchoTcpHop]) {
+    ASSIGN_OR_RETURN(echo_tcp_hop, TcpEchoClient::Connect(echoes[kEchoTcpHop].port,
+                                                          absl::Seconds(60), /*hand_off=*/true));
+  }
   const std::string echo_source(static_cast<size_t>(options.sizes.back()), '\x3c');
 
   const std::string header = absl::StrCat(
@@ -549,10 +572,11 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
                       "(gRPC's sync thread pool, default sizes) and blocking stub; echo cq: "
                       "async-API server, %d thread(s) each polling its own completion queue "
                       "and answering inline, and an async stub whose completion queue the "
-                      "calling thread polls; echo tcp: no gRPC, a 16-byte header each way on "
-                      "one TCP connection, a server thread per connection answering inline, "
-                      "the client reading in the calling thread; each server in its own "
-                      "process\n",
+                      "calling thread polls; echo tcp: no gRPC, frames (wire/frame_socket.h) "
+                      "on one TCP connection, a server thread per connection answering "
+                      "inline, the client reading in the calling thread; echo tcp hop: the "
+                      "same with a client thread that writes and reads each call and wakes "
+                      "the caller; each server in its own process\n",
                       options.echo_cq_threads),
       "# MB/s = 1e6 payload bytes per second of wall time (both directions for pushpull; "
       "2x2 = both workers), median over rounds; p50/p99 in ms over all calls; cpu/MB = "
@@ -598,7 +622,7 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
       std::vector<OpFn> ops2;
       if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
-      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops;
+      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops, echo_tcp_hop_ops;
       if (echo_cb != nullptr) {
         echo_cb_ops = {[&] {
           return echo_cb->Call(echo_source, echo_request_bytes, echo_reply_bytes);
@@ -619,16 +643,22 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
           return echo_tcp->Call(echo_source, echo_request_bytes, echo_reply_bytes);
         }};
       }
+      if (echo_tcp_hop != nullptr) {
+        echo_tcp_hop_ops = {[&] {
+          return echo_tcp_hop->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+        }};
+      }
       // By system; iperf3 (kIperf) has no ops.
       std::vector<std::vector<OpFn>> ops = {
           {tensor1->MakeOp(op)}, ops2, echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops,
-          {}};
+          echo_tcp_hop_ops, {}};
       std::vector<std::vector<pid_t>> servers = {one.pids,
                                                  two.pids,
                                                  {echoes[kEcho].pid},
                                                  {echoes[kEchoSync].pid},
                                                  {echoes[kEchoCq].pid},
                                                  {echoes[kEchoTcp].pid},
+                                                 {echoes[kEchoTcpHop].pid},
                                                  {}};
       for (const std::unique_ptr<BenchTensor>& tensor : variant_tensors) {
         ops.push_back({tensor->MakeOp(op)});
@@ -896,7 +926,7 @@ int main(int argc, char** argv) {
   const std::map<std::string, int> system_names = {
       {"st1x1", b::kSt1x1},        {"st2x2", b::kSt2x2},     {"echo", b::kEcho},
       {"echo-cb", b::kEcho},       {"echo-sync", b::kEchoSync}, {"echo-cq", b::kEchoCq},
-      {"echo-tcp", b::kEchoTcp},   {"iperf3", b::kIperf}};
+      {"echo-tcp", b::kEchoTcp},   {"echo-tcp-hop", b::kEchoTcpHop}, {"iperf3", b::kIperf}};
   std::fill(std::begin(options.systems), std::end(options.systems), false);
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_systems), ',')) {
     const auto it = system_names.find(std::string(name));
