@@ -622,36 +622,22 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       const int64_t echo_reply_bytes = op == Op::kPush ? 0 : bytes;
       std::vector<OpFn> ops2;
       if (spread) ops2 = {tensors2[0]->MakeOp(op), tensors2[1]->MakeOp(op)};
-      std::vector<OpFn> echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops, echo_tcp_hop_ops;
-      if (echo_cb != nullptr) {
-        echo_cb_ops = {[&] {
-          return echo_cb->Call(echo_source, echo_request_bytes, echo_reply_bytes);
+      // An echo system's op: its client's call, none when it is not selected.
+      const auto echo_ops = [&](auto* client) -> std::vector<OpFn> {
+        if (client == nullptr) return {};
+        return {[&, client] {
+          return client->Call(echo_source, echo_request_bytes, echo_reply_bytes);
         }};
-      }
-      if (echo_sync != nullptr) {
-        echo_sync_ops = {[&] {
-          return echo_sync->Call(echo_source, echo_request_bytes, echo_reply_bytes);
-        }};
-      }
-      if (echo_cq != nullptr) {
-        echo_cq_ops = {[&] {
-          return echo_cq->Call(echo_source, echo_request_bytes, echo_reply_bytes);
-        }};
-      }
-      if (echo_tcp != nullptr) {
-        echo_tcp_ops = {[&] {
-          return echo_tcp->Call(echo_source, echo_request_bytes, echo_reply_bytes);
-        }};
-      }
-      if (echo_tcp_hop != nullptr) {
-        echo_tcp_hop_ops = {[&] {
-          return echo_tcp_hop->Call(echo_source, echo_request_bytes, echo_reply_bytes);
-        }};
-      }
+      };
       // By system; iperf3 (kIperf) has no ops.
-      std::vector<std::vector<OpFn>> ops = {
-          {tensor1->MakeOp(op)}, ops2, echo_cb_ops, echo_sync_ops, echo_cq_ops, echo_tcp_ops,
-          echo_tcp_hop_ops, {}};
+      std::vector<std::vector<OpFn>> ops = {{tensor1->MakeOp(op)},
+                                            ops2,
+                                            echo_ops(echo_cb.get()),
+                                            echo_ops(echo_sync.get()),
+                                            echo_ops(echo_cq.get()),
+                                            echo_ops(echo_tcp.get()),
+                                            echo_ops(echo_tcp_hop.get()),
+                                            {}};
       std::vector<std::vector<pid_t>> servers = {one.pids,
                                                  two.pids,
                                                  {echoes[kEcho].pid},
