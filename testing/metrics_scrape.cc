@@ -5,10 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -58,15 +60,18 @@ std::map<std::string, double> SumByName(const std::string& exposition,
     const size_t name_end = line.find_first_of("{ ");
     const size_t value_start = line.rfind(' ');
     if (name_end == absl::string_view::npos || value_start == absl::string_view::npos) continue;
-    const absl::string_view label_set = line.substr(name_end, value_start - name_end);
-    bool wanted = true;
-    for (const std::string& label : labels) {
-      wanted = wanted && (absl::StrContains(label_set, absl::StrCat("{", label, ",")) ||
-                          absl::StrContains(label_set, absl::StrCat(",", label, ",")) ||
-                          absl::StrContains(label_set, absl::StrCat(",", label, "}")) ||
-                          absl::StrContains(label_set, absl::StrCat("{", label, "}")));
+    if (!labels.empty()) {
+      // {a="x",b="y"} as ,a="x",b="y", so that every label is ",label,".
+      absl::string_view label_set = line.substr(name_end, value_start - name_end);
+      absl::ConsumePrefix(&label_set, "{");
+      absl::ConsumeSuffix(&label_set, "}");
+      const std::string delimited = absl::StrCat(",", label_set, ",");
+      if (!std::all_of(labels.begin(), labels.end(), [&](const std::string& label) {
+            return absl::StrContains(delimited, absl::StrCat(",", label, ","));
+          })) {
+        continue;
+      }
     }
-    if (!wanted) continue;
     double value = 0;
     if (!absl::SimpleAtod(line.substr(value_start + 1), &value)) continue;
     sums[std::string(line.substr(0, name_end))] += value;
