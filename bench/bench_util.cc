@@ -238,6 +238,8 @@ absl::Status ApplyClientSettings(absl::string_view settings,
       transport.max_read_chunk_bytes = value << 10;
     } else if (key == "bdp") {
       transport.bdp_probe = value != 0;
+    } else if (key == "frames") {
+      options->use_data_port = value != 0;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown client setting \"", key, "\""));
     }

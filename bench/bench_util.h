@@ -181,7 +181,7 @@ class BenchTensor {
 // Applies "key=value,key=value" to `options`: channels (channels_per_shard),
 // write_buffer_kb, max_frame_kb, lookahead_kb, min_read_chunk_kb,
 // max_read_chunk_kb (client/channel_factory.h; 0 keeps gRPC's default), bdp (0 or
-// 1). Empty: nothing changes. INVALID_ARGUMENT names an unknown key or bad
+// 1), frames (0 or 1: PsClientOptions::use_data_port). Empty: nothing changes. INVALID_ARGUMENT names an unknown key or bad
 // value.
 absl::Status ApplyClientSettings(absl::string_view settings,
                                  client::PsClientOptions* options);

@@ -8,13 +8,17 @@
 # a machine whose speed drifts during the run affects both sides alike.
 #
 #   bench/train_ratio.sh [--build DIR] [--batch N] [--epochs N] [--model SPEC]
-#                        [--steps N] [--out FILE]
+#                        [--steps N] [--out FILE] [--server_flag FLAG]...
+#
+# --server_flag passes FLAG on to the ps-server (repeatable), e.g.
+# --server_flag --data_listen= to keep the data path on gRPC.
 #
 # Needs ps-server, ps-worker and step_bench built in --build DIR/bin
 # (default build/bin) and the dataset run-local.sh uses.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" batch=128 epochs=3 model=mlp:784-256-128-10 steps=30 out=""
+server_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -23,6 +27,7 @@ while [ $# -gt 0 ]; do
     --model) model=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --server_flag) server_flags+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
@@ -45,7 +50,7 @@ before_ms=$(compute_ms)
 start=$(date +%s.%N)
 BUILD_DIR="$build" "$root/scripts/run-local.sh" --no-build --workers 1 --shards 1 \
   --batch "$batch" --epochs "$epochs" --model "$model" --results "$tmp/results.json" \
-  >"$tmp/run.txt" 2>&1 || { cat "$tmp/run.txt" >&2; exit 1; }
+  -- "${server_flags[@]}" >"$tmp/run.txt" 2>&1 || { cat "$tmp/run.txt" >&2; exit 1; }
 end=$(date +%s.%N)
 after_ms=$(compute_ms)
 train_sps=$(sed -n 's/.*"samples_per_second": \([0-9.]*\).*/\1/p' "$tmp/results.json" | head -1)

@@ -40,7 +40,9 @@
 //            channels=4 or write_buffer_kb=1024, bench::ApplyClientSettings)
 //            against the st 1x1 shard, as another worker: channel settings
 //            compared in the same rounds as everything else
-// The ps-servers run async with sgd (--bin_dir/ps-server). Each (size, op)
+// The ps-servers run async with sgd (--bin_dir/ps-server), each with a data
+// port (server/data_port.h), which the PsClients use unless --client (or a
+// variant) says frames=0. Each (size, op)
 // case runs --rounds rounds after warm-up; a round times one block of
 // --seconds_per_case / --rounds of each gRPC system and one iperf3 run, in an
 // order that rotates from round to round, so that a shared machine's
@@ -140,7 +142,8 @@ ABSL_FLAG(std::string, systems, "st1x1,st2x2,echo,iperf3",
 ABSL_FLAG(std::string, ops, "push,pull,pushpull", "Ops to time, comma-separated");
 ABSL_FLAG(std::string, client, "",
           "Client settings of st 1x1 and st 2x2, key=value,...: channels, write_buffer_kb, "
-          "max_frame_kb, lookahead_kb, min_read_chunk_kb, max_read_chunk_kb, bdp (0/1)");
+          "max_frame_kb, lookahead_kb, min_read_chunk_kb, max_read_chunk_kb, bdp (0/1), "
+          "frames (0/1: the shards' data port, server/data_port.h, or gRPC; default 1)");
 ABSL_FLAG(std::string, variants, "",
           "More st 1x1 systems timed in the same rounds, name:settings;name:settings "
           "(settings as --client), e.g. \"c2:channels=2;c4:channels=4\"");
@@ -390,7 +393,8 @@ absl::StatusOr<Shards> StartShards(ProcessGroup& group, const BenchOptions& opti
   cluster_options.dir = absl::StrCat(dir, "/", name);
   cluster_options.start_timeout = options.start_timeout;
   cluster_options.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
-                                  "--max_message_mb=256", "--heartbeat_timeout_s=600"};
+                                  "--max_message_mb=256", "--heartbeat_timeout_s=600",
+                                  "--data_listen=127.0.0.1:0"};
   std::error_code error;
   if (!std::filesystem::create_directory(cluster_options.dir, error)) {
     return absl::InternalError(absl::StrCat("cannot make ", cluster_options.dir));

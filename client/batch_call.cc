@@ -39,6 +39,8 @@ void BatchCall::StartPushPull(std::function<void(absl::Status)> done) {
 void BatchCall::Start(Kind kind, std::function<void(absl::Status)> done) {
   static constexpr const char* kNames[] = {"Push", "Pull", "PushPull"};
   static constexpr const char* kMethods[] = {kPushMethod, kPullMethod, kPushPullMethod};
+  static constexpr wire::DataMethod kFrameMethods[] = {
+      wire::DataMethod::kPush, wire::DataMethod::kPull, wire::DataMethod::kPushPull};
   const int k = static_cast<int>(kind);
   ShardRpc rpc;
   rpc.method = kNames[k];
@@ -66,19 +68,47 @@ void BatchCall::Start(Kind kind, std::function<void(absl::Status)> done) {
         break;
     }
     response_.Clear();
-    const absl::Time start = absl::Now();
     answered_by_ = attempt.target;
     ShardChannel* target = attempt.target;
-    target->generic(connection_ % target->num_connections())
-        ->UnaryCall(attempt.context, kMethods[k], grpc::StubOptions(), &request_, &response_,
-                    [this, k, start, attempt_done = std::move(attempt_done)](
-                        grpc::Status status) {
-                      if (context_->recorder) {
-                        context_->recorder(kNames[k], status, request_.Length(),
-                                           response_.Length(), start);
-                      }
-                      attempt_done(std::move(status));
-                    });
+    const int connection = connection_ % target->num_connections();
+    grpc::ClientContext* grpc_context = attempt.context;
+    // Over gRPC: the attempt as is; or after a frames call that did not
+    // reach the shard.
+    auto send_grpc = [this, k, target, connection, grpc_context](
+                         std::function<void(grpc::Status)> attempt_done) {
+      const absl::Time start = absl::Now();
+      target->generic(connection)
+          ->UnaryCall(grpc_context, kMethods[k], grpc::StubOptions(), &request_, &response_,
+                      [this, k, start, attempt_done = std::move(attempt_done)](
+                          grpc::Status status) {
+                        if (context_->recorder) {
+                          context_->recorder(kNames[k], status, request_.Length(),
+                                             response_.Length(), start);
+                        }
+                        attempt_done(std::move(status));
+                      });
+    };
+    FrameChannel* frames = target->frames(connection);
+    if (frames == nullptr) {
+      send_grpc(std::move(attempt_done));
+      return;
+    }
+    const absl::Time start = absl::Now();
+    frames->Call(kFrameMethods[k], request_, &response_,
+                 absl::FromChrono(grpc_context->deadline()),
+                 [this, k, start, target, send_grpc, attempt_done = std::move(attempt_done)](
+                     grpc::Status status, bool reached) mutable {
+                   if (!reached) {
+                     target->FramesUnreachable();
+                     send_grpc(std::move(attempt_done));
+                     return;
+                   }
+                   if (context_->recorder) {
+                     context_->recorder(kNames[k], status, request_.Length(),
+                                        response_.Length(), start);
+                   }
+                   attempt_done(std::move(status));
+                 });
   };
   channel_->Call(std::move(rpc), [this, kind, done = std::move(done)](absl::Status status) {
     if (status.ok()) status = Decode(kind);

@@ -101,6 +101,12 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     auto shard = std::make_unique<ShardChannel>(static_cast<int>(s), server,
                                                 std::move(connections), policy,
                                                 fault_metrics);
+    // The data path's frames go to the shard's data port when it names
+    // one; tests that connect or intercept gRPC themselves keep it on gRPC.
+    if (options.use_data_port && options.replicas == 1 && !options.connect &&
+        !options.interceptors) {
+      shard->EnableFrames(static_cast<uint64_t>(options.max_message_bytes));
+    }
     PsClient* self = client.get();
     // Replicated shards keep no per-shard state to resynchronise.
     if (options.replicas == 1) {
@@ -283,6 +289,7 @@ absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& respons
   }
   const uint64_t before = channel.incarnation();
   channel.set_incarnation(response.incarnation());
+  channel.set_data_port(static_cast<int>(response.data_port()));
   if (restarted) {
     LOG(WARNING) << absl::StrFormat(
         "shard %d (%s) restarted: incarnation %016x -> %016x, %d updates lost "

@@ -75,6 +75,10 @@ struct PsClientOptions {
   // 1.1-1.5x the MB/s of one connection for 4-64 MiB pushes and pulls at
   // the same CPU per MB (bench/results/channels_count_cpu.txt).
   int channels_per_shard = 4;
+  // Send Push, Pull and PushPull to a shard's data port (server/data_port.h:
+  // frames on plain TCP, no HTTP/2) when the shard names one; false, or a
+  // shard without one, or replicas > 1: gRPC.
+  bool use_data_port = true;
   // HTTP/2 and TCP settings of every connection (client/channel_factory.h).
   TransportTuning transport;
   // 0: send gradients dense. In (0, 1]: send the top ratio of each

@@ -1,5 +1,6 @@
 #include "client/shard_calls.h"
 
+#include <type_traits>
 #include <utility>
 
 #include "absl/synchronization/blocking_counter.h"
@@ -62,6 +63,12 @@ ShardCalls::StartFn ShardCalls::Recorded(const char* method, AsyncRpc<Request, R
         [this, method, &request, &responses, s, start,
          done = std::move(done)](grpc::Status status) {
           record_(method, status, request.ByteSizeLong(), responses[s].ByteSizeLong(), start);
+          if constexpr (std::is_same_v<Response, RegisterResponse> ||
+                        std::is_same_v<Response, HeartbeatResponse>) {
+            // Where the shard takes the data path's frames now (it may
+            // have restarted on another port).
+            if (status.ok()) channels_[s]->set_data_port(static_cast<int>(responses[s].data_port()));
+          }
           done(std::move(status));
         });
   };

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
 #include "common/reconnect.h"
+#include "wire/frame_listener.h"
 
 namespace shardtrain::client {
 
@@ -113,6 +114,40 @@ ShardChannel::ShardChannel(int index, std::string address,
       metrics_(metrics) {
   for (const std::shared_ptr<grpc::Channel>& connection : connections_) {
     generic_.push_back(std::make_unique<grpc::GenericStub>(connection));
+  }
+}
+
+void ShardChannel::EnableFrames(uint64_t max_message_bytes) {
+  std::string host;
+  int port = 0;
+  // An address that is not host:port (a unix socket, a resolver's URI)
+  // keeps the data path on gRPC.
+  if (!wire::SplitHostPort(address_, &host, &port).ok() ||
+      host.find('/') != std::string::npos) {
+    return;
+  }
+  for (size_t c = 0; c < connections_.size(); ++c) {
+    frames_.push_back(std::make_unique<FrameChannel>(host, 0, max_message_bytes));
+  }
+}
+
+void ShardChannel::set_data_port(int port) {
+  if (frames_.empty() || data_port_.exchange(port) == port) return;
+  for (const auto& frames : frames_) frames->set_port(port);
+}
+
+FrameChannel* ShardChannel::frames(int connection) {
+  if (frames_.empty() || data_port_.load() == 0 || routes_ != nullptr) return nullptr;
+  if (absl::GetCurrentTimeNanos() < frames_paused_until_ns_.load()) return nullptr;
+  return frames_[connection].get();
+}
+
+void ShardChannel::FramesUnreachable() {
+  const int64_t until = absl::GetCurrentTimeNanos() + absl::ToInt64Nanoseconds(kFramesPause);
+  if (frames_paused_until_ns_.exchange(until) < absl::GetCurrentTimeNanos()) {
+    LOG(WARNING) << "shard " << index_ << " (" << address_ << "): its data port "
+                 << data_port_.load() << " did not take a call; the data path uses gRPC for "
+                 << kFramesPause;
   }
 }
 

@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/frame_channel.h"
 #include "client/ps_client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 
@@ -234,6 +235,20 @@ class ShardChannel {
   ParameterServer::Stub* stub() { return stub_.get(); }
   // Raw-bytes stub on connection `connection` (Push, Pull, PushPull).
   grpc::GenericStub* generic(int connection) { return generic_[connection].get(); }
+
+  // The data port (server/data_port.h). Once enabled, the data path's
+  // calls go to the port the shard names in its Register and Heartbeat
+  // answers (set_data_port), as frames, one FrameChannel per connection;
+  // with no port named, or for kFramesPause after a frames call did not
+  // reach the shard (FramesUnreachable), they use gRPC. Not for routed
+  // channels (replicated shards), whose attempts must be cancellable
+  // (AbandonDeparted). Enable before the first call.
+  void EnableFrames(uint64_t max_message_bytes);
+  void set_data_port(int port);
+  // Connection `connection`'s frames channel, or null: use gRPC.
+  FrameChannel* frames(int connection);
+  void FramesUnreachable();
+  static constexpr absl::Duration kFramesPause = absl::Seconds(5);
   int num_connections() const { return static_cast<int>(connections_.size()); }
   const RetryPolicy& policy() const { return policy_; }
 
@@ -278,6 +293,10 @@ class ShardChannel {
   ChainRoutes* routes_ = nullptr;
   std::vector<ShardChannel*> peers_;  // by shard index; with routes_
   std::atomic<uint64_t> incarnation_{0};
+  // Frames (EnableFrames): one channel per connection, made at once.
+  std::vector<std::unique_ptr<FrameChannel>> frames_;
+  std::atomic<int> data_port_{0};
+  std::atomic<int64_t> frames_paused_until_ns_{0};
   std::atomic<uint64_t> next_sequence_{0};
   std::atomic<uint64_t> next_sparse_sequence_{0};
 

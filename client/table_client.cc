@@ -104,15 +104,53 @@ absl::Status TableClient::CallParts(const char* method, const std::vector<Part>&
 
 template <typename Request, typename Response>
 TableClient::StartFn TableClient::Send(
+    wire::DataMethod frame_method,
     void (ParameterServer::Stub::async::*method)(grpc::ClientContext*, const Request*,
                                                  Response*, std::function<void(grpc::Status)>),
     std::vector<Request>& requests, std::vector<Response>& responses) {
-  return [method, &requests, &responses](size_t p, const ShardAttempt& attempt,
-                                         std::function<void(grpc::Status)> done) {
+  return [frame_method, method, &requests, &responses](size_t p, const ShardAttempt& attempt,
+                                                       std::function<void(grpc::Status)> done) {
     // One attempt at a time per part: the epoch is the routed chain's.
     requests[p].set_chain_epoch(attempt.chain_epoch);
-    (attempt.target->stub()->async()->*method)(attempt.context, &requests[p], &responses[p],
-                                               std::move(done));
+    ShardChannel* target = attempt.target;
+    grpc::ClientContext* context = attempt.context;
+    auto send_grpc = [method, &requests, &responses, p, target,
+                      context](std::function<void(grpc::Status)> done) {
+      (target->stub()->async()->*method)(context, &requests[p], &responses[p], std::move(done));
+    };
+    // The shard's data port, when it has one (client/shard_channel.h).
+    FrameChannel* frames = target->frames(static_cast<int>(p % target->num_connections()));
+    if (frames == nullptr) {
+      send_grpc(std::move(done));
+      return;
+    }
+    struct Buffers {
+      grpc::ByteBuffer request;
+      grpc::ByteBuffer response;
+    };
+    auto buffers = std::make_shared<Buffers>();
+    bool own = false;
+    const grpc::Status serialized =
+        grpc::SerializationTraits<Request>::Serialize(requests[p], &buffers->request, &own);
+    if (!serialized.ok()) {
+      done(serialized);
+      return;
+    }
+    frames->Call(frame_method, buffers->request, &buffers->response,
+                 absl::FromChrono(context->deadline()),
+                 [buffers, &responses, p, target, send_grpc, done = std::move(done)](
+                     grpc::Status status, bool reached) mutable {
+                   if (!reached) {
+                     target->FramesUnreachable();
+                     send_grpc(std::move(done));
+                     return;
+                   }
+                   if (status.ok()) {
+                     status = grpc::SerializationTraits<Response>::Deserialize(
+                         &buffers->response, &responses[p]);
+                   }
+                   done(std::move(status));
+                 });
   };
 }
 
@@ -224,7 +262,8 @@ absl::Status TableClient::Lookup(const std::string& table, absl::Span<const uint
   }
   RETURN_IF_ERROR(CallTable(
       table, "Lookup", parts,
-      Send(&ParameterServer::Stub::async::Lookup, requests, responses),
+      Send(wire::DataMethod::kLookup, &ParameterServer::Stub::async::Lookup, requests,
+           responses),
       waits ? client_->options().pull_timeout : client_->options().rpc_timeout));
   const size_t row_bytes = static_cast<size_t>(common::DTypeSize(wire)) * d;
   // Where each unique id's row is in the responses: the rows are copied
@@ -302,7 +341,8 @@ absl::Status TableClient::Push(const std::string& table, absl::Span<const uint64
   }
   RETURN_IF_ERROR(CallTable(
       table, "PushSparse", parts,
-      Send(&ParameterServer::Stub::async::PushSparse, requests, responses),
+      Send(wire::DataMethod::kPushSparse, &ParameterServer::Stub::async::PushSparse, requests,
+           responses),
       client_->options().rpc_timeout));
   if (stats != nullptr) {
     stats->ids = static_cast<int64_t>(ids.size());

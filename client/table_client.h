@@ -112,9 +112,10 @@ class TableClient {
                          const StartFn& start, absl::Duration attempt_timeout);
   // A StartFn that sends requests[p], stamped with the attempt's chain
   // epoch, to the attempt's target with `method` (a ParameterServer async
-  // stub method), its answer into responses[p].
+  // stub method), or as a `frame_method` frame to its data port when it has
+  // one (client/shard_channel.h), its answer into responses[p].
   template <typename Request, typename Response>
-  StartFn Send(void (ParameterServer::Stub::async::*method)(
+  StartFn Send(wire::DataMethod frame_method, void (ParameterServer::Stub::async::*method)(
                    grpc::ClientContext*, const Request*, Response*,
                    std::function<void(grpc::Status)>),
                std::vector<Request>& requests, std::vector<Response>& responses);

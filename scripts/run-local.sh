@@ -150,7 +150,9 @@ total_updates=$steps_per_worker
 # --secure: a private CA, certificates and a token made for this run; every
 # gRPC connection is mutual TLS and every call carries the token (the
 # /metrics endpoints stay plain HTTP).
-server_security=() client_security=()
+# Without --secure the data path (Push, Pull, PushPull, Lookup, PushSparse)
+# goes to each shard's data port: frames on plain TCP, no HTTP/2.
+server_security=(--data_listen=127.0.0.1:0) client_security=()
 if [ "$secure" = 1 ]; then
   certs="$run_dir/certs"
   "$SHARDTRAIN_ROOT/scripts/make-certs.sh" "$certs" >/dev/null
@@ -201,9 +203,9 @@ for ((s = 0; s < shards; s++)); do
     tail -n 20 "$logs/shard$s.log" >&2
     exit 1
   fi
-  read -r port metrics_port <"$run_dir/ports/shard$s"
+  read -r port metrics_port data_port <"$run_dir/ports/shard$s"
   servers+=("127.0.0.1:$port")
-  log "shard $s on 127.0.0.1:$port (metrics :$metrics_port)"
+  log "shard $s on 127.0.0.1:$port (metrics :$metrics_port, data port :$data_port)"
 done
 server_list=$(IFS=,; echo "${servers[*]}")
 

@@ -25,8 +25,19 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC listen address host:port; port 0 picks a free port");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics address host:port; port 0 picks a free port");
+ABSL_FLAG(std::string, data_listen, "",
+          "The data port's address host:port (port 0 picks a free port): workers send "
+          "Push, Pull, PushPull, Lookup and PushSparse there as frames on plain TCP, "
+          "without HTTP/2; empty opens none and the data path stays on gRPC. Plaintext: "
+          "not with --tls_cert");
+ABSL_FLAG(int, max_data_connections, 256,
+          "Data-port connections served at a time; more are closed (their workers use gRPC)");
+ABSL_FLAG(int, max_data_calls_per_connection, 64,
+          "Unanswered calls on one data-port connection before it stops being read");
+ABSL_FLAG(double, data_write_timeout_s, 30,
+          "A data-port answer the worker does not take within this ends its connection");
 ABSL_FLAG(std::string, port_file, "",
-          "If set, write 'port metrics_port' here once serving");
+          "If set, write 'port metrics_port data_port' here once serving (data_port 0: none)");
 ABSL_FLAG(int, shard_index, 0, "This shard's index in [0, num_shards)");
 ABSL_FLAG(int, num_shards, 1, "Shards in the cluster");
 ABSL_FLAG(int, num_workers, 1, "Workers in the job");
@@ -182,6 +193,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_address = absl::GetFlag(FLAGS_metrics_listen);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_mb) << 20;
+  options.data_listen = absl::GetFlag(FLAGS_data_listen);
+  options.max_data_connections = absl::GetFlag(FLAGS_max_data_connections);
+  options.data_limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_data_calls_per_connection);
+  options.data_limits.write_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_write_timeout_s));
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.security.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.security.key_file = absl::GetFlag(FLAGS_tls_key);
@@ -195,6 +210,13 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   }
   if (absl::GetFlag(FLAGS_checkpoint_every_steps) < 0) {
     return absl::InvalidArgumentError("--checkpoint_every_steps must be >= 0");
+  }
+  if (options.max_data_connections < 1 || options.data_limits.max_calls_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        "--max_data_connections and --max_data_calls_per_connection must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_data_write_timeout_s) <= 0) {
+    return absl::InvalidArgumentError("--data_write_timeout_s must be > 0");
   }
   shardtrain::server::ShardOptions& shard = options.shard;
   shard.replicas = absl::GetFlag(FLAGS_replicas);
@@ -337,7 +359,8 @@ int main(int argc, char** argv) {
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     const absl::Status written = shardtrain::common::WriteFileAtomically(
-        port_file, absl::StrCat((*server)->port(), " ", (*server)->metrics_port(), "\n"));
+        port_file, absl::StrCat((*server)->port(), " ", (*server)->metrics_port(), " ",
+                                (*server)->data_port(), "\n"));
     if (!written.ok()) {
       LOG(ERROR) << written;
       return 1;

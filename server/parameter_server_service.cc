@@ -72,31 +72,29 @@ wire::PushPullView& ThreadPushPullView() {
 
 }  // namespace
 
-// A pull that may have to wait. Owned by gRPC from the handler's return
-// until OnDone; the pulls_ lot only borrows it, and whoever takes it out
-// of the lot is the one who calls Finish.
-class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
+// A pull (or a PushPull's pull half) that may have to wait: held by its
+// call (ServerCall::Hold), so it lives as long as the call. The pulls_ lot
+// only borrows it, and whoever takes it out of the lot finishes the call.
+class ParameterServerService::PullWaiter : public ServerCall::Parked {
  public:
-  WaitingReactor(ParameterServerService* service, const char* method,
-                 absl::Time start, absl::Time deadline, size_t request_bytes,
-                 PullRequest request, const PushResponse* push,
-                 grpc::ByteBuffer* response, bool committed_read = false)
+  PullWaiter(ParameterServerService* service, ServerCall* call, const char* method,
+             absl::Time start, absl::Time deadline, size_t request_bytes, PullRequest request,
+             bool push_pull, bool committed_read = false)
       : service_(service),
+        call_(call),
         method_(method),
         start_(start),
         deadline_(deadline),
         request_bytes_(request_bytes),
         request_(std::move(request)),
-        push_pull_(push != nullptr),
-        push_(push != nullptr ? *push : PushResponse()),
-        committed_read_(committed_read),
-        response_(response) {}
+        push_pull_(push_pull),
+        committed_read_(committed_read) {}
 
   void OnCancel() override { service_->OnWaiterCancelled(this); }
-  void OnDone() override { delete this; }
   absl::Time deadline() const { return deadline_; }
 
   ParameterServerService* const service_;
+  ServerCall* const call_;
   const char* const method_;
   const absl::Time start_;
   const absl::Time deadline_;
@@ -113,8 +111,6 @@ class ParameterServerService::WaitingReactor : public grpc::ServerUnaryReactor {
   const bool committed_read_;
   bool sealed_ = false;
   std::vector<int64_t> read_versions_;
-  // gRPC's response message, alive until OnDone.
-  grpc::ByteBuffer* const response_;
 };
 
 // FetchGroupState's answer: the parts of one copy of the group's state,
@@ -172,29 +168,28 @@ class ParameterServerService::GroupStateWriter
 };
 
 // A training Lookup of a sync table that waits for the step its worker
-// pushed (SparseTables::LookupWaits). Owned by gRPC as WaitingReactor is;
-// whoever takes it out of the lookups_ lot calls Finish.
-class ParameterServerService::LookupWaiter : public grpc::ServerUnaryReactor {
+// pushed (SparseTables::LookupWaits). Held by its call as PullWaiter is;
+// whoever takes it out of the lookups_ lot finishes the call.
+class ParameterServerService::LookupWaiter : public ServerCall::Parked {
  public:
-  LookupWaiter(ParameterServerService* service, absl::Time start, absl::Time deadline,
-               size_t request_bytes, LookupRequest request, grpc::ByteBuffer* response)
+  LookupWaiter(ParameterServerService* service, ServerCall* call, absl::Time start,
+               absl::Time deadline, size_t request_bytes, LookupRequest request)
       : service_(service),
+        call_(call),
         start_(start),
         deadline_(deadline),
         request_bytes_(request_bytes),
-        request_(std::move(request)),
-        response_(response) {}
+        request_(std::move(request)) {}
 
   void OnCancel() override { service_->OnLookupCancelled(this); }
-  void OnDone() override { delete this; }
   absl::Time deadline() const { return deadline_; }
 
   ParameterServerService* const service_;
+  ServerCall* const call_;
   const absl::Time start_;
   const absl::Time deadline_;
   const size_t request_bytes_;
   const LookupRequest request_;
-  grpc::ByteBuffer* const response_;  // gRPC's, alive until OnDone
 };
 
 ParameterServerService::ParameterServerService(Shard* shard,
@@ -252,33 +247,61 @@ grpc::ServerUnaryReactor* ParameterServerService::Register(
     RegisterResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, "Register", shard_->Register(*request, response), start,
-         *request, *response);
+  const absl::Status status = shard_->Register(*request, response);
+  response->set_data_port(static_cast<uint32_t>(data_port_.load()));
+  Finish(reactor, "Register", status, start, *request, *response);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Push(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandlePush(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandlePush(ServerCall* call, const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const size_t request_bytes = request.Length();
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
-  const absl::Status status = ParsePushRequest(*request, &message, &push);
+  const absl::Status status = ParsePushRequest(request, &message, &push);
   if (!status.ok()) {
-    FinishPush(reactor, "Push", status, start, request->Length(), PushResponse(), response);
-    return reactor;
+    FinishCall(call, "Push", status, start, request_bytes);
+    return;
   }
   // Answered once the push is applied (replicated: once the chain's tail
   // has it, maybe on another thread).
-  const size_t request_bytes = request->Length();
-  push_path_->Push(*request, push,
-                   [this, reactor, start, request_bytes, response](
-                       absl::Status status, const PushResponse& push_response) {
-                     FinishPush(reactor, "Push", status, start, request_bytes, push_response,
-                                response);
+  push_path_->Push(request, push,
+                   [this, call, start, request_bytes](absl::Status status,
+                                                      const PushResponse& push_response) {
+                     FinishMessage(call, "Push", status, start, request_bytes, push_response);
                    });
-  return reactor;
+}
+
+void ParameterServerService::FinishMessage(ServerCall* call, const char* method,
+                                           absl::Status status, absl::Time start,
+                                           size_t request_bytes,
+                                           const google::protobuf::Message& message) {
+  if (status.ok()) {
+    bool own_buffer = false;
+    const grpc::Status serialized =
+        grpc::SerializationTraits<google::protobuf::Message>::Serialize(
+            message, call->response(), &own_buffer);
+    if (!serialized.ok()) status = common::FromGrpcStatus(serialized);
+  }
+  FinishCall(call, method, status, start, request_bytes);
+}
+
+void ParameterServerService::FinishCall(ServerCall* call, const char* method,
+                                        const absl::Status& status, absl::Time start,
+                                        size_t request_bytes) {
+  const grpc::Status grpc_status = common::ToGrpcStatus(status);
+  Record(method, grpc_status, request_bytes, status.ok() ? call->response()->Length() : 0,
+         start);
+  if (!status.ok()) VLOG(1) << method << " rejected: " << status;
+  call->Finish(grpc_status);
 }
 
 absl::Status ParameterServerService::ParsePushRequest(const grpc::ByteBuffer& request,
@@ -352,8 +375,9 @@ grpc::ServerUnaryReactor* ParameterServerService::Heartbeat(
     HeartbeatResponse* response) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish(reactor, "Heartbeat", shard_->Heartbeat(*request, response), start,
-         *request, *response);
+  const absl::Status status = shard_->Heartbeat(*request, response);
+  response->set_data_port(static_cast<uint32_t>(data_port_.load()));
+  Finish(reactor, "Heartbeat", status, start, *request, *response);
   return reactor;
 }
 
@@ -396,59 +420,63 @@ grpc::ServerUnaryReactor* ParameterServerService::RegisterTables(
 grpc::ServerUnaryReactor* ParameterServerService::Lookup(grpc::CallbackServerContext* context,
                                                          const grpc::ByteBuffer* request,
                                                          grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandleLookup(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandleLookup(ServerCall* call, const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
+  const size_t request_bytes = request.Length();
   LookupRequest lookup;
-  absl::Status status = ParseStock(*request, &lookup);
-  if (status.ok() && LookupWaits(lookup)) {
-    auto* waiter = new LookupWaiter(this, start, PullDeadline(context, start),
-                                    request->Length(), std::move(lookup), response);
+  const absl::Status status = ParseStock(request, &lookup);
+  if (!status.ok()) {
+    FinishCall(call, "Lookup", status, start, request_bytes);
+    return;
+  }
+  if (LookupWaits(lookup)) {
+    auto owned = std::make_unique<LookupWaiter>(this, call, start, PullDeadline(call, start),
+                                                request_bytes, std::move(lookup));
+    LookupWaiter* waiter = owned.get();
+    call->Hold(std::move(owned));
     // Checked again as it is parked: the push that applies the step, or the
     // clock that moves the staleness bound, wakes the lot after it changed,
     // so the wake-up cannot be missed.
     if (!lookups_.Park(waiter, [&] { return LookupWaits(waiter->request_); })) {
       AnswerLookup(waiter);
     }
-    return waiter;
+    return;
   }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!status.ok()) {
-    FinishRaw(reactor, "Lookup", status, start, request->Length(), *response);
-    return reactor;
-  }
-  AnswerLookup(reactor, lookup, response, start, request->Length());
-  return reactor;
+  AnswerLookup(call, lookup, start, request_bytes);
 }
 
-void ParameterServerService::AnswerLookup(grpc::ServerUnaryReactor* reactor,
-                                          const LookupRequest& request,
-                                          grpc::ByteBuffer* response, absl::Time start,
-                                          size_t request_bytes) {
+void ParameterServerService::AnswerLookup(ServerCall* call, const LookupRequest& request,
+                                          absl::Time start, size_t request_bytes) {
   wire::LookupResponseBuilder builder;
   if (!request.train()) {
     absl::Status status = shard_->tables().Lookup(request, &builder);
-    if (status.ok()) builder.Finish(response);
-    FinishRaw(reactor, "Lookup", status, start, request_bytes, *response);
+    if (status.ok()) builder.Finish(call->response());
+    FinishCall(call, "Lookup", status, start, request_bytes);
     return;
   }
-  SparseCall call;
-  call.group = request.group();
-  call.chain_epoch = request.chain_epoch();
-  call.worker = request.worker();
+  SparseCall sparse;
+  sparse.group = request.group();
+  sparse.chain_epoch = request.chain_epoch();
+  sparse.worker = request.worker();
   push_path_->Sparse(
-      call,
-      [this, &request, &builder, response](SparseOp* op, bool*) {
+      sparse,
+      [this, &request, &builder, call](SparseOp* op, bool*) {
         RETURN_IF_ERROR(shard_->tables().Lookup(request, &builder, op));
-        builder.Finish(response);
+        builder.Finish(call->response());
         return absl::OkStatus();
       },
-      [this, reactor, start, request_bytes, response](absl::Status status) {
-        FinishRaw(reactor, "Lookup", status, start, request_bytes, *response);
+      [this, call, start, request_bytes](absl::Status status) {
+        FinishCall(call, "Lookup", status, start, request_bytes);
       });
 }
 
 void ParameterServerService::AnswerLookup(LookupWaiter* waiter) {
-  AnswerLookup(waiter, waiter->request_, waiter->response_, waiter->start_,
-               waiter->request_bytes_);
+  AnswerLookup(waiter->call_, waiter->request_, waiter->start_, waiter->request_bytes_);
 }
 
 bool ParameterServerService::LookupWaits(const LookupRequest& request) const {
@@ -471,34 +499,52 @@ void ParameterServerService::WakeLookups() {
 
 void ParameterServerService::OnLookupCancelled(LookupWaiter* waiter) {
   if (!lookups_.Remove(waiter)) return;  // already answered
-  FinishRaw(waiter, "Lookup", absl::CancelledError("the client went away"), waiter->start_,
-            waiter->request_bytes_, *waiter->response_);
+  FinishCall(waiter->call_, "Lookup", absl::CancelledError("the client went away"),
+             waiter->start_, waiter->request_bytes_);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushSparse(
-    grpc::CallbackServerContext* context, const PushSparseRequest* request,
-    PushSparseResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandlePushSparse(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandlePushSparse(ServerCall* call,
+                                              const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const size_t request_bytes = request.Length();
+  PushSparseRequest push;
+  const absl::Status parsed = ParseStock(request, &push);
+  if (!parsed.ok()) {
+    FinishCall(call, "PushSparse", parsed, start, request_bytes);
+    return;
+  }
   bool step_applied = false;
-  SparseCall call;
-  call.group = request->group();
-  call.chain_epoch = request->chain_epoch();
-  call.worker = request->worker();
-  call.worker_incarnation = request->worker_incarnation();
-  call.sequence = request->sequence();
+  SparseCall sparse;
+  sparse.group = push.group();
+  sparse.chain_epoch = push.chain_epoch();
+  sparse.worker = push.worker();
+  sparse.worker_incarnation = push.worker_incarnation();
+  sparse.sequence = push.sequence();
+  // The answer is written as the push is applied (before Sparse returns);
+  // it is sent when the path says the push is done.
   push_path_->Sparse(
-      call,
-      [this, request, response, &step_applied](SparseOp* op, bool* duplicate) {
-        RETURN_IF_ERROR(shard_->tables().PushSparse(*request, response, &step_applied, op));
-        *duplicate = response->duplicate();
-        return absl::OkStatus();
+      sparse,
+      [this, &push, call, &step_applied](SparseOp* op, bool* duplicate) {
+        PushSparseResponse response;
+        RETURN_IF_ERROR(shard_->tables().PushSparse(push, &response, &step_applied, op));
+        *duplicate = response.duplicate();
+        bool own_buffer = false;
+        return common::FromGrpcStatus(
+            grpc::SerializationTraits<PushSparseResponse>::Serialize(
+                response, call->response(), &own_buffer));
       },
-      [this, reactor, start, request, response](absl::Status status) {
-        Finish(reactor, "PushSparse", status, start, *request, *response);
+      [this, call, start, request_bytes](absl::Status status) {
+        FinishCall(call, "PushSparse", status, start, request_bytes);
       });
   if (step_applied) WakeLookups();
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(
@@ -522,26 +568,43 @@ grpc::ServerUnaryReactor* ParameterServerService::Checkpoint(
 grpc::ServerUnaryReactor* ParameterServerService::Pull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandlePull(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandlePull(ServerCall* call, const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
+  const size_t request_bytes = request.Length();
   PullRequest pull;
-  absl::Status status = ParseStock(*request, &pull);
+  absl::Status status = ParseStock(request, &pull);
   if (status.ok()) status = push_path_->CheckPull(pull);
   if (!status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    FinishRaw(reactor, "Pull", status, start, request->Length(), *response);
-    return reactor;
+    FinishCall(call, "Pull", status, start, request_bytes);
+    return;
   }
-  return StartPull(context, "Pull", start, request->Length(), std::move(pull),
-                   /*push=*/nullptr, response);
+  auto owned = std::make_unique<PullWaiter>(this, call, "Pull", start, PullDeadline(call, start),
+                                            request_bytes, std::move(pull),
+                                            /*push_pull=*/false);
+  PullWaiter* waiter = owned.get();
+  call->Hold(std::move(owned));
+  BeginPull(waiter);
 }
 
 grpc::ServerUnaryReactor* ParameterServerService::PushPull(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandlePushPull(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandlePushPull(ServerCall* call, const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
+  const size_t request_bytes = request.Length();
   wire::ReceivedMessage message;
   wire::PushPullView& view = ThreadPushPullView();
-  absl::Status status = message.Take(*request);
+  absl::Status status = message.Take(request);
   if (status.ok()) {
     status = PushParsed(wire::ParsePushPull(message, &view, MaxParts()),
                         "shardtrain.PushPullRequest", shard_metrics_);
@@ -558,57 +621,46 @@ grpc::ServerUnaryReactor* ParameterServerService::PushPull(
   if (status.ok()) status = push_path_->CheckPushPull(view);
   if (status.ok()) status = shard_->pulls().Validate(view.pull);
   if (!status.ok()) {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    FinishRaw(reactor, "PushPull", status, start, request->Length(), *response);
-    return reactor;
+    FinishCall(call, "PushPull", status, start, request_bytes);
+    return;
   }
-  const PushResponse no_push_yet;
-  auto* reactor = new WaitingReactor(this, "PushPull", start, PullDeadline(context, start),
-                                     request->Length(), std::move(view.pull), &no_push_yet,
-                                     response, push_path_->committed_reads());
-  push_path_->PushHalf(*request, message, view,
-                       [this, reactor](absl::Status status, const PushResponse& push) {
+  auto owned = std::make_unique<PullWaiter>(
+      this, call, "PushPull", start, PullDeadline(call, start), request_bytes,
+      std::move(view.pull), /*push_pull=*/true, push_path_->committed_reads());
+  PullWaiter* waiter = owned.get();
+  call->Hold(std::move(owned));
+  push_path_->PushHalf(request, message, view,
+                       [this, waiter](absl::Status status, const PushResponse& push) {
                          if (!status.ok()) {
                            VLOG(1) << "PushPull rejected: " << status;
-                           FinishWaiter(reactor, common::ToGrpcStatus(status));
+                           FinishWaiter(waiter, common::ToGrpcStatus(status));
                            return;
                          }
-                         reactor->push_ = push;
-                         BeginPull(reactor);
+                         waiter->push_ = push;
+                         BeginPull(waiter);
                        });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* ParameterServerService::StartPull(
-    grpc::CallbackServerContext* context, const char* method, absl::Time start,
-    size_t request_bytes, PullRequest request, const PushResponse* push,
-    grpc::ByteBuffer* response) {
-  auto* reactor = new WaitingReactor(this, method, start, PullDeadline(context, start),
-                                     request_bytes, std::move(request), push, response);
-  BeginPull(reactor);
-  return reactor;
-}
-
-absl::Time ParameterServerService::PullDeadline(grpc::CallbackServerContext* context,
+absl::Time ParameterServerService::PullDeadline(const ServerCall* call,
                                                 absl::Time start) const {
-  return std::min(start + max_pull_wait_, absl::FromChrono(context->deadline()));
+  return std::min(start + max_pull_wait_, call->deadline());
 }
 
-void ParameterServerService::BeginPull(WaitingReactor* reactor) {
-  const PullRequest& pull = reactor->request_;
+void ParameterServerService::BeginPull(PullWaiter* waiter) {
+  const PullRequest& pull = waiter->request_;
   const absl::Status valid = shard_->pulls().Validate(pull);
   if (!valid.ok()) {
-    FinishWaiter(reactor, common::ToGrpcStatus(valid));
+    FinishWaiter(waiter, common::ToGrpcStatus(valid));
     return;
   }
   shard_->NotePull(pull);  // may complete steps and wake the lot: not in Park
   // Checked as it is parked, so a wake-up between the check and the parking
   // cannot be missed.
-  if (pulls_.Park(reactor, [&] { return !shard_->pulls().Ready(pull); })) return;
-  AnswerWaiter(reactor);
+  if (pulls_.Park(waiter, [&] { return !shard_->pulls().Ready(pull); })) return;
+  AnswerWaiter(waiter);
 }
 
-void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
+void ParameterServerService::AnswerWaiter(PullWaiter* waiter) {
   if (waiter->committed_read_) {
     // The chain may have moved on while the pull waited.
     const absl::Status head = push_path_->CheckHeadPull(waiter->request_);
@@ -619,13 +671,13 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
   }
   wire::PullResponseBuilder builder;
   shard_->pulls().Fill(waiter->request_, &builder,
-                   waiter->committed_read_ ? &waiter->read_versions_ : nullptr);
+                       waiter->committed_read_ ? &waiter->read_versions_ : nullptr);
   const double wait_seconds = absl::ToDoubleSeconds(absl::Now() - waiter->start_);
+  grpc::ByteBuffer* response = waiter->call_->response();
   if (waiter->push_pull_) {
-    builder.FinishPushPull(waiter->push_, wait_seconds, shard_->incarnation(),
-                           waiter->response_);
+    builder.FinishPushPull(waiter->push_, wait_seconds, shard_->incarnation(), response);
   } else {
-    builder.Finish(wait_seconds, shard_->incarnation(), waiter->response_);
+    builder.Finish(wait_seconds, shard_->incarnation(), response);
   }
   if (waiter->committed_read_) {
     // Sealed before it is parked (the lot's Take reads it); checked as it is
@@ -641,27 +693,27 @@ void ParameterServerService::AnswerWaiter(WaitingReactor* waiter) {
   FinishWaiter(waiter, grpc::Status::OK);
 }
 
-void ParameterServerService::FinishWaiter(WaitingReactor* waiter,
-                                          const grpc::Status& status) {
+void ParameterServerService::FinishWaiter(PullWaiter* waiter, const grpc::Status& status) {
+  ServerCall* call = waiter->call_;
   Record(waiter->method_, status, waiter->request_bytes_,
-         status.ok() ? waiter->response_->Length() : 0, waiter->start_);
-  waiter->Finish(status);
+         status.ok() ? call->response()->Length() : 0, waiter->start_);
+  call->Finish(status);  // may destroy the call, and `waiter` with it
 }
 
 void ParameterServerService::WakeWaiters() {
   // A sealed pull's response is written: it is sent. The others are read
   // now. Sorted before any is finished: gRPC may delete a finished one.
-  std::vector<WaitingReactor*> committed;
-  std::vector<WaitingReactor*> ready;
-  for (WaitingReactor* waiter : pulls_.Take([this](const WaitingReactor* waiter) {
+  std::vector<PullWaiter*> committed;
+  std::vector<PullWaiter*> ready;
+  for (PullWaiter* waiter : pulls_.Take([this](const PullWaiter* waiter) {
          return waiter->sealed_
                     ? shard_->pulls().Committed(waiter->request_, waiter->read_versions_)
                     : shard_->pulls().Ready(waiter->request_);
        })) {
     (waiter->sealed_ ? committed : ready).push_back(waiter);
   }
-  for (WaitingReactor* waiter : committed) FinishWaiter(waiter, grpc::Status::OK);
-  for (WaitingReactor* waiter : ready) AnswerWaiter(waiter);
+  for (PullWaiter* waiter : committed) FinishWaiter(waiter, grpc::Status::OK);
+  for (PullWaiter* waiter : ready) AnswerWaiter(waiter);
   // What moved the pulls' staleness bound moves the lookups' too.
   WakeLookups();
 }
@@ -669,16 +721,16 @@ void ParameterServerService::WakeWaiters() {
 void ParameterServerService::ExpireWaiters(absl::Time now) {
   push_path_->Tick(now);
   for (LookupWaiter* waiter : lookups_.TakeExpired(now)) {
-    FinishRaw(waiter, "Lookup",
+    FinishCall(waiter->call_, "Lookup",
               absl::DeadlineExceededError(absl::StrFormat(
                   "training lookup of table \"%s\" by worker %d (clock %d) waited %s for "
                   "the other workers' pushes of the step (a sync table) or for the slowest "
                   "worker to come within --max_staleness",
                   waiter->request_.table(), waiter->request_.worker(),
                   waiter->request_.clock(), absl::FormatDuration(now - waiter->start_))),
-              waiter->start_, waiter->request_bytes_, *waiter->response_);
+              waiter->start_, waiter->request_bytes_);
   }
-  for (WaitingReactor* waiter : pulls_.TakeExpired(now)) {
+  for (PullWaiter* waiter : pulls_.TakeExpired(now)) {
     const std::string why =
         waiter->sealed_
             ? "the chain's tail acknowledging the versions it read"
@@ -695,7 +747,7 @@ void ParameterServerService::ExpireWaiters(absl::Time now) {
   }
 }
 
-void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
+void ParameterServerService::OnWaiterCancelled(PullWaiter* waiter) {
   if (!pulls_.Remove(waiter)) return;  // already answered
   FinishWaiter(waiter, grpc::Status::CANCELLED);
 }
@@ -703,10 +755,10 @@ void ParameterServerService::OnWaiterCancelled(WaitingReactor* waiter) {
 void ParameterServerService::CancelAllWaiters() {
   push_path_->CancelAll();
   for (LookupWaiter* waiter : lookups_.TakeAll()) {
-    FinishRaw(waiter, "Lookup", absl::UnavailableError("shard is shutting down"),
-              waiter->start_, waiter->request_bytes_, *waiter->response_);
+    FinishCall(waiter->call_, "Lookup", absl::UnavailableError("shard is shutting down"),
+               waiter->start_, waiter->request_bytes_);
   }
-  for (WaitingReactor* waiter : pulls_.TakeAll()) {
+  for (PullWaiter* waiter : pulls_.TakeAll()) {
     FinishWaiter(waiter, grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                       "shard is shutting down"));
   }

@@ -25,6 +25,7 @@
 #ifndef SHARDTRAIN_SERVER_PARAMETER_SERVER_SERVICE_H_
 #define SHARDTRAIN_SERVER_PARAMETER_SERVER_SERVICE_H_
 
+#include <atomic>
 #include <memory>
 
 #include "absl/time/time.h"
@@ -35,14 +36,17 @@
 #include "server/parked_lot.h"
 #include "server/push_path.h"
 #include "server/replication/replicator.h"
+#include "server/server_call.h"
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 #include "wire/message_views.h"
 
 namespace shardtrain::server {
 
-// Callback methods, raw (grpc::ByteBuffer) for the three that carry tensors
-// and for Lookup (its rows are written into the memory that is sent).
+// Callback methods, raw (grpc::ByteBuffer) for the data path's five: the
+// three that carry tensors, Lookup (its rows are written into the memory
+// that is sent) and PushSparse; the data port (server/data_port.h) carries
+// the same five as frames.
 using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
     ParameterServer::WithRawCallbackMethod_Push<
         ParameterServer::WithRawCallbackMethod_Pull<
@@ -54,7 +58,7 @@ using ParameterServerBase = ParameterServer::WithCallbackMethod_Register<
                                 ParameterServer::WithCallbackMethod_FetchGroupState<
                                     ParameterServer::WithCallbackMethod_RegisterTables<
                                         ParameterServer::WithRawCallbackMethod_Lookup<
-                                            ParameterServer::WithCallbackMethod_PushSparse<
+                                            ParameterServer::WithRawCallbackMethod_PushSparse<
                                                 ParameterServer::Service>>>>>>>>>>>>;
 
 class ParameterServerService final : public ParameterServerBase {
@@ -102,13 +106,23 @@ class ParameterServerService final : public ParameterServerBase {
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
+  // PushSparseRequest -> PushSparseResponse.
   grpc::ServerUnaryReactor* PushSparse(grpc::CallbackServerContext* context,
-                                       const PushSparseRequest* request,
-                                       PushSparseResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
   // A replica group's state for a joining member, taken at once and sent
   // in parts (server/replication/group_state_parts.h).
   grpc::ServerWriteReactor<GroupStateResponse>* FetchGroupState(
       grpc::CallbackServerContext* context, const GroupStateRequest* request) override;
+
+  // The data path's methods, whichever transport carries them (the gRPC
+  // methods above, the data port's frames): `request` is the call's body,
+  // alive until `call` is finished; the answer goes to call->response().
+  void HandlePush(ServerCall* call, const grpc::ByteBuffer& request);
+  void HandlePull(ServerCall* call, const grpc::ByteBuffer& request);
+  void HandlePushPull(ServerCall* call, const grpc::ByteBuffer& request);
+  void HandleLookup(ServerCall* call, const grpc::ByteBuffer& request);
+  void HandlePushSparse(ServerCall* call, const grpc::ByteBuffer& request);
 
   // How writes are applied (server/push_path.h): a LocalPushPath of the
   // shard, without a push order, unless set. Not owned; set before serving.
@@ -117,6 +131,9 @@ class ParameterServerService final : public ParameterServerBase {
   // state for a joining member and the chains in Status go to `replicator`
   // (server/replication/replicator.h). Not owned; set before serving.
   void set_replicator(Replicator* replicator) { replicator_ = replicator; }
+
+  // The data port named in Register's and Heartbeat's answers (0: none).
+  void set_data_port(int port) { data_port_.store(port); }
 
   // Answers every parked pull that has become ready.
   void WakeWaiters();
@@ -128,18 +145,17 @@ class ParameterServerService final : public ParameterServerBase {
   void CancelAllWaiters();
 
  private:
-  class WaitingReactor;
-  friend class WaitingReactor;
+  class PullWaiter;
+  friend class PullWaiter;
   class LookupWaiter;
   friend class LookupWaiter;
   class GroupStateWriter;
   friend class GroupStateWriter;
 
-  // The rows of `request` into `response`.
-  // Answers `request` on `reactor`, its rows into *response: at once, or
-  // (a replicated training lookup) once the group's tail has its changes.
-  void AnswerLookup(grpc::ServerUnaryReactor* reactor, const LookupRequest& request,
-                    grpc::ByteBuffer* response, absl::Time start, size_t request_bytes);
+  // Answers `lookup` on `call`: at once, or (a replicated training lookup)
+  // once the group's tail has its changes.
+  void AnswerLookup(ServerCall* call, const LookupRequest& lookup, absl::Time start,
+                    size_t request_bytes);
   // Answers a parked (or about to be parked) lookup and finishes it.
   void AnswerLookup(LookupWaiter* waiter);
   // Whether a lookup must be parked: a sync table's step is not in yet, or
@@ -149,24 +165,16 @@ class ParameterServerService final : public ParameterServerBase {
   void WakeLookups();
   void OnLookupCancelled(LookupWaiter* waiter);
 
-  // Answers `request` now if it is ready, else parks it as a waiter. For a
-  // PushPull, `push` is the push half's response; null for a Pull.
-  // `response` is gRPC's, written when the pull is answered.
-  grpc::ServerUnaryReactor* StartPull(grpc::CallbackServerContext* context,
-                                      const char* method, absl::Time start,
-                                      size_t request_bytes, PullRequest request,
-                                      const PushResponse* push,
-                                      grpc::ByteBuffer* response);
-  // When a parked pull of a call that started at `start` gives up: the
-  // client's deadline or --max_pull_wait, whichever comes first.
-  absl::Time PullDeadline(grpc::CallbackServerContext* context, absl::Time start) const;
+  // When a parked call that started at `start` gives up: the client's
+  // deadline or --max_pull_wait, whichever comes first.
+  absl::Time PullDeadline(const ServerCall* call, absl::Time start) const;
   // Answers `waiter` now if its pull is ready, else parks it.
-  void BeginPull(WaitingReactor* waiter);
+  void BeginPull(PullWaiter* waiter);
   // Encodes the answer to `waiter`'s pull into its response and finishes it
   // (a committed read: parks it, sealed, until what it read is committed).
-  void AnswerWaiter(WaitingReactor* waiter);
-  void FinishWaiter(WaitingReactor* waiter, const grpc::Status& status);
-  void OnWaiterCancelled(WaitingReactor* waiter);
+  void AnswerWaiter(PullWaiter* waiter);
+  void FinishWaiter(PullWaiter* waiter, const grpc::Status& status);
+  void OnWaiterCancelled(PullWaiter* waiter);
   // One finished call for the RPC metrics (byte counts in RpcRecorder's
   // order: request, response).
   void Record(const char* method, const grpc::Status& status, size_t request_bytes,
@@ -185,11 +193,18 @@ class ParameterServerService final : public ParameterServerBase {
   // `message`'s slices.
   absl::Status ParsePushRequest(const grpc::ByteBuffer& request,
                                 wire::ReceivedMessage* message, wire::PushView* push);
-  // Serializes `push_response` into `response` and finishes a push.
+  // Serializes `message` (if `status` is OK) into `call`'s response and
+  // finishes it.
+  void FinishMessage(ServerCall* call, const char* method, absl::Status status,
+                     absl::Time start, size_t request_bytes,
+                     const google::protobuf::Message& message);
+  // Finishes `call` (its response written, if OK), recording the RPC.
+  void FinishCall(ServerCall* call, const char* method, const absl::Status& status,
+                  absl::Time start, size_t request_bytes);
+  // The same for Replicate, a gRPC method only.
   void FinishPush(grpc::ServerUnaryReactor* reactor, const char* method,
                   absl::Status status, absl::Time start, size_t request_bytes,
                   const PushResponse& push_response, grpc::ByteBuffer* response);
-  // The same for a raw method; `response` is what is sent (if OK).
   void FinishRaw(grpc::ServerUnaryReactor* reactor, const char* method,
                  const absl::Status& status, absl::Time start,
                  size_t request_bytes, const grpc::ByteBuffer& response);
@@ -203,13 +218,14 @@ class ParameterServerService final : public ParameterServerBase {
   const std::unique_ptr<PushPath> local_path_;
   PushPath* push_path_;
   Replicator* replicator_ = nullptr;
+  std::atomic<int> data_port_{0};
 
   // A Register may carry a million tiny specs: its memory is given back.
   internal::ArenaMessages<RegisterRequest, RegisterResponse> register_arena_;
 
   // Parked pulls (shardtrain_waiting_pulls counts them) and parked
   // training lookups.
-  ParkedLot<WaitingReactor> pulls_;
+  ParkedLot<PullWaiter> pulls_;
   ParkedLot<LookupWaiter> lookups_;
 };
 

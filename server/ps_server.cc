@@ -154,12 +154,29 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                                         server->chain_table_.get(), server->forwarder_.get(),
                                         server->replication_metrics_.get()));
   }
+  if (!options.data_listen.empty()) {
+    if (options.security.tls()) {
+      return absl::InvalidArgumentError(
+          "--data_listen opens a plaintext port: a shard started with TLS keeps its data "
+          "path on gRPC (leave --data_listen empty)");
+    }
+    DataPortOptions data;
+    data.listen_address = options.data_listen;
+    data.max_connections = options.max_data_connections;
+    data.limits = options.data_limits;
+    data.limits.max_message_bytes = static_cast<uint64_t>(options.max_message_bytes);
+    ASSIGN_OR_RETURN(server->data_port_, DataPort::Start(data, service, registry));
+    service->set_data_port(server->data_port_->port());
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(true);
   server->housekeeping_ = std::thread([s = server.get()] { s->Housekeeping(); });
   server->started_ = true;
   LOG(INFO) << "shard " << options.shard.shard_index << "/"
             << options.shard.partitioning.num_shards << " serving on port "
-            << server->port_ << ", metrics on port " << server->metrics_port();
+            << server->port_ << ", metrics on port " << server->metrics_port()
+            << (server->data_port_ != nullptr
+                    ? absl::StrCat(", data port ", server->data_port_->port())
+                    : std::string());
   return server;
 }
 
@@ -218,6 +235,8 @@ absl::Status PsServer::Shutdown() {
   if (forwarder_ != nullptr) forwarder_->Stop();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
+    service_->set_data_port(0);
+    if (data_port_ != nullptr) data_port_->Shutdown();
     service_->CancelAllWaiters();
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
     server_->Wait();

@@ -22,6 +22,7 @@
 #include "common/metrics_exposer.h"
 #include "common/rpc_metrics.h"
 #include "server/checkpoint.h"
+#include "server/data_port.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/coordinator.h"
 #include "server/replication/forwarder.h"
@@ -45,6 +46,12 @@ struct PsServerOptions {
   std::string metrics_address = "127.0.0.1:0";
   // Largest message accepted or sent; larger ones get RESOURCE_EXHAUSTED.
   int max_message_bytes = 256 << 20;
+  // The data port (server/data_port.h): "host:port" (port 0 picks a free
+  // port); empty opens none. Plaintext: refused with TLS. Its body limit is
+  // max_message_bytes.
+  std::string data_listen;
+  int max_data_connections = 256;
+  DataConnectionLimits data_limits;
   // Checkpoints go here; empty disables them. The newest good one is loaded
   // at start (server/checkpoint.h). async: one is written every
   // checkpoint_interval and at shutdown. sync: one at every
@@ -82,6 +89,12 @@ class PsServer {
   ~PsServer();
 
   int port() const { return port_; }
+  // The data port; 0 when none is open.
+  int data_port() const { return data_port_ != nullptr ? data_port_->port() : 0; }
+  // Connections open on the data port now.
+  int data_connections() const {
+    return data_port_ != nullptr ? data_port_->connections() : 0;
+  }
   int metrics_port() const { return exposer_->port(); }
   Shard& shard() { return *shard_; }
   // Null unless replicated.
@@ -114,6 +127,8 @@ class PsServer {
   // goes after it.
   std::unique_ptr<PushPath> push_path_;
   std::unique_ptr<ParameterServerService> service_;
+  // Before the service goes: its connections run the service's handlers.
+  std::unique_ptr<DataPort> data_port_;
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -20,9 +20,10 @@ struct InProcessShards {
 
 // Starts `num_shards` shards, each with `options` but its own index and
 // options.partitioning.num_shards = num_shards; no /metrics HTTP server
-// (nothing scrapes it in these tests).
+// (nothing scrapes it in these tests). `data_port`: each opens a data port
+// (server/data_port.h) too.
 absl::StatusOr<InProcessShards> StartInProcessShards(server::ShardOptions options,
-                                                     int num_shards);
+                                                     int num_shards, bool data_port = false);
 
 }  // namespace shardtrain::testutil
 

@@ -3,7 +3,8 @@
 // or FinishExchanges returns, gRPC holds no slice of it any more (and, in
 // sync mode, no push noted for replay still refers to it), so the caller
 // may overwrite it without changing what the shards received. Run with
-// several connections per shard, whose calls split each shard's partitions.
+// several connections per shard, whose calls split each shard's partitions,
+// over gRPC and over the shards' data ports (frames, server/data_port.h).
 #include <cmath>
 #include <memory>
 #include <ostream>
@@ -27,10 +28,12 @@ struct Case {
   bool sync;
   DType dtype;
   int channels;
+  bool frames = false;  // through the shards' data ports
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << (c.sync ? "sync " : "async ") << common::DTypeName(c.dtype) << " x" << c.channels;
+  *os << (c.sync ? "sync " : "async ") << common::DTypeName(c.dtype) << " x" << c.channels
+      << (c.frames ? " frames" : "");
 }
 
 class ZeroCopy : public ::testing::TestWithParam<Case> {
@@ -43,7 +46,8 @@ class ZeroCopy : public ::testing::TestWithParam<Case> {
     options.num_workers = 1;
     options.optimizer.name = "sgd";
     options.optimizer.learning_rate = kLearningRate;
-    ASSERT_OK_AND_ASSIGN(cluster_, testutil::StartInProcessShards(options, 2));
+    ASSERT_OK_AND_ASSIGN(cluster_,
+                         testutil::StartInProcessShards(options, 2, GetParam().frames));
     client::PsClientOptions client_options;
     client_options.servers = cluster_.addresses;
     client_options.max_partition_elements = kPartition;
@@ -89,6 +93,10 @@ class ZeroCopy : public ::testing::TestWithParam<Case> {
   void ExpectNothingReferenced() {
     EXPECT_EQ(client_->referenced_slices(), 0);
     for (int s = 0; s < 2; ++s) EXPECT_EQ(client_->replay_references(s), 0);
+    // The calls went where the case says.
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_EQ(cluster_.shards[s]->data_connections() > 0, GetParam().frames) << "shard " << s;
+    }
   }
 
   testutil::InProcessShards cluster_;
@@ -144,10 +152,12 @@ INSTANTIATE_TEST_SUITE_P(
     Paths, ZeroCopy,
     ::testing::Values(Case{false, DTYPE_F32, 1}, Case{false, DTYPE_F32, 3},
                       Case{true, DTYPE_F32, 2}, Case{false, DTYPE_BF16, 2},
-                      Case{true, DTYPE_F16, 1}),
+                      Case{true, DTYPE_F16, 1}, Case{false, DTYPE_F32, 3, true},
+                      Case{true, DTYPE_F32, 2, true}, Case{true, DTYPE_BF16, 1, true}),
     [](const ::testing::TestParamInfo<Case>& info) {
       return std::string(info.param.sync ? "Sync" : "Async") +
-             common::DTypeName(info.param.dtype) + "x" + std::to_string(info.param.channels);
+             common::DTypeName(info.param.dtype) + "x" + std::to_string(info.param.channels) +
+             (info.param.frames ? "Frames" : "");
     });
 
 }  // namespace

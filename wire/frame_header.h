@@ -24,6 +24,17 @@
 
 namespace shardtrain::wire {
 
+// The calls a shard's data port serves (server/data_port.h), as
+// FrameHeader::method; each carries the same message as the gRPC method of
+// that name.
+enum class DataMethod : uint8_t {
+  kPush = 1,
+  kPull = 2,
+  kPushPull = 3,
+  kLookup = 4,
+  kPushSparse = 5,
+};
+
 struct FrameHeader {
   static constexpr size_t kBytes = 32;
   static constexpr uint32_t kMagic = 0x31465453;  // "STF1" in little-endian order

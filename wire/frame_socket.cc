@@ -112,6 +112,10 @@ FrameSocket::FrameSocket(int fd) : fd_(fd) {
 
 FrameSocket::~FrameSocket() { ::close(fd_); }
 
+absl::Status FrameSocket::WaitReadable(absl::Time deadline) {
+  return WaitFor(fd_, POLLIN, deadline);
+}
+
 void FrameSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
 absl::Status FrameSocket::Write(FrameHeader header, absl::string_view message,

@@ -68,6 +68,11 @@ class FrameSocket {
   absl::Status Read(uint64_t max_body_bytes, uint32_t max_message_bytes, absl::Time deadline,
                     FrameHeader* header, std::string* message, grpc::ByteBuffer* body);
 
+  // Waits until something can be read (a frame's first bytes, or the
+  // peer's close), until `deadline`: OK, or DEADLINE_EXCEEDED with the
+  // connection still usable.
+  absl::Status WaitReadable(absl::Time deadline);
+
   // Ends the connection both ways; a Read or Write blocked in another
   // thread returns at once. Thread-safe.
   void Shutdown();

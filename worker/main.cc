@@ -102,6 +102,9 @@ ABSL_FLAG(double, wait_for_workers_s, 600,
           "Chief: how long to wait for the other workers after the last epoch "
           "before failing");
 ABSL_FLAG(int, max_message_mb, 256, "Largest gRPC message in MiB");
+ABSL_FLAG(bool, use_data_port, true,
+          "Send Push, Pull and PushPull to a shard's data port (ps-server --data_listen: "
+          "frames on plain TCP, no HTTP/2) when it has one; false: always gRPC");
 ABSL_FLAG(int, channels_per_shard, 4,
           "TCP connections to each shard; a push's or pull's partitions on one "
           "shard are split over them");
@@ -219,6 +222,7 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client_options.security = app::ClientSecurityFromFlags();
   client_options.topk_ratio = absl::GetFlag(FLAGS_topk_ratio);
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
+  client_options.use_data_port = absl::GetFlag(FLAGS_use_data_port);
   client_options.replicas = absl::GetFlag(FLAGS_replicas);
   const app::EtcdFlags etcd = app::EtcdFromFlags();
   client_options.etcd_endpoints = etcd.endpoints;

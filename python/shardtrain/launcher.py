@@ -723,13 +723,17 @@ class Launcher:
         if o.replicas > 1:
             replication = [f"--replicas={o.replicas}", f"--etcd_endpoints={self.etcd_endpoint}",
                            f"--job={_JOB}", "--lease_ttl_s=1"]
+        # The data path goes to each shard's data port (frames on plain TCP);
+        # a shard with TLS keeps it on gRPC.
+        data_port = [] if any(f.startswith("--tls_cert") for f in o.server_flags) else \
+            ["--data_listen=127.0.0.1:0"]
         for s in range(o.shards):
             port_file = os.path.join(run_dir, f"shard{s}.port")
             port_files.append(port_file)
             argv = [server, f"--shard_index={s}", f"--num_shards={o.shards}",
                     f"--num_workers={o.workers}", f"--mode={o.mode}",
                     "--listen=127.0.0.1:0", f"--port_file={port_file}"] + replication + \
-                o.server_flags
+                data_port + o.server_flags
             self.shards.append(Child(f"shard {s}", argv, dict(os.environ), None, self.stderr,
                                      self._log_path(f"shard {s}"), self.lock))
         servers = []

@@ -1,0 +1,237 @@
+#include "client/frame_channel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace shardtrain::client {
+
+namespace {
+
+// The longest status message taken from a shard.
+constexpr uint32_t kMaxStatusMessage = 64 << 10;
+// How often an idle reader looks for calls past their deadline.
+constexpr absl::Duration kExpiryTick = absl::Milliseconds(50);
+// A frame whose first bytes arrived must be whole within this.
+constexpr absl::Duration kFrameTimeout = absl::Seconds(60);
+
+grpc::Status ToGrpc(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+}  // namespace
+
+FrameChannel::FrameChannel(std::string host, int port, uint64_t max_message_bytes,
+                           absl::Duration connect_timeout)
+    : host_(std::move(host)),
+      max_message_bytes_(max_message_bytes),
+      connect_timeout_(connect_timeout),
+      port_(port) {}
+
+FrameChannel::~FrameChannel() {
+  std::vector<std::shared_ptr<Connection>> all;
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+    if (connection_ != nullptr) all.push_back(std::move(connection_));
+    all.insert(all.end(), retired_.begin(), retired_.end());
+    retired_.clear();
+  }
+  for (const auto& connection : all) connection->socket->Shutdown();
+  for (const auto& connection : all) {
+    if (connection->reader.joinable()) connection->reader.join();
+  }
+  // Calls whose connection never opened a reader (none) or that were
+  // registered after the last reader ended.
+  std::vector<Pending> left;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, pending] : pending_) left.push_back(std::move(pending));
+    pending_.clear();
+  }
+  for (Pending& pending : left) {
+    pending.done(grpc::Status(grpc::StatusCode::CANCELLED, "the frame channel was closed"),
+                 /*reached=*/true);
+  }
+}
+
+int FrameChannel::port() const {
+  absl::MutexLock lock(&mu_);
+  return port_;
+}
+
+void FrameChannel::set_port(int port) {
+  std::shared_ptr<Connection> old;
+  {
+    absl::MutexLock lock(&mu_);
+    if (port == port_) return;
+    port_ = port;
+    old = connection_;
+  }
+  // Its reader fails its calls and retires it.
+  if (old != nullptr) old->socket->Shutdown();
+}
+
+absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
+    absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (closing_) return absl::CancelledError("the frame channel is closing");
+  if (connection_ != nullptr && !connection_->failed) return connection_;
+  // Readers that have ended are joined (not this thread's own: a call
+  // started from a `done` runs on a reader).
+  for (auto it = retired_.begin(); it != retired_.end();) {
+    if ((*it)->reader_done.load() && (*it)->reader.get_id() != std::this_thread::get_id()) {
+      (*it)->reader.join();
+      it = retired_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (connection_ != nullptr) retired_.push_back(std::move(connection_));
+  const absl::Duration timeout = std::min(connect_timeout_, deadline - absl::Now());
+  absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket =
+      wire::FrameSocket::Connect(host_, port_, std::max(timeout, absl::ZeroDuration()));
+  if (!socket.ok()) return socket.status();
+  auto connection = std::make_shared<Connection>();
+  connection->socket = *std::move(socket);
+  Connection* raw = connection.get();
+  connection->reader = std::thread([this, raw] { Read(raw); });
+  connection_ = connection;
+  return connection;
+}
+
+void FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+                        grpc::ByteBuffer* response, absl::Time deadline, Done done) {
+  absl::StatusOr<std::shared_ptr<Connection>> opened = Open(deadline);
+  if (!opened.ok()) {
+    done(ToGrpc(absl::UnavailableError(absl::StrCat(
+             "data port ", host_, ":", port(), " unreachable: ", opened.status().message()))),
+         /*reached=*/false);
+    return;
+  }
+  const std::shared_ptr<Connection>& connection = *opened;
+  wire::FrameHeader header;
+  header.method = static_cast<uint8_t>(method);
+  if (deadline != absl::InfiniteFuture()) {
+    const double ms = std::ceil(absl::ToDoubleMilliseconds(deadline - absl::Now()));
+    header.timeout_ms = static_cast<uint32_t>(
+        std::clamp(ms, 1.0, static_cast<double>(std::numeric_limits<uint32_t>::max())));
+  }
+  bool failed = false;
+  {
+    absl::MutexLock lock(&mu_);
+    failed = connection->failed;
+    if (!failed) {
+      header.call_id = next_id_++;
+      pending_.emplace(header.call_id, Pending{response, deadline, std::move(done)});
+    }
+  }
+  if (failed) {
+    // Failed between Open and here: nothing was sent on it.
+    done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                      absl::StrCat("data port ", host_, ": the connection failed")),
+         /*reached=*/false);
+    return;
+  }
+  absl::Status written;
+  {
+    absl::MutexLock lock(&connection->write_mu);
+    written = connection->socket->Write(header, "", &request, deadline);
+  }
+  if (!written.ok()) {
+    // The reader fails the connection's calls, this one among them.
+    connection->socket->Shutdown();
+  }
+}
+
+void FrameChannel::Read(Connection* connection) {
+  wire::FrameSocket* socket = connection->socket.get();
+  while (true) {
+    // Waits for an answer, ending calls past their deadline meanwhile.
+    absl::Status ready = socket->WaitReadable(absl::Now() + kExpiryTick);
+    Expire(absl::Now());
+    if (absl::IsDeadlineExceeded(ready)) continue;
+    wire::FrameHeader header;
+    std::string message;
+    grpc::ByteBuffer body;
+    absl::Status read = ready;
+    if (read.ok()) {
+      read = socket->Read(max_message_bytes_, kMaxStatusMessage, absl::Now() + kFrameTimeout,
+                          &header, &message, &body);
+    }
+    if (read.ok() && !header.response) {
+      read = absl::UnavailableError("the shard sent a request frame");
+    }
+    if (!read.ok()) {
+      Fail(connection, ToGrpc(absl::Status(
+                           absl::IsResourceExhausted(read) ? read.code()
+                                                           : absl::StatusCode::kUnavailable,
+                           absl::StrCat("data port ", host_, ": ", read.message()))));
+      connection->reader_done.store(true);
+      return;
+    }
+    Pending pending;
+    {
+      absl::MutexLock lock(&mu_);
+      connection->answered_any = true;
+      auto it = pending_.find(header.call_id);
+      if (it == pending_.end()) continue;  // past its deadline: dropped
+      pending = std::move(it->second);
+      pending_.erase(it);
+    }
+    if (header.status == 0) {
+      *pending.response = std::move(body);
+      pending.done(grpc::Status::OK, /*reached=*/true);
+    } else {
+      pending.done(grpc::Status(static_cast<grpc::StatusCode>(header.status), message),
+                   /*reached=*/true);
+    }
+  }
+}
+
+void FrameChannel::Fail(Connection* connection, const grpc::Status& status) {
+  std::vector<Pending> failed;
+  bool reached = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (connection->failed) return;
+    connection->failed = true;
+    reached = connection->answered_any;
+    // Every call in flight was sent on this connection: a new one opens
+    // only once this one is marked failed.
+    for (auto& [id, pending] : pending_) failed.push_back(std::move(pending));
+    pending_.clear();
+  }
+  connection->socket->Shutdown();
+  for (Pending& pending : failed) pending.done(status, reached);
+}
+
+void FrameChannel::Expire(absl::Time now) {
+  std::vector<Pending> expired;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deadline <= now) {
+        expired.push_back(std::move(it->second));
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Pending& pending : expired) {
+    pending.done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              absl::StrCat("data port ", host_, ": deadline exceeded")),
+                 /*reached=*/true);
+  }
+}
+
+}  // namespace shardtrain::client

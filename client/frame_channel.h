@@ -1,0 +1,117 @@
+// FrameChannel: one framed TCP connection from a worker to a shard's data
+// port (server/data_port.h), carrying the data path's calls (Push, Pull,
+// PushPull, Lookup, PushSparse) as frames (wire/frame_header.h) instead of
+// HTTP/2 streams. A call's request is written by the calling thread with
+// one sendmsg straight from its slices; the connection's reader thread
+// reads each answer into one slice (wire/frame_socket.h) and runs the
+// call's `done`. Calls overlap on the connection, matched by call id.
+//
+// The connection opens on the first call and again on the first call after
+// it failed. A call's deadline travels with it (the shard's parked pulls
+// give up at it) and is kept here too: a call not answered by then ends
+// with DEADLINE_EXCEEDED, and a late answer is dropped. When the connection
+// fails, its calls end with UNAVAILABLE.
+//
+//   FrameChannel channel("10.0.0.7", data_port, max_message_bytes);
+//   channel.Call(wire::DataMethod::kPush, request, &response, deadline,
+//                [](grpc::Status status, bool reached) { ... });
+//
+// `reached` is false when the call surely did not reach the shard's
+// handlers (the port did not accept a connection, or closed it without
+// answering anything on it, as a shard at --max_data_connections does): the
+// caller may send it another way (gRPC) at once. Retries are the caller's
+// (client/shard_channel.h). Thread-safe.
+#ifndef SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
+#define SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "wire/frame_header.h"
+#include "wire/frame_socket.h"
+
+namespace shardtrain::client {
+
+class FrameChannel {
+ public:
+  using Done = std::function<void(grpc::Status status, bool reached)>;
+
+  // Calls go to `host`:`port` (set_port may change it); answers over
+  // `max_message_bytes` end the connection with RESOURCE_EXHAUSTED.
+  FrameChannel(std::string host, int port, uint64_t max_message_bytes,
+               absl::Duration connect_timeout = absl::Seconds(5));
+  // Ends the calls in flight with CANCELLED (their `done` runs) and joins
+  // the reader.
+  ~FrameChannel();
+  FrameChannel(const FrameChannel&) = delete;
+  FrameChannel& operator=(const FrameChannel&) = delete;
+
+  // Sends `request` as `method`; the answer's body goes to *response (alive
+  // until `done`), and `done` runs once, on the reader thread or (a call
+  // that failed before it was sent) on this one.
+  void Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+            grpc::ByteBuffer* response, absl::Time deadline, Done done);
+
+  const std::string& host() const { return host_; }
+  int port() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The shard restarted on another data port: later calls go there, and
+  // the open connection (to the old one) is closed.
+  void set_port(int port) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Pending {
+    grpc::ByteBuffer* response;
+    absl::Time deadline;
+    Done done;
+  };
+  // One opened connection and its reader; a failed one is replaced.
+  struct Connection {
+    std::unique_ptr<wire::FrameSocket> socket;
+    absl::Mutex write_mu;  // one frame written at a time
+    std::thread reader;
+    std::atomic<bool> reader_done{false};
+    bool failed = false;        // guarded by FrameChannel::mu_
+    bool answered_any = false;  // guarded by FrameChannel::mu_
+  };
+
+  // Reads `connection`'s answers until it fails.
+  void Read(Connection* connection);
+  // The open connection, opened now if there is none.
+  absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends `connection`'s calls with `status` (`reached` unless nothing was
+  // ever answered on it) and marks it failed.
+  void Fail(Connection* connection, const grpc::Status& status);
+  // Ends the calls whose deadline has passed.
+  void Expire(absl::Time now);
+
+  const std::string host_;
+  const uint64_t max_message_bytes_;
+  const absl::Duration connect_timeout_;
+
+  mutable absl::Mutex mu_;
+  int port_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Connection> connection_ ABSL_GUARDED_BY(mu_);
+  // Failed connections whose reader may still be running.
+  std::vector<std::shared_ptr<Connection>> retired_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
