@@ -2,7 +2,9 @@
 // back on the same address (in-process PsServer, async mode, checkpoints
 // on). While the shard is away a blocking Push is retried: it fails only
 // after --reconnect_timeout_s, naming the shard, when the shard stays away,
-// and succeeds when the shard is back within it.
+// and succeeds when the shard is back within it. Both over gRPC and over the
+// shard's data port, which the restarted shard opens on another port (the
+// client finds it through gRPC and the shard's Register answer).
 #include <algorithm>
 #include <filesystem>
 #include <memory>
@@ -14,6 +16,7 @@
 
 #include "client/ps_client_metrics.h"
 #include "client/ps_client.h"
+#include "client/shard_channel.h"
 #include "gtest/gtest.h"
 #include "server/ps_server.h"
 
@@ -22,7 +25,7 @@ namespace {
 
 constexpr int64_t kElements = 300;
 
-class ShardRestart : public ::testing::Test {
+class ShardRestart : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::path(::testing::TempDir()) /
@@ -38,6 +41,7 @@ class ShardRestart : public ::testing::Test {
     options.listen_address = "127.0.0.1:" + std::to_string(port);
     options.metrics_address = "";
     options.checkpoint_dir = dir_.string();
+    if (GetParam()) options.data_listen = "127.0.0.1:0";
     options.shard.partitioning = {100, 1};
     options.shard.mode = server::ConsistencyMode::kAsync;
     options.shard.num_workers = 1;
@@ -81,7 +85,7 @@ class ShardRestart : public ::testing::Test {
   std::vector<absl::Span<const float>> grads_ = {grad_};
 };
 
-TEST_F(ShardRestart, PushFailsAfterTheReconnectTimeoutNamingTheShard) {
+TEST_P(ShardRestart, PushFailsAfterTheReconnectTimeoutNamingTheShard) {
   std::unique_ptr<server::PsServer> shard = StartShard(0);
   ASSERT_NE(shard, nullptr);
   const int port = shard->port();
@@ -105,7 +109,7 @@ TEST_F(ShardRestart, PushFailsAfterTheReconnectTimeoutNamingTheShard) {
   EXPECT_GE(metrics.retries("Push").Value(), 1);
 }
 
-TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
+TEST_P(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   std::unique_ptr<server::PsServer> shard = StartShard(0);
   ASSERT_NE(shard, nullptr);
   const int port = shard->port();
@@ -139,8 +143,20 @@ TEST_F(ShardRestart, PushSucceedsWhenTheShardIsBackInTime) {
   client::PullStats pull;
   ASSERT_TRUE(client->Pull(2, 2, spans, &pull).ok());
   EXPECT_EQ(pull.min_version, 2);
+  if (GetParam()) {
+    // Once the pause after the old data port refused is over, the calls
+    // go to the new one.
+    absl::SleepFor(client::ShardChannel::kFramesPause);
+    ASSERT_TRUE(client->Pull(2, 2, spans, &pull).ok());
+    EXPECT_GT(back->data_connections(), 0);
+  }
   EXPECT_TRUE(back->Shutdown().ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShardRestart, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "DataPort" : "Grpc");
+                         });
 
 }  // namespace
 }  // namespace shardtrain

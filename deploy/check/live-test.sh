@@ -160,7 +160,7 @@ servers=()
 for s in "${shards[@]}"; do
   p=pid_${s//-/_}
   wait_for 30 "$s port file" alive_and "${!p}" "$s" test -s "$work/$s.port"
-  read -r grpc metrics <"$work/$s.port"
+  read -r grpc metrics _ <"$work/$s.port"
   servers+=("127.0.0.1:$grpc"); echo "ps-server $s 127.0.0.1:$metrics" >>"$work/targets.txt"
   # docker-compose.yml's healthcheck (psctl health), against this shard
   mapfile -t hc < <(jq -r --arg a "127.0.0.1:$grpc" '.healthcheck[] | sub("@ADDR@"; $a)' "$work/plan.json")
