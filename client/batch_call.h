@@ -5,8 +5,10 @@
 // the overlapped exchange both start their RPCs here: the requests come from
 // the batch's WireRequests
 // (client/wire_requests.h), each goes through the shard's ShardChannel
-// (client/shard_channel.h) as raw bytes on grpc::GenericStub, and the answer is
-// decoded straight into the destinations given to SetPull.
+// (client/shard_channel.h) as a frame to the shard's data port
+// (client/frame_channel.h) or, without one, as raw bytes on
+// grpc::GenericStub, and the answer is decoded straight into the
+// destinations given to SetPull.
 //
 //   BatchCall call(&context, channel, /*connection=*/0, std::move(requests));
 //   call.requests().SetPush(clock, channel->NextSequence(), grad_of, versions);
@@ -15,7 +17,7 @@
 //   RETURN_IF_ERROR(call.Release(deadline));  // the gradient may change now
 //
 // Thread-compatible: one call of a batch at a time; `done` runs on a gRPC
-// thread.
+// thread or a frames channel's reader.
 #ifndef SHARDTRAIN_CLIENT_BATCH_CALL_H_
 #define SHARDTRAIN_CLIENT_BATCH_CALL_H_
 

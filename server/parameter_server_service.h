@@ -1,4 +1,8 @@
-// ParameterServerService: the gRPC face of a Shard (callback API).
+// ParameterServerService: the gRPC face of a Shard (callback API), and the
+// handlers of the data path whichever transport carries it: the gRPC
+// methods Push, Pull, PushPull, Lookup and PushSparse, and the same five
+// as frames on the shard's data port (server/data_port.h), both run
+// Handle* on a ServerCall (server/server_call.h).
 //
 // Every handler validates, calls the Shard and finishes on the calling
 // thread; writes (Push, a PushPull's push half, a training Lookup,

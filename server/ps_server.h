@@ -97,6 +97,9 @@ class PsServer {
   }
   int metrics_port() const { return exposer_->port(); }
   Shard& shard() { return *shard_; }
+  // The service whose handlers both transports run (data_port_fuzz drives
+  // its data-path handlers through a DataConnection of its own).
+  ParameterServerService& service() { return *service_; }
   // Null unless replicated.
   ChainTable* chain_table() { return chain_table_.get(); }
 

@@ -354,32 +354,36 @@ TEST_F(DataPortTest, AStalledClientStallsOnlyItsOwnConnection) {
 }
 
 TEST_F(DataPortTest, AClientFallsBackToGrpcWhenThePortTurnsItAway) {
-  // One data-port connection at a time; the client opens two per shard.
+  // One data-port connection at a time; the client opens two to the shard,
+  // as a call of its four partitions (1 MB) is split over two connections
+  // (PsClient splits no less than 128k elements per connection).
   Start(server::ConsistencyMode::kAsync, 1, /*max_connections=*/1);
+  constexpr int kFour = 4 * kPartitionElements;
   client::PsClientOptions options;
   options.servers = {"127.0.0.1:" + std::to_string(server_->port())};
   options.max_partition_elements = kPartitionElements;
   options.channels_per_shard = 2;
   ASSERT_OK_AND_ASSIGN(auto client, client::PsClient::Create(options, nullptr));
   TensorSpec spec;
-  spec.set_name("w");
-  spec.add_shape(kElements);
+  spec.set_name("x");
+  spec.add_shape(kFour);
   spec.set_dtype(DTYPE_F32);
   spec.mutable_init()->set_kind(Initializer::KIND_CONSTANT);
   spec.mutable_init()->set_scale(0.5f);
   ASSERT_OK(client->Register({spec}));
-  std::vector<float> grad(kElements);
-  for (int i = 0; i < kElements; ++i) grad[i] = Grad(0, i);
-  std::vector<float> params(kElements);
+  std::vector<float> grad(kFour);
+  for (int i = 0; i < kFour; ++i) grad[i] = Grad(0, i);
+  std::vector<float> params(kFour);
   for (int step = 0; step < 4; ++step) {
     client::PushStats push;
     client::PullStats pull;
     ASSERT_OK(client->PushPull(step + 1, 0, {absl::MakeConstSpan(grad)},
                                {absl::MakeSpan(params)}, &push, &pull));
   }
-  for (int i = 0; i < kElements; ++i) {
+  for (int i = 0; i < kFour; ++i) {
     ASSERT_NEAR(params[i], 0.5f - 4 * kLearningRate * Grad(0, i), 1e-5f) << i;
   }
+  // One connection served, the other's calls went over gRPC.
   EXPECT_EQ(server_->data_connections(), 1);
 }
 

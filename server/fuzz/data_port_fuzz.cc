@@ -6,8 +6,10 @@
 // One in-process shard (async, sgd, one worker, a tensor "w" of
 // kDataPortElements f32 and a sparse table "t" of dim 4) serves every
 // input. An input is the byte stream of one client connection: it is
-// written on a fresh connection, whose write side is then closed, and
-// everything the shard sends back is read until the shard closes it.
+// written on a fresh connection (a socketpair served by a DataConnection
+// of the shard's service, as the data port's listener serves what it
+// accepts), whose write side is then closed, and everything the shard
+// sends back is read until the shard closes it.
 // Besides the sanitizers it checks:
 //  - the shard closes the connection within 10 s of the input's end, so
 //    no call of a client that went away is left waiting (a parked pull is
@@ -16,16 +18,28 @@
 //    answering a call id the input sent.
 // A broken promise aborts, which libFuzzer reports as a crash. Seeds:
 // data_port_fuzz_seeds (<dir>/server/fuzz/data_port_seeds).
-#include <netinet/in.h>
+//
+// Not run by scripts/fuzz.sh yet: about once in 10-60 thousand inputs the
+// thread an input starts to serve its connection never runs (it is not
+// among the process's threads when the 10 s check fires, and the same
+// input replayed alone passes), in the TCP version through the data
+// port's listener and in this socketpair one alike; until that is
+// understood a CI run would fail on it about one time in ten. By hand:
+//   build-fuzz/bin/data_port_fuzz -max_len=4096 -max_total_time=60 \
+//     build-fuzz/server/fuzz/data_port_seeds
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <glog/logging.h>
 #include <google/protobuf/stubs/logging.h>
@@ -34,6 +48,7 @@
 #include "absl/time/clock.h"
 #include "proto/shardtrain.pb.h"
 #include "server/fuzz/data_port_frames.h"
+#include "server/data_connection.h"
 #include "server/ps_server.h"
 #include "wire/frame_header.h"
 
@@ -49,7 +64,6 @@ PsServer* Shard() {
   static PsServer* const server = [] {
     PsServerOptions options;
     options.metrics_address = "";
-    options.data_listen = "127.0.0.1:0";
     options.max_message_bytes = 1 << 20;
     options.data_limits.write_timeout = absl::Seconds(2);
     options.shard.num_workers = 1;
@@ -66,13 +80,18 @@ PsServer* Shard() {
     spec->add_shape(kDataPortElements);
     spec->set_dtype(DTYPE_F32);
     RegisterResponse response;
-    if (!(*started)->shard().Register(request, &response).ok()) Fail("Register failed");
+    if (absl::Status s = (*started)->shard().Register(request, &response); !s.ok()) {
+      Fail(("Register failed: " + s.ToString()).c_str());
+    }
     RegisterTablesRequest tables;
     TableSpec* table = tables.add_tables();
     table->set_name("t");
     table->set_dim(4);
     table->set_capacity(1 << 10);
-    if (!(*started)->shard().tables().Register(tables).ok()) Fail("RegisterTables failed");
+    table->set_learning_rate(0.1f);
+    if (absl::Status s = (*started)->shard().tables().Register(tables); !s.ok()) {
+      Fail(("RegisterTables failed: " + s.ToString()).c_str());
+    }
     return started->release();
   }();
   return server;
@@ -108,19 +127,25 @@ void CheckAnswers(const std::string& input, const std::string& answers) {
 }
 
 int OneInput(const uint8_t* data, size_t size) {
-  const int port = Shard()->data_port();
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    Fail("cannot connect to the data port");
+  // A connection of its own to the shard's service, over a socketpair: what
+  // the data port's listener hands a DataConnection, without the churn of
+  // a new TCP connection for every input.
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+    Fail("socketpair failed");
   }
+  DataConnectionLimits limits;
+  limits.max_message_bytes = 1 << 20;
+  limits.write_timeout = absl::Seconds(2);
+  DataConnection connection(std::make_unique<wire::FrameSocket>(fds[0]), &Shard()->service(),
+                            limits);
+  std::thread serving([&connection] { connection.Serve(); });
+  const int fd = fds[1];
   // Inputs are small (libFuzzer's -max_len): the socket buffer takes one
   // whole, so the write does not wait for the shard to read.
   const std::string input(reinterpret_cast<const char*>(data), size);
   size_t sent = 0;
+  if (input.empty()) ::shutdown(fd, SHUT_WR);
   std::string answers;
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   bool closed = false;
@@ -128,6 +153,8 @@ int OneInput(const uint8_t* data, size_t size) {
     pollfd entry{fd, static_cast<short>(POLLIN | (sent < input.size() ? POLLOUT : 0)), 0};
     const int left_ms = static_cast<int>(absl::ToInt64Milliseconds(give_up - absl::Now()));
     if (left_ms <= 0 || ::poll(&entry, 1, left_ms) <= 0) {
+      std::fprintf(stderr, "data_port_fuzz: sent %zu of %zu bytes, %zu bytes answered\n", sent,
+                   input.size(), answers.size());
       Fail("the shard did not close the connection within 10 s of the input's end");
     }
     if ((entry.revents & POLLOUT) != 0 && sent < input.size()) {
@@ -145,12 +172,9 @@ int OneInput(const uint8_t* data, size_t size) {
         answers.append(buffer, static_cast<size_t>(n));
       }
     }
-    if (input.empty() && sent == 0) {
-      ::shutdown(fd, SHUT_WR);
-      sent = 1;
-    }
   }
   ::close(fd);
+  serving.join();
   CheckAnswers(input, answers);
   return 0;
 }
