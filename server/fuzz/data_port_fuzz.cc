@@ -20,11 +20,14 @@
 // data_port_fuzz_seeds (<dir>/server/fuzz/data_port_seeds).
 //
 // Not run by scripts/fuzz.sh yet: about once in 10-60 thousand inputs the
-// thread an input starts to serve its connection never runs (it is not
-// among the process's threads when the 10 s check fires, and the same
-// input replayed alone passes), in the TCP version through the data
-// port's listener and in this socketpair one alike; until that is
-// understood a CI run would fail on it about one time in ten. By hand:
+// thread an input starts to serve its connection exists but never begins
+// its body (a flag set as its first statement is still clear 10 s later,
+// and pthread_kill(thread, 0) says it is alive), so the input hangs
+// before any server code runs; the same input replayed alone passes. It
+// happened with the data port's own listener thread and with this
+// socketpair alike, so it lies in starting threads under this
+// sanitizer/libFuzzer runtime, not in the handlers; until it is understood
+// a CI run would fail on it about one time in ten. By hand:
 //   build-fuzz/bin/data_port_fuzz -max_len=4096 -max_total_time=60 \
 //     build-fuzz/server/fuzz/data_port_seeds
 
