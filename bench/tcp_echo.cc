@@ -1,17 +1,9 @@
 #include "bench/tcp_echo.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include <grpcpp/support/slice.h>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace shardtrain::bench {
@@ -32,10 +24,6 @@ uint64_t GetU64(const uint8_t* in) {
   return value;
 }
 
-absl::Status SocketError(const char* what) {
-  return absl::UnavailableError(absl::StrCat("tcp echo: ", what, ": ", std::strerror(errno)));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -46,19 +34,10 @@ TcpEchoServer::TcpEchoServer(int64_t max_bytes)
 
 absl::StatusOr<std::unique_ptr<TcpEchoServer>> TcpEchoServer::Start(int64_t max_bytes) {
   std::unique_ptr<TcpEchoServer> server(new TcpEchoServer(max_bytes));
-  server->listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (server->listen_fd_ < 0) return SocketError("socket");
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (::bind(server->listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      ::listen(server->listen_fd_, 16) != 0 ||
-      ::getsockname(server->listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    return SocketError("listen");
-  }
-  server->port_ = ntohs(address.sin_port);
+  absl::StatusOr<std::unique_ptr<wire::FrameListener>> listener =
+      wire::FrameListener::Listen("127.0.0.1:0");
+  if (!listener.ok()) return listener.status();
+  server->listener_ = *std::move(listener);
   server->acceptor_ = std::thread([s = server.get()] { s->Accept(); });
   return server;
 }
@@ -73,23 +52,18 @@ TcpEchoServer::~TcpEchoServer() {
     }
     servers.swap(servers_);
   }
-  if (listen_fd_ >= 0) ::shutdown(listen_fd_, SHUT_RDWR);
+  if (listener_ != nullptr) listener_->Shutdown();
   if (acceptor_.joinable()) acceptor_.join();
   for (std::thread& thread : servers) thread.join();
-  if (listen_fd_ >= 0) ::close(listen_fd_);
   // connections_ close as the server goes, no thread using them.
 }
 
 void TcpEchoServer::Accept() {
   while (true) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      return;  // shut down
-    }
+    absl::StatusOr<std::unique_ptr<wire::FrameSocket>> accepted = listener_->Accept();
+    if (!accepted.ok()) return;  // shut down
     absl::MutexLock lock(&mu_);
-    wire::FrameSocket* connection =
-        connections_.emplace_back(std::make_unique<wire::FrameSocket>(fd)).get();
+    wire::FrameSocket* connection = connections_.emplace_back(*std::move(accepted)).get();
     if (stopping_) {
       connection->Shutdown();
       return;

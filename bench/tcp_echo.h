@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "wire/frame_listener.h"
 #include "wire/frame_socket.h"
 
 namespace shardtrain::bench {
@@ -47,7 +48,7 @@ class TcpEchoServer {
   // Stops listening, ends every connection and joins every thread.
   ~TcpEchoServer();
 
-  int port() const { return port_; }
+  int port() const { return listener_->port(); }
 
  private:
   explicit TcpEchoServer(int64_t max_bytes);
@@ -59,8 +60,7 @@ class TcpEchoServer {
 
   const int64_t max_bytes_;
   const std::string source_;
-  int listen_fd_ = -1;
-  int port_ = 0;
+  std::unique_ptr<wire::FrameListener> listener_;
   std::thread acceptor_;
 
   absl::Mutex mu_;
