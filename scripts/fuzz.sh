@@ -17,7 +17,7 @@ seconds=${1:-60}
 fuzz_dir="${FUZZ_BUILD_DIR:-$SHARDTRAIN_ROOT/build-fuzz}"
 ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
 
-log "building shard_fuzz and wire_fuzz (clang, sanitizers) into $fuzz_dir"
+log "building shard_fuzz, wire_fuzz and data_port_fuzz (clang, sanitizers) into $fuzz_dir"
 CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$fuzz_dir" \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_C_FLAGS_RELEASE="-O1 -gline-tables-only" -DCMAKE_CXX_FLAGS_RELEASE="-O1 -gline-tables-only" \
