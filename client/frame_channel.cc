@@ -154,10 +154,15 @@ void FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request
 
 void FrameChannel::Read(Connection* connection) {
   wire::FrameSocket* socket = connection->socket.get();
+  // Calls past their deadline are looked for once per kExpiryTick, not
+  // with every answer.
+  absl::Time next_expiry = absl::Now() + kExpiryTick;
   while (true) {
-    // Waits for an answer, ending calls past their deadline meanwhile.
-    absl::Status ready = socket->WaitReadable(absl::Now() + kExpiryTick);
-    Expire(absl::Now());
+    absl::Status ready = socket->WaitReadable(next_expiry);
+    if (const absl::Time now = absl::Now(); now >= next_expiry) {
+      Expire(now);
+      next_expiry = now + kExpiryTick;
+    }
     if (absl::IsDeadlineExceeded(ready)) continue;
     wire::FrameHeader header;
     std::string message;
