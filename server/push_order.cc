@@ -4,6 +4,8 @@
 #include <numeric>
 #include <utility>
 
+#include <glog/logging.h>
+
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::server {
@@ -93,10 +95,14 @@ void PushOrder::Tick(absl::Time now) {
     if (applying_ || parked_count_ == 0 || now - turn_started_ < skip_after_) return;
     // Pass the turn on to the next worker with a parked push: each worker
     // skipped has been silent for skip_after already.
+    int passed = 0;
     while (parked_[round_[position_]].empty()) {
       Advance();
-      ++skipped_;
+      ++passed;
     }
+    skipped_ += passed;
+    LOG(INFO) << "push order: passed on " << passed << " turn(s) of silent workers after "
+              << absl::FormatDuration(skip_after_) << "; " << skipped_ << " in all";
     run = TakeRunnable();
   }
   if (run) run(true);
