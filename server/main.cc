@@ -173,6 +173,9 @@ ABSL_FLAG(uint64_t, push_order_seed, 1, "--push_order=random: the permutations' 
 ABSL_FLAG(double, push_order_skip_s, 2.0,
           "--push_order: pass a turn on when its worker has not pushed for this "
           "long while others wait (a finished or evaluating worker)");
+ABSL_FLAG(double, push_order_start_s, 60.0,
+          "--push_order: the same for a worker that has not pushed yet (still "
+          "starting), so that the workers' start does not change the order");
 ABSL_FLAG(int, max_tables, 64, "Most sparse tables registered on this shard");
 ABSL_FLAG(int, max_table_dim, 1024, "Largest embedding dim of a sparse table");
 ABSL_FLAG(int64_t, max_table_rows, int64_t{1} << 28,
@@ -319,6 +322,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--push_order_skip_s must be > 0");
   }
   options.push_order.skip_after = absl::Seconds(absl::GetFlag(FLAGS_push_order_skip_s));
+  if (!(absl::GetFlag(FLAGS_push_order_start_s) > 0)) {
+    return absl::InvalidArgumentError("--push_order_start_s must be > 0");
+  }
+  options.push_order.start_wait = absl::Seconds(absl::GetFlag(FLAGS_push_order_start_s));
   shardtrain::server::UpdateRuleChoice rule;
   rule.async_momentum = absl::GetFlag(FLAGS_async_momentum);
   rule.period = absl::GetFlag(FLAGS_async_momentum_period);

@@ -32,10 +32,12 @@ absl::StatusOr<std::unique_ptr<PushOrder>> PushOrder::Create(const PushOrderOpti
 PushOrder::PushOrder(Kind kind, const PushOrderOptions& options)
     : kind_(kind),
       skip_after_(options.skip_after),
+      start_wait_(options.start_wait),
       random_(options.seed),
       round_(static_cast<size_t>(options.num_workers)),
       turn_started_(absl::Now()),
-      parked_(static_cast<size_t>(options.num_workers)) {
+      parked_(static_cast<size_t>(options.num_workers)),
+      pushed_(static_cast<size_t>(options.num_workers), false) {
   absl::MutexLock lock(&mu_);
   std::iota(round_.begin(), round_.end(), 0u);
   if (kind_ == Kind::kRandom) std::shuffle(round_.begin(), round_.end(), random_);
@@ -69,6 +71,7 @@ void PushOrder::Enter(uint32_t worker, Admitted admitted) {
   {
     absl::MutexLock lock(&mu_);
     parked_[worker].push_back(std::move(admitted));
+    pushed_[worker] = true;
     ++parked_count_;
     run = TakeRunnable();
   }
@@ -92,9 +95,12 @@ void PushOrder::Tick(absl::Time now) {
   Admitted run;
   {
     absl::MutexLock lock(&mu_);
-    if (applying_ || parked_count_ == 0 || now - turn_started_ < skip_after_) return;
-    // Pass the turn on to the next worker with a parked push: each worker
-    // skipped has been silent for skip_after already.
+    if (applying_ || parked_count_ == 0) return;
+    const absl::Duration wait = pushed_[round_[position_]] ? skip_after_ : start_wait_;
+    if (now - turn_started_ < wait) return;
+    // Pass the turn on to the next worker with a parked push: the others
+    // skipped have had their turn's time too, since none of them pushed
+    // while this one waited.
     int passed = 0;
     while (parked_[round_[position_]].empty()) {
       Advance();
@@ -102,7 +108,7 @@ void PushOrder::Tick(absl::Time now) {
     }
     skipped_ += passed;
     LOG(INFO) << "push order: passed on " << passed << " turn(s) of silent workers after "
-              << absl::FormatDuration(skip_after_) << "; " << skipped_ << " in all";
+              << absl::FormatDuration(wait) << "; " << skipped_ << " in all";
     run = TakeRunnable();
   }
   if (run) run(true);

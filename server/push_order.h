@@ -11,7 +11,10 @@
 // A push whose worker does not hold the turn is parked, holding no thread,
 // and runs on the thread that passes the turn to it. A turn whose worker
 // has not pushed for `skip_after` while others wait is passed on (a worker
-// that finished, died, or is evaluating), so the order never deadlocks.
+// that finished, died, or is evaluating), so the order never deadlocks; a
+// worker that has not pushed yet (still starting, loading its data) is
+// waited for up to `start_wait`, so that the workers' start does not
+// change the order.
 // The order counts calls: it fits workers that push once per step and
 // shard (PushPull, --overlap=off).
 //
@@ -50,6 +53,8 @@ struct PushOrderOptions {
   // A turn whose worker has not pushed for this long while others wait is
   // passed on.
   absl::Duration skip_after = absl::Seconds(2);
+  // The same for a turn whose worker has never pushed.
+  absl::Duration start_wait = absl::Seconds(60);
 };
 
 class PushOrder {
@@ -94,6 +99,7 @@ class PushOrder {
 
   const Kind kind_;
   const absl::Duration skip_after_;
+  const absl::Duration start_wait_;
 
   mutable absl::Mutex mu_;
   std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
@@ -103,6 +109,7 @@ class PushOrder {
   bool applying_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time turn_started_ ABSL_GUARDED_BY(mu_);
   std::vector<std::deque<Admitted>> parked_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> pushed_ ABSL_GUARDED_BY(mu_);  // by worker: ever entered
   int64_t parked_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t skipped_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -16,6 +16,7 @@ std::unique_ptr<PushOrder> Make(const std::string& kind, int workers, uint64_t s
   options.num_workers = workers;
   options.seed = seed;
   options.skip_after = absl::Seconds(1);
+  options.start_wait = absl::Seconds(5);
   return PushOrder::Create(options).value();
 }
 
@@ -59,7 +60,7 @@ TEST(PushOrderTest, RandomRoundsArePermutationsTheSameForTheSameSeed) {
   EXPECT_TRUE(differs_from_round_robin);
 }
 
-TEST(PushOrderTest, ASilentWorkersTurnIsPassedOnAfterSkipAfter) {
+TEST(PushOrderTest, AStartingWorkerIsWaitedForUpToStartWait) {
   auto order = Make("round_robin", 3);
   std::vector<uint32_t> applied;
   auto push = [&](uint32_t worker) {
@@ -73,9 +74,32 @@ TEST(PushOrderTest, ASilentWorkersTurnIsPassedOnAfterSkipAfter) {
   push(2);
   EXPECT_TRUE(applied.empty());  // worker 0 holds the turn
   order->Tick(absl::Now());
-  EXPECT_TRUE(applied.empty());  // not yet silent for skip_after
-  order->Tick(absl::Now() + absl::Seconds(2));
+  order->Tick(absl::Now() + absl::Seconds(2));  // past skip_after
+  EXPECT_TRUE(applied.empty());  // worker 0 has not pushed yet: start_wait
+  order->Tick(absl::Now() + absl::Seconds(6));
   EXPECT_EQ(applied, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(order->skipped(), 1);
+  EXPECT_EQ(order->turn(), 0u);
+}
+
+TEST(PushOrderTest, ASilentWorkersTurnIsPassedOnAfterSkipAfter) {
+  auto order = Make("round_robin", 3);
+  std::vector<uint32_t> applied;
+  auto push = [&](uint32_t worker) {
+    order->Enter(worker, [&, worker](bool admitted) {
+      EXPECT_TRUE(admitted);
+      applied.push_back(worker);
+      order->Leave();
+    });
+  };
+  for (uint32_t worker : {0u, 1u, 2u}) push(worker);
+  push(1);
+  push(2);
+  EXPECT_EQ(applied.size(), 3u);  // worker 0 holds the turn again
+  order->Tick(absl::Now());
+  EXPECT_EQ(applied.size(), 3u);  // not yet silent for skip_after
+  order->Tick(absl::Now() + absl::Seconds(2));
+  EXPECT_EQ(applied, (std::vector<uint32_t>{0, 1, 2, 1, 2}));
   EXPECT_EQ(order->skipped(), 1);
   EXPECT_EQ(order->turn(), 0u);
 }
