@@ -67,6 +67,9 @@ ABSL_FLAG(std::string, scaling, "",
           "Scaling mode instead of --shards: SxW,... (S in-process shards x W workers "
           "stepping at once, async, overlap on), e.g. 1x1,2x1,4x2,8x4");
 ABSL_FLAG(int, rounds, 3, "Scaling mode: rounds (each runs every configuration once)");
+ABSL_FLAG(bool, data_port, true,
+          "The shards serve the data path on a data port (ps-server --data_listen, "
+          "run-local's default) and the workers use it; false: gRPC only");
 ABSL_FLAG(bool, pageable, false,
           "Also step both ways with the parameters in pageable host memory "
           "(TrainerOptions::pin_params off), to show what page-locking them saves on a GPU");
@@ -111,6 +114,7 @@ Cluster StartShards(int shards, int workers = 1) {
     options.shard.partitioning.num_shards = shards;
     options.shard.optimizer.name = "sgd";
     options.shard.optimizer.learning_rate = 1e-4f;
+    if (absl::GetFlag(FLAGS_data_port)) options.data_listen = "127.0.0.1:0";
     auto server = server::PsServer::Start(options);
     if (!server.ok()) {
       std::cerr << server.status() << "\n";
@@ -281,9 +285,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string report = absl::StrFormat(
-      "step_bench  model %s  batch %d  device %s  (%s, %d OpenBLAS threads)\n",
+      "step_bench  model %s  batch %d  device %s  (%s, %d OpenBLAS threads)  data path: %s\n",
       spec->ToString(), batch, worker::DeviceKindName(model_options.device),
-      bench::MachineDescription(), absl::GetFlag(FLAGS_cpu_threads));
+      bench::MachineDescription(), absl::GetFlag(FLAGS_cpu_threads),
+      absl::GetFlag(FLAGS_data_port) ? "data port" : "gRPC");
 
   // Baseline 1: compute alone, gradients copied back to the host as a
   // step without overlap does.
