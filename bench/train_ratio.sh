@@ -9,15 +9,17 @@
 #
 #   bench/train_ratio.sh [--build DIR] [--batch N] [--epochs N] [--model SPEC]
 #                        [--steps N] [--out FILE] [--server_flag FLAG]...
+#                        [--overlap auto|on|off|stale]
 #
 # --server_flag passes FLAG on to the ps-server (repeatable), e.g.
-# --server_flag --data_listen= to keep the data path on gRPC.
+# --server_flag --data_listen= to keep the data path on gRPC. --overlap goes
+# to run-local.sh (default auto: off on a CPU).
 #
 # Needs ps-server, ps-worker and step_bench built in --build DIR/bin
 # (default build/bin) and the dataset run-local.sh uses.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-build="$root/build" batch=128 epochs=3 model=mlp:784-256-128-10 steps=30 out=""
+build="$root/build" batch=128 epochs=3 model=mlp:784-256-128-10 steps=30 out="" overlap=auto
 server_flags=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -28,7 +30,8 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --server_flag) server_flags+=("$2"); shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --overlap) overlap=$2; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -49,7 +52,8 @@ compute_ms() {
 before_ms=$(compute_ms)
 start=$(date +%s.%N)
 BUILD_DIR="$build" "$root/scripts/run-local.sh" --no-build --workers 1 --shards 1 \
-  --batch "$batch" --epochs "$epochs" --model "$model" --results "$tmp/results.json" \
+  --batch "$batch" --epochs "$epochs" --model "$model" --overlap "$overlap" \
+  --results "$tmp/results.json" \
   -- "${server_flags[@]}" >"$tmp/run.txt" 2>&1 || { cat "$tmp/run.txt" >&2; exit 1; }
 end=$(date +%s.%N)
 after_ms=$(compute_ms)
@@ -58,11 +62,11 @@ train_sps=$(sed -n 's/.*"samples_per_second": \([0-9.]*\).*/\1/p' "$tmp/results.
   echo "could not read the figures" >&2; cat "$tmp/step.txt" "$tmp/run.txt" >&2; exit 1; }
 
 report=$(awk -v b="$before_ms" -v a="$after_ms" -v s="$train_sps" -v n="$batch" \
-  -v model="$model" -v epochs="$epochs" -v wall="$(awk -v s="$start" -v e="$end" 'BEGIN { print e - s }')" '
+  -v model="$model" -v epochs="$epochs" -v overlap="$overlap" -v wall="$(awk -v s="$start" -v e="$end" 'BEGIN { print e - s }')" '
 BEGIN {
   c1 = n * 1000 / b; c2 = n * 1000 / a; c = (c1 + c2) / 2
   printf "# train_ratio: run-local samples/s vs one worker'"'"'s compute-only samples/s\n"
-  printf "# model %s, batch %d; run-local: --workers 1 --shards 1 --epochs %d (%.0f s wall)\n", model, n, epochs, wall
+  printf "# model %s, batch %d; run-local: --workers 1 --shards 1 --epochs %d --overlap %s (%.0f s wall)\n", model, n, epochs, overlap, wall
   printf "# compute-only = batch / step_bench compute1 (forward+backward+gradient copies, no PS), mean of a run before and after\n"
   printf "compute-only samples/s   %10.0f   (before %.0f, after %.0f; compute1 %.2f / %.2f ms)\n", c, c1, c2, b, a
   printf "run-local samples/s      %10.0f   (results JSON samples_per_second, all epochs)\n", s

@@ -106,6 +106,17 @@ class ParameterClient {
   // The largest clock the job recorded for this worker index at the last
   // Register; 0 for a new job.
   virtual int64_t registered_worker_clock() const = 0;
+
+  // Each partition's version as the last pulls fetched it (registered or
+  // taken from a restarted shard), in the client's partition order: the
+  // versions a push says its gradients were computed at.
+  virtual std::vector<int64_t> PulledVersions() const = 0;
+  // The next Push or PushPull says its gradients were computed at
+  // `versions` (an earlier PulledVersions()) instead: for a worker that
+  // computes on parameters older than its last pull (Trainer's stale
+  // overlap), so that the shards measure its staleness right. Not for the
+  // overlapped exchanges (StartExchange).
+  virtual void SetNextPushComputedAt(std::vector<int64_t> versions) = 0;
 };
 
 }  // namespace shardtrain::client

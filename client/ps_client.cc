@@ -359,6 +359,20 @@ std::pair<int64_t, int64_t> PsClient::known_versions() const {
   return {lo, hi};
 }
 
+std::vector<int64_t> PsClient::PulledVersions() const {
+  std::vector<int64_t> versions;
+  versions.reserve(versions_.size());
+  for (const std::atomic<int64_t>& version : versions_) versions.push_back(version.load());
+  return versions;
+}
+
+void PsClient::SetNextPushComputedAt(std::vector<int64_t> versions) {
+  computed_at_.clear();
+  // A snapshot from before a re-registration does not fit: versions_ then.
+  if (versions.size() != versions_.size()) return;
+  for (int64_t version : versions) computed_at_.emplace_back(version);
+}
+
 int64_t PsClient::RaiseKnownVersions(int64_t step) {
   int64_t lost = 0;
   for (std::atomic<int64_t>& version : versions_) {
@@ -380,13 +394,15 @@ bool PsClient::DefersClock(int shard) const {
 }
 
 void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads) {
+  const VersionTable& computed_at = computed_at_.empty() ? versions_ : computed_at_;
   for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
     // See DefersClock: the parts carry the clock before this step.
     const int64_t sent_clock =
         DefersClock(batch->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
     batch->requests().SetPush(
-        sent_clock, batch->NextSequence(), [grads](int t) { return grads[t]; }, versions_);
+        sent_clock, batch->NextSequence(), [grads](int t) { return grads[t]; }, computed_at);
   }
+  computed_at_.clear();
 }
 
 absl::Status PsClient::AdvanceClock(int64_t clock) {

@@ -143,6 +143,8 @@ class PsClient final : public ParameterClient {
   // As for a restarted shard: the partitions below `step` catch up on this
   // client's next push (server/shard.h).
   int64_t RaiseKnownVersions(int64_t step) override;
+  std::vector<int64_t> PulledVersions() const override;
+  void SetNextPushComputedAt(std::vector<int64_t> versions) override;
   int64_t registered_worker_clock() const override { return registered_worker_clock_; }
   uint64_t worker_incarnation() const { return worker_incarnation_; }
 
@@ -223,6 +225,9 @@ class PsClient final : public ParameterClient {
   // shard); PartitionSlice::version_index points here. Written by at most
   // one in-flight pull per partition, and by a resync of its shard.
   VersionTable versions_;
+  // SetNextPushComputedAt's versions for the next Push or PushPull; empty:
+  // versions_.
+  VersionTable computed_at_;
   // Set when options_.topk_ratio > 0: one residual per partition, indexed
   // like versions_. Before the batches, which use it, so it outlives them.
   std::unique_ptr<common::TopKCompressor> topk_;

@@ -8,7 +8,7 @@
 #   scripts/run-local.sh [--mode sync|async] [--workers N] [--shards N]
 #       [--epochs N] [--optimizer sgd|momentum|nesterov|adam|adamw|adagrad]
 #       [--lr X] [--lr-schedule cosine|constant] [--batch N]
-#       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off]
+#       [--max-staleness N] [--model mlp:784-...-10] [--overlap auto|on|off|stale]
 #       [--pipeline-stages S --microbatches M --schedule gpipe|1f1b]
 #       [--device cpu|cuda] [--gemm-precision fp32|tf32|bf16]
 #       [--checkpoint-dir DIR [--checkpoint-every N]] [--resume DIR]
@@ -75,7 +75,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$mode" in sync|async) ;; *) echo "--mode must be sync or async" >&2; exit 2 ;; esac
-case "$overlap" in auto|on|off) ;; *) echo "--overlap must be auto, on or off" >&2; exit 2 ;; esac
+case "$overlap" in auto|on|off|stale) ;; *) echo "--overlap must be auto, on, off or stale" >&2; exit 2 ;; esac
 for n in "$workers" "$shards" "$epochs" "$batch" ${checkpoint_every:+"$checkpoint_every"}; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "counts must be positive integers" >&2; exit 2; }
 done

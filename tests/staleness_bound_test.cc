@@ -121,6 +121,51 @@ TEST(StalenessBound, WithoutABoundTheFastWorkerRunsAhead) {
   EXPECT_LT(outcome.fast_wait_seconds, 0.05);
 }
 
+// A push says which versions its gradients were computed at: one computed
+// on parameters older than the client's last pull (SetNextPushComputedAt,
+// Trainer's stale overlap) counts as that much staler, over gRPC and over
+// the data port, and only that push.
+TEST(StalenessBound, APushComputedOnOlderParametersCountsAsStaler) {
+  for (const bool data_port : {false, true}) {
+    SCOPED_TRACE(data_port ? "data port" : "gRPC");
+    server::ShardOptions options;
+    options.partitioning.max_partition_elements = 500;
+    options.mode = server::ConsistencyMode::kAsync;
+    options.num_workers = 1;
+    ASSERT_OK_AND_ASSIGN(testutil::InProcessShards cluster,
+                         testutil::StartInProcessShards(options, 2, data_port));
+    client::PsClientOptions client_options;
+    client_options.servers = cluster.addresses;
+    client_options.max_partition_elements = 500;
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::PsClient> client,
+                         client::PsClient::Create(client_options, nullptr));
+    TensorSpec spec;
+    spec.set_name("w");
+    spec.add_shape(kElements);
+    spec.set_dtype(DTYPE_F32);
+    ASSERT_OK(client->Register({spec}));
+    std::vector<float> params(kElements), grads(kElements, 1e-3f);
+    const std::vector<absl::Span<float>> param_spans = {absl::MakeSpan(params)};
+    const std::vector<absl::Span<const float>> grad_spans = {grads};
+    // The push's staleness; -1 if the call failed.
+    auto push_pull = [&](int64_t clock) -> int64_t {
+      client::PushStats push;
+      client::PullStats pull;
+      const absl::Status status =
+          client->PushPull(clock, 0, grad_spans, param_spans, &push, &pull);
+      EXPECT_OK(status);
+      return status.ok() ? push.max_staleness : -1;
+    };
+    EXPECT_EQ(push_pull(1), 0);
+    const std::vector<int64_t> one_behind = client->PulledVersions();
+    EXPECT_EQ(one_behind, std::vector<int64_t>(kElements / 500, 1));
+    EXPECT_EQ(push_pull(2), 0);
+    client->SetNextPushComputedAt(one_behind);
+    EXPECT_EQ(push_pull(3), 1);
+    EXPECT_EQ(push_pull(4), 0);  // that push only
+  }
+}
+
 // Worker 0 looks up an async table at clock 3 while worker 1 is at clock 0
 // and the bound is 1: the lookup waits (an evaluation lookup does not)
 // until worker 1's clock reaches 2, as a pull would.

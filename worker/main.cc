@@ -81,7 +81,9 @@ ABSL_FLAG(std::string, overlap, "auto",
           "on: push each layer's gradient as backward produces it and prefetch "
           "the next step's parameters behind it; off: pull, compute, push in "
           "turn; auto: on for cuda, off for cpu (where compute and "
-          "communication compete for the same cores)");
+          "communication compete for the same cores); stale (async only): "
+          "a step's push and pull run behind the next step's compute, which "
+          "uses parameters one step older");
 ABSL_FLAG(bool, chief, false,
           "Evaluate at epoch ends and report; default: worker 0 is the chief");
 ABSL_FLAG(std::string, results, "", "Chief: write the results JSON here");
@@ -139,7 +141,7 @@ absl::StatusOr<bool> ParseOverlap(absl::string_view value,
   if (value == "off") return false;
   if (value == "auto") return device == worker::DeviceKind::kCuda;
   return absl::InvalidArgumentError(
-      absl::StrCat("must be auto, on or off, got ", value));
+      absl::StrCat("must be auto, on, off or stale, got ", value));
 }
 
 absl::StatusOr<worker::ModelOptions> ModelOptionsFromFlags() {
@@ -270,6 +272,16 @@ absl::StatusOr<worker::TrainerOptions> TrainerOptionsFromFlags(
   options.seed = absl::GetFlag(FLAGS_seed);
   options.chief = absl::GetFlag(FLAGS_chief) || options.worker_index == 0;
   options.wait_for_workers = absl::Seconds(absl::GetFlag(FLAGS_wait_for_workers_s));
+  if (absl::GetFlag(FLAGS_overlap) == "stale") {
+    if (options.sync) {
+      return absl::InvalidArgumentError(
+          "--overlap=stale needs async shards (--mode=async): a sync step needs the "
+          "parameters of its own step");
+    }
+    options.overlap = false;
+    options.stale_overlap = true;
+    return options;
+  }
   ASSIGN_OR_RETURN(options.overlap,
                    ParseFlag("overlap", absl::GetFlag(FLAGS_overlap),
                              [device](absl::string_view value) {

@@ -64,6 +64,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (options.batch < 1 || options.epochs < 0 || options.eval_batch < 1) {
     return absl::InvalidArgumentError("batch and eval_batch must be >= 1, epochs >= 0");
   }
+  if (options.stale_overlap && (options.sync || options.overlap)) {
+    return absl::InvalidArgumentError(
+        "stale overlap (parameters one step older) is for async mode without overlap; "
+        "sync steps need the parameters of their own step");
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, make_model(options.batch));
   std::unique_ptr<Trainer> trainer(
       new Trainer(options, client, metrics, std::move(model)));
@@ -90,6 +95,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     trainer->param_pins_.push_back(std::move(pin).value());
   }
   trainer->grad_spans_.resize(trainer->params_.size());
+  if (options.stale_overlap) {
+    trainer->next_params_ = trainer->params_;
+    trainer->sent_grads_ = trainer->params_;
+    for (size_t i = 0; i < trainer->params_.size(); ++i) {
+      trainer->next_param_spans_.push_back(absl::MakeSpan(trainer->next_params_[i]));
+      trainer->sent_grad_spans_.push_back(trainer->sent_grads_[i]);
+    }
+  }
   return trainer;
 }
 
@@ -194,6 +207,11 @@ absl::Status Trainer::PullParameters(int64_t min_version) {
 }
 
 absl::Status Trainer::Drain() {
+  if (exchange_in_flight_) {
+    params_ready_ = false;  // pulled afresh if the exchange failed
+    RETURN_IF_ERROR(LandExchange(nullptr, nullptr));
+    params_ready_ = true;
+  }
   if (!exchanges_pending_) return absl::OkStatus();
   exchanges_pending_ = false;
   client::PushStats push;
@@ -230,11 +248,16 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   client::PushStats push;
   client::PullStats pull;
   ASSIGN_OR_RETURN(const int64_t step, FetchStepParameters(push, pull));
+  // Stale overlap: params_ came from a pull, or from the exchange that
+  // landed last (see LandExchange); with one in flight, nothing pulled since.
+  if (options_.stale_overlap && !exchange_in_flight_) params_versions_ = client_->PulledVersions();
   times.pulled = absl::Now();
   ASSIGN_OR_RETURN(const float loss, Compute(x, labels, batch, step));
   times.computed = absl::Now();
   bool rejoined = false;
-  if (!options_.overlap) {
+  if (options_.stale_overlap) {
+    RETURN_IF_ERROR(ExchangeBehind(step, push, pull));
+  } else if (!options_.overlap) {
     ASSIGN_OR_RETURN(rejoined, PushGradients(step, push, pull));
   }
   times.pushed = absl::Now();
@@ -355,6 +378,51 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& pus
   }
   RETURN_IF_ERROR(sent);
   return false;
+}
+
+absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,
+                                     client::PullStats& pull) {
+  std::vector<PendingGrad> grads;
+  for (size_t i = 0; i < sent_grads_.size(); ++i) {
+    ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
+    grads.push_back(std::move(grad));
+  }
+  // The exchange before sends sent_grads_: it lands first.
+  params_ready_ = false;
+  std::vector<int64_t> computed_at = params_versions_;
+  RETURN_IF_ERROR(LandExchange(&push, &pull));
+  for (size_t i = 0; i < grads.size(); ++i) {
+    RETURN_IF_ERROR(grads[i].ready->Wait());
+    std::copy(grads[i].values.begin(), grads[i].values.end(), sent_grads_[i].begin());
+  }
+  // The shards measure the gradients' staleness from the parameters they
+  // were computed on, not from the exchange that just landed.
+  client_->SetNextPushComputedAt(std::move(computed_at));
+  exchange_in_flight_ = true;
+  exchange_thread_ = std::thread([this, clock = step + 1] {
+    exchange_push_ = client::PushStats();
+    exchange_pull_ = client::PullStats();
+    exchange_status_ = client_->PushPull(clock, /*min_version=*/0, sent_grad_spans_,
+                                         next_param_spans_, &exchange_push_, &exchange_pull_);
+  });
+  // The next step computes on what the landed exchange fetched (or, after
+  // the first step, on this step's parameters again).
+  params_ready_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LandExchange(client::PushStats* push, client::PullStats* pull) {
+  if (!exchange_in_flight_) return absl::OkStatus();
+  exchange_thread_.join();
+  exchange_in_flight_ = false;
+  RETURN_IF_ERROR(exchange_status_);
+  if (push != nullptr) *push = exchange_push_;
+  if (pull != nullptr) *pull = exchange_pull_;
+  // The buffers trade places; params_'s page-locks stay with theirs.
+  params_.swap(next_params_);
+  param_spans_.swap(next_param_spans_);
+  params_versions_ = client_->PulledVersions();
+  return absl::OkStatus();
 }
 
 void Trainer::RecordStep(const StepTimes& times, const client::PushStats& push,
@@ -548,6 +616,9 @@ void Trainer::BeginEpoch(int epoch, int64_t step, DataShard& shard, EpochTally& 
 
 absl::StatusOr<EpochResult> Trainer::EndEpoch(const EpochTally& tally, const Dataset* test,
                                               RunTotals& totals) {
+  // The chief asks the shards for the job's steps: no exchange may be in
+  // flight on the client meanwhile.
+  if (options_.stale_overlap) RETURN_IF_ERROR(Drain());
   EpochResult epoch_result;
   epoch_result.epoch = tally.epoch;
   epoch_result.train_loss = tally.loss_sum / tally.steps;

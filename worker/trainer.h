@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,6 +66,13 @@ struct TrainerOptions {
   // the next step's parameters behind it (see client/tensor_exchange.h);
   // otherwise push everything after backward and pull before the next step.
   bool overlap = true;
+  // Async only, without overlap: the push and pull of step t run on a
+  // thread of their own behind step t+1's compute, which uses the
+  // parameters the exchange before fetched: one step older, without this
+  // worker's last gradient (its staleness grows by one). On a CPU the
+  // exchange then runs on another core instead of between computes. An
+  // exchange's error ends the next step.
+  bool stale_overlap = false;
   // Page-lock the host copy of the parameters for the model's copies
   // (Model::PinParamHost: on a GPU, DMA instead of a staged copy). Off only
   // to measure what that saves (step_bench --pageable).
@@ -190,6 +198,13 @@ class Trainer {
   // rejoined at the shards' step.
   absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push,
                                      client::PullStats& pull);
+  // stale_overlap: lands the exchange in flight (its parameters become
+  // params_), then starts step + 1's with this step's gradients. Adds the
+  // landed exchange's figures to push and pull.
+  absl::Status ExchangeBehind(int64_t step, client::PushStats& push, client::PullStats& pull);
+  // stale_overlap: waits for the exchange in flight, if any, and makes the
+  // parameters it fetched params_.
+  absl::Status LandExchange(client::PushStats* push, client::PullStats* pull);
   // Adds the step's phase times to the epoch totals and the metrics.
   void RecordStep(const StepTimes& times, const client::PushStats& push,
                   const client::PullStats& pull, int batch, float loss);
@@ -237,6 +252,20 @@ class Trainer {
   bool exchanges_pending_ = false;
   // params_ already hold what the next step needs.
   bool params_ready_ = false;
+  // stale_overlap: the exchange started after the last step's compute, and
+  // what it sends and fetches (params_'s twin, swapped with it as an
+  // exchange lands).
+  std::thread exchange_thread_;
+  bool exchange_in_flight_ = false;
+  absl::Status exchange_status_;
+  client::PushStats exchange_push_;
+  client::PullStats exchange_pull_;
+  std::vector<std::vector<float>> next_params_, sent_grads_;
+  std::vector<absl::Span<float>> next_param_spans_;
+  std::vector<absl::Span<const float>> sent_grad_spans_;
+  // The versions of the parameters in params_ (what the next push says its
+  // gradients were computed at).
+  std::vector<int64_t> params_versions_;
 
   // Totals of the current epoch.
   double compute_seconds_ = 0, push_seconds_ = 0, pull_seconds_ = 0,

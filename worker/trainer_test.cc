@@ -151,6 +151,79 @@ TEST_P(TrainerModesTest, StepsAreSgdOnTheServersModel) {
   }
 }
 
+// Stale overlap: step b's push and pull run behind step b+1's compute, so
+// every gradient from step 1 on is computed one update behind: the shards'
+// model is delayed SGD's, gradient b taken at the parameters after b-1
+// updates (b = 0 and 1 both at the initial ones).
+TEST_F(TrainerTest, StaleOverlapIsSgdOneStepBehind) {
+  InMemoryParameterClient client(0, 1, kLearningRate);
+  TrainerOptions options = Options(/*sync=*/false, /*overlap=*/false);
+  options.stale_overlap = true;
+  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(options, &client));
+  ASSERT_OK(trainer->Initialize());
+  constexpr int kSteps = 6;
+  for (int b = 0; b < kSteps; ++b) {
+    ASSERT_OK(trainer->Step(X(b), Labels(b), kBatch).status());
+    // The step returns with its exchange in flight or landed: never more
+    // than one gradient behind the trainer's clock.
+    EXPECT_GE(client.pushes_applied(), b * static_cast<int64_t>(trainer->params().size()));
+  }
+  ASSERT_OK(trainer->Drain());
+  EXPECT_EQ(trainer->clock(), kSteps);
+
+  // Delayed SGD from the shards' initial values.
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Model> model, MlpFactory(spec_, backend_.get())(kBatch));
+  std::vector<std::vector<float>> params;
+  for (const TensorSpec& spec : TensorSpecsFor(model->params(), kSeed)) {
+    params.emplace_back(common::NumElements(spec));
+    common::FillInitialValues(spec, 0, absl::MakeSpan(params.back()));
+  }
+  std::vector<std::vector<float>> behind = params;  // after b-1 updates
+  for (int b = 0; b < kSteps; ++b) {
+    for (size_t i = 0; i < behind.size(); ++i) {
+      ASSERT_OK(model->SetParam(static_cast<int>(i), behind[i]));
+    }
+    ASSERT_OK(model->ForwardBackward(X(b), Labels(b), kBatch, nullptr).status());
+    behind = params;
+    for (size_t i = 0; i < params.size(); ++i) {
+      std::vector<float> grad(params[i].size());
+      ASSERT_OK(model->GetGrad(static_cast<int>(i), absl::MakeSpan(grad)));
+      for (size_t k = 0; k < grad.size(); ++k) params[i][k] -= kLearningRate * grad[k];
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(client.version(static_cast<int>(i)), kSteps);
+    EXPECT_EQ(client.values(static_cast<int>(i)), params[i]) << "tensor " << i;
+    // Drain pulled the last update: the trainer holds the shards' model.
+    EXPECT_EQ(trainer->params()[i], params[i]) << "tensor " << i;
+  }
+}
+
+// The shards hear the staleness stale overlap adds: one update per gradient
+// for a lone worker, whose gradients are otherwise never stale.
+TEST_F(TrainerTest, StaleOverlapReportsTheStalenessItAdds) {
+  InMemoryParameterClient client(0, 1, kLearningRate);
+  TrainerOptions options = Options(/*sync=*/false, /*overlap=*/false);
+  options.stale_overlap = true;
+  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(options, &client));
+  ASSERT_OK(trainer->Initialize());
+  ASSERT_OK_AND_ASSIGN(const TrainResult result, trainer->Run(data_, nullptr, nullptr));
+  ASSERT_EQ(result.epochs.size(), 1u);
+  EXPECT_EQ(result.epochs[0].max_staleness, 1);
+  EXPECT_EQ(result.steps, 64 / kBatch);
+  EXPECT_EQ(client.version(0), 64 / kBatch);
+}
+
+TEST_F(TrainerTest, StaleOverlapIsRefusedInSyncModeAndWithOverlap) {
+  InMemoryParameterClient client(0, 1, kLearningRate);
+  for (const auto& [sync, overlap] : {std::pair{true, false}, std::pair{false, true}}) {
+    TrainerOptions options = Options(sync, overlap);
+    options.stale_overlap = true;
+    EXPECT_EQ(MakeTrainer(options, &client).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 // Sync only: the shards' answers a sync trainer acts on, with and without
 // overlap.
 class TrainerSyncTest : public TrainerTest, public ::testing::WithParamInterface<bool> {

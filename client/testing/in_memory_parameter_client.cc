@@ -95,10 +95,11 @@ absl::Status InMemoryParameterClient::CheckPushLocked(int tensor, int64_t clock)
 }
 
 int64_t InMemoryParameterClient::ApplyLocked(int tensor, int64_t clock,
-                                             absl::Span<const float> grad) {
+                                             absl::Span<const float> grad,
+                                             int64_t computed_at) {
   int64_t& version = versions_[tensor];
   if (sync_) version = std::max(version, clock - 1);  // the catch-up CheckPushLocked allowed
-  const int64_t staleness = std::max<int64_t>(0, version - known_[tensor]);
+  const int64_t staleness = std::max<int64_t>(0, version - computed_at);
   std::vector<float>& values = values_[tensor];
   for (size_t i = 0; i < values.size(); ++i) values[i] -= learning_rate_ * grad[i];
   ++version;
@@ -125,6 +126,9 @@ absl::Status InMemoryParameterClient::Push(int64_t clock,
                                            absl::Span<const absl::Span<const float>> grads,
                                            PushStats* stats) {
   absl::MutexLock lock(&mu_);
+  std::vector<int64_t> computed_at;
+  computed_at.swap(computed_at_);  // for this push only
+  if (computed_at.size() != known_.size()) computed_at = known_;
   std::vector<size_t> sizes;
   for (absl::Span<const float> grad : grads) sizes.push_back(grad.size());
   RETURN_IF_ERROR(CheckSizesLocked(grads.size(), sizes));
@@ -138,7 +142,8 @@ absl::Status InMemoryParameterClient::Push(int64_t clock,
   stats->max_staleness = 0;
   for (size_t t = 0; t < grads.size(); ++t) {
     stats->max_staleness =
-        std::max(stats->max_staleness, ApplyLocked(static_cast<int>(t), clock, grads[t]));
+        std::max(stats->max_staleness,
+                 ApplyLocked(static_cast<int>(t), clock, grads[t], computed_at[t]));
   }
   return failure.value_or(absl::OkStatus());
 }
@@ -188,7 +193,7 @@ void InMemoryParameterClient::StartExchange(int tensor, int64_t clock, int64_t m
   if (status.ok() && failure.has_value() && !applied) status = *failure;
   if (status.ok()) status = CheckPushLocked(tensor, clock);
   if (status.ok()) {
-    exchange_staleness_ = std::max(exchange_staleness_, ApplyLocked(tensor, clock, grad));
+    exchange_staleness_ = std::max(exchange_staleness_, ApplyLocked(tensor, clock, grad, known_[tensor]));
     if (failure.has_value()) status = *failure;
   }
   if (status.ok()) status = PullTensorLocked(tensor, min_version, params);
@@ -226,6 +231,16 @@ std::pair<int64_t, int64_t> InMemoryParameterClient::known_versions() const {
   if (known_.empty()) return {0, 0};
   const auto [lo, hi] = std::minmax_element(known_.begin(), known_.end());
   return {*lo, *hi};
+}
+
+std::vector<int64_t> InMemoryParameterClient::PulledVersions() const {
+  absl::MutexLock lock(&mu_);
+  return known_;
+}
+
+void InMemoryParameterClient::SetNextPushComputedAt(std::vector<int64_t> versions) {
+  absl::MutexLock lock(&mu_);
+  computed_at_ = std::move(versions);
 }
 
 int64_t InMemoryParameterClient::RaiseKnownVersions(int64_t step) {

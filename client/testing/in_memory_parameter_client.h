@@ -66,6 +66,8 @@ class InMemoryParameterClient final : public ParameterClient {
                                               absl::Duration retry_for) override;
   std::pair<int64_t, int64_t> known_versions() const override;
   int64_t RaiseKnownVersions(int64_t step) override;
+  std::vector<int64_t> PulledVersions() const override;
+  void SetNextPushComputedAt(std::vector<int64_t> versions) override;
   int64_t registered_worker_clock() const override;
 
   // What a test stages.
@@ -102,10 +104,10 @@ class InMemoryParameterClient final : public ParameterClient {
   // (or catches up to it).
   absl::Status CheckPushLocked(int tensor, int64_t clock) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies `grad` to tensor `tensor` for step `clock`; returns the push's
-  // staleness. REQUIRES: CheckPushLocked(tensor, clock).ok().
-  int64_t ApplyLocked(int tensor, int64_t clock, absl::Span<const float> grad)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies `grad`, computed at version `computed_at`, to tensor `tensor`
+  // for step `clock`; returns the push's staleness. REQUIRES: CheckPushLocked(tensor, clock).ok().
+  int64_t ApplyLocked(int tensor, int64_t clock, absl::Span<const float> grad,
+                      int64_t computed_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks every gradient's tensor and size.
   absl::Status CheckSizesLocked(size_t count, const std::vector<size_t>& sizes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -122,6 +124,8 @@ class InMemoryParameterClient final : public ParameterClient {
   std::vector<std::vector<float>> values_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> versions_ ABSL_GUARDED_BY(mu_);  // the server's
   std::vector<int64_t> known_ ABSL_GUARDED_BY(mu_);     // this client's
+  // SetNextPushComputedAt's versions, by tensor; empty: known_.
+  std::vector<int64_t> computed_at_ ABSL_GUARDED_BY(mu_);
   int64_t worker_clock_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t registered_clock_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
