@@ -56,7 +56,7 @@ int TrainExamples(int workers) { return workers <= 4 ? 30000 : 60000; }
 // mean of the seeds 0.034 once). A period of 32 (--async_momentum_period,
 // twice the workers) gave 0.006-0.015 in strict and random order over 8
 // runs: the 0.03 holds every job at that period. On 2026-12-02 a
-// CI run (ctest -j2 on a slow machine) ended N = 8's strict-order seed-2
+// CI run (on a slow machine) ended N = 8's strict-order seed-2
 // job 0.0150 below sync: the shards had passed on turns of workers still
 // starting (2 s default; 6-16 turns a job beside another of these tests).
 // A worker that has not pushed yet is now waited for (--push_order_start_s)
