@@ -115,7 +115,8 @@ class ParameterClient {
   // `versions` (an earlier PulledVersions()) instead: for a worker that
   // computes on parameters older than its last pull (Trainer's stale
   // overlap), so that the shards measure its staleness right. Not for the
-  // overlapped exchanges (StartExchange).
+  // overlapped exchanges (StartExchange). Call it from the thread that
+  // makes that push, or before that thread starts.
   virtual void SetNextPushComputedAt(std::vector<int64_t> versions) = 0;
 };
 

@@ -20,16 +20,19 @@ std::unique_ptr<PushOrder> Make(const std::string& kind, int workers, uint64_t s
   return PushOrder::Create(options).value();
 }
 
+// Enters a push of `worker` that, once admitted, appends it to *applied.
+void Push(PushOrder& order, uint32_t worker, std::vector<uint32_t>* applied) {
+  order.Enter(worker, [&order, applied, worker](bool admitted) {
+    EXPECT_TRUE(admitted);
+    applied->push_back(worker);
+    order.Leave();
+  });
+}
+
 // Pushes that arrive in any order are applied in the order's turns.
 std::vector<uint32_t> Admissions(PushOrder& order, const std::vector<uint32_t>& arrivals) {
   std::vector<uint32_t> applied;
-  for (uint32_t worker : arrivals) {
-    order.Enter(worker, [&order, &applied, worker](bool admitted) {
-      EXPECT_TRUE(admitted);
-      applied.push_back(worker);
-      order.Leave();
-    });
-  }
+  for (uint32_t worker : arrivals) Push(order, worker, &applied);
   return applied;
 }
 
@@ -63,15 +66,8 @@ TEST(PushOrderTest, RandomRoundsArePermutationsTheSameForTheSameSeed) {
 TEST(PushOrderTest, AStartingWorkerIsWaitedForUpToStartWait) {
   auto order = Make("round_robin", 3);
   std::vector<uint32_t> applied;
-  auto push = [&](uint32_t worker) {
-    order->Enter(worker, [&, worker](bool admitted) {
-      EXPECT_TRUE(admitted);
-      applied.push_back(worker);
-      order->Leave();
-    });
-  };
-  push(1);
-  push(2);
+  Push(*order, 1, &applied);
+  Push(*order, 2, &applied);
   EXPECT_TRUE(applied.empty());  // worker 0 holds the turn
   order->Tick(absl::Now());
   order->Tick(absl::Now() + absl::Seconds(2));  // past skip_after
@@ -85,16 +81,9 @@ TEST(PushOrderTest, AStartingWorkerIsWaitedForUpToStartWait) {
 TEST(PushOrderTest, ASilentWorkersTurnIsPassedOnAfterSkipAfter) {
   auto order = Make("round_robin", 3);
   std::vector<uint32_t> applied;
-  auto push = [&](uint32_t worker) {
-    order->Enter(worker, [&, worker](bool admitted) {
-      EXPECT_TRUE(admitted);
-      applied.push_back(worker);
-      order->Leave();
-    });
-  };
-  for (uint32_t worker : {0u, 1u, 2u}) push(worker);
-  push(1);
-  push(2);
+  for (uint32_t worker : {0u, 1u, 2u}) Push(*order, worker, &applied);
+  Push(*order, 1, &applied);
+  Push(*order, 2, &applied);
   EXPECT_EQ(applied.size(), 3u);  // worker 0 holds the turn again
   order->Tick(absl::Now());
   EXPECT_EQ(applied.size(), 3u);  // not yet silent for skip_after

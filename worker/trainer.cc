@@ -346,8 +346,7 @@ absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
   return *loss;
 }
 
-absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push,
-                                             client::PullStats& pull) {
+absl::Status Trainer::CopyGradsToHost() {
   std::vector<PendingGrad> grads;
   for (size_t i = 0; i < grad_spans_.size(); ++i) {
     ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
@@ -357,6 +356,12 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& pus
     RETURN_IF_ERROR(grads[i].ready->Wait());
     grad_spans_[i] = grads[i].values;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push,
+                                             client::PullStats& pull) {
+  RETURN_IF_ERROR(CopyGradsToHost());
   if (!options_.sync) {
     // Async: the next step's parameters come back with the push, one round
     // trip instead of two (they include this gradient, as a pull after the
@@ -382,18 +387,13 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& pus
 
 absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,
                                      client::PullStats& pull) {
-  std::vector<PendingGrad> grads;
-  for (size_t i = 0; i < sent_grads_.size(); ++i) {
-    ASSIGN_OR_RETURN(PendingGrad grad, model_->StartGradCopy(static_cast<int>(i)));
-    grads.push_back(std::move(grad));
-  }
+  RETURN_IF_ERROR(CopyGradsToHost());
   // The exchange before sends sent_grads_: it lands first.
   params_ready_ = false;
   std::vector<int64_t> computed_at = params_versions_;
   RETURN_IF_ERROR(LandExchange(&push, &pull));
-  for (size_t i = 0; i < grads.size(); ++i) {
-    RETURN_IF_ERROR(grads[i].ready->Wait());
-    std::copy(grads[i].values.begin(), grads[i].values.end(), sent_grads_[i].begin());
+  for (size_t i = 0; i < grad_spans_.size(); ++i) {
+    std::copy(grad_spans_[i].begin(), grad_spans_[i].end(), sent_grads_[i].begin());
   }
   // The shards measure the gradients' staleness from the parameters they
   // were computed on, not from the exchange that just landed.
@@ -618,7 +618,7 @@ absl::StatusOr<EpochResult> Trainer::EndEpoch(const EpochTally& tally, const Dat
                                               RunTotals& totals) {
   // The chief asks the shards for the job's steps: no exchange may be in
   // flight on the client meanwhile.
-  if (options_.stale_overlap) RETURN_IF_ERROR(Drain());
+  if (options_.stale_overlap && options_.chief) RETURN_IF_ERROR(Drain());
   EpochResult epoch_result;
   epoch_result.epoch = tally.epoch;
   epoch_result.train_loss = tally.loss_sum / tally.steps;

@@ -192,6 +192,8 @@ class Trainer {
   // backward has produced it. Returns the mean loss.
   absl::StatusOr<float> Compute(const float* x, const int32_t* labels,
                                 int batch, int64_t step);
+  // Copies every gradient to the host: grad_spans_, until the next backward.
+  absl::Status CopyGradsToHost();
   // Without overlap: copies every gradient to the host and pushes them for
   // step + 1; async, in one PushPull that also fetches step + 1's
   // parameters. Returns true if the push was refused as late and the worker
@@ -244,7 +246,7 @@ class Trainer {
   // params_ page-locked for the model's copies (Model::PinParamHost); after
   // params_, so they are released first.
   std::vector<std::unique_ptr<HostPin>> param_pins_;
-  // This step's gradients, in host memory the model owns.
+  // This step's gradients, in host memory the model owns (CopyGradsToHost).
   std::vector<absl::Span<const float>> grad_spans_;
   std::atomic<int64_t> clock_{0};
   // Exchanges of the last step are in flight; their pulls are the next

@@ -70,6 +70,13 @@ class TrainerTest : public ::testing::Test {
     return options;
   }
 
+  // Async, without per-layer overlap, each step's exchange behind the next.
+  TrainerOptions StaleOptions() const {
+    TrainerOptions options = Options(/*sync=*/false, /*overlap=*/false);
+    options.stale_overlap = true;
+    return options;
+  }
+
   absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const TrainerOptions& options,
                                                        client::ParameterClient* client) {
     return Trainer::Create(options, MlpFactory(spec_, backend_.get()), client,
@@ -157,9 +164,7 @@ TEST_P(TrainerModesTest, StepsAreSgdOnTheServersModel) {
 // updates (b = 0 and 1 both at the initial ones).
 TEST_F(TrainerTest, StaleOverlapIsSgdOneStepBehind) {
   InMemoryParameterClient client(0, 1, kLearningRate);
-  TrainerOptions options = Options(/*sync=*/false, /*overlap=*/false);
-  options.stale_overlap = true;
-  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(options, &client));
+  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(StaleOptions(), &client));
   ASSERT_OK(trainer->Initialize());
   constexpr int kSteps = 6;
   for (int b = 0; b < kSteps; ++b) {
@@ -203,9 +208,7 @@ TEST_F(TrainerTest, StaleOverlapIsSgdOneStepBehind) {
 // for a lone worker, whose gradients are otherwise never stale.
 TEST_F(TrainerTest, StaleOverlapReportsTheStalenessItAdds) {
   InMemoryParameterClient client(0, 1, kLearningRate);
-  TrainerOptions options = Options(/*sync=*/false, /*overlap=*/false);
-  options.stale_overlap = true;
-  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(options, &client));
+  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(StaleOptions(), &client));
   ASSERT_OK(trainer->Initialize());
   ASSERT_OK_AND_ASSIGN(const TrainResult result, trainer->Run(data_, nullptr, nullptr));
   ASSERT_EQ(result.epochs.size(), 1u);

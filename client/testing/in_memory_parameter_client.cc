@@ -193,7 +193,8 @@ void InMemoryParameterClient::StartExchange(int tensor, int64_t clock, int64_t m
   if (status.ok() && failure.has_value() && !applied) status = *failure;
   if (status.ok()) status = CheckPushLocked(tensor, clock);
   if (status.ok()) {
-    exchange_staleness_ = std::max(exchange_staleness_, ApplyLocked(tensor, clock, grad, known_[tensor]));
+    exchange_staleness_ =
+        std::max(exchange_staleness_, ApplyLocked(tensor, clock, grad, known_[tensor]));
     if (failure.has_value()) status = *failure;
   }
   if (status.ok()) status = PullTensorLocked(tensor, min_version, params);
