@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: scripts/fuzz.sh [SECONDS]
+# Usage: scripts/fuzz.sh [SECONDS | --build-only]
 # Builds the shard_fuzz, wire_fuzz and data_port_fuzz libFuzzer targets
 # (clang, AddressSanitizer, UndefinedBehaviorSanitizer; server/fuzz/) into
 # build-fuzz/, replays the crash reproducers in server/fuzz/regressions/,
@@ -10,9 +10,16 @@
 # crash, sanitizer report, leak, hang (25 s per input), single allocation
 # over 512 MB or RSS over 1 GB; the input that did it is kept in
 # build-fuzz/fuzz-artifacts/ (replay: build-fuzz/bin/shard_fuzz FILE).
+# --build-only builds the targets and stops (scripts/test.sh builds them
+# beside the tests and fuzzes after).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+build_only=0
+if [ "${1:-}" = --build-only ]; then
+  build_only=1
+  shift
+fi
 seconds=${1:-60}
 fuzz_dir="${FUZZ_BUILD_DIR:-$SHARDTRAIN_ROOT/build-fuzz}"
 ensure_packages "${SHARDTRAIN_PACKAGES[@]}"
@@ -25,6 +32,7 @@ CC=clang CXX=clang++ cmake -S "$SHARDTRAIN_ROOT" -B "$fuzz_dir" \
   -DSHARDTRAIN_BUILD_TESTS=OFF -DSHARDTRAIN_BUILD_BENCH=OFF >/dev/null
 # Each target depends on its seed generator and writes its seeds.
 cmake --build "$fuzz_dir" -j2 --target shard_fuzz wire_fuzz data_port_fuzz
+[ $build_only = 0 ] || exit 0
 
 fuzzer="$fuzz_dir/bin/shard_fuzz"
 seeds="$fuzz_dir/server/fuzz/seeds"

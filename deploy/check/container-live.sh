@@ -40,6 +40,8 @@
 # rebuilt with the new .deb). Needs root, podman, runc, mmdebstrap (first
 # run), docker-compose and cpack; exits 77 (skipped) without them.
 #
+#   deploy/check/container-live.sh SOURCE_DIR BUILD_DIR base        (step 1 and the Prometheus
+#                                                                    image: no build needed)
 #   deploy/check/container-live.sh SOURCE_DIR BUILD_DIR image       (steps 1-2)
 #   deploy/check/container-live.sh SOURCE_DIR BUILD_DIR plain       (steps 3-4 on those images)
 #   deploy/check/container-live.sh SOURCE_DIR BUILD_DIR replicated  (the same, replicated override)
@@ -48,7 +50,7 @@ set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$(cd "$2" && pwd)
 mode=${3:-}
-case $mode in image | plain | replicated) ;; *) echo "usage: container-live.sh SOURCE_DIR BUILD_DIR image|plain|replicated" >&2; exit 2 ;; esac
+case $mode in base | image | plain | replicated) ;; *) echo "usage: container-live.sh SOURCE_DIR BUILD_DIR base|image|plain|replicated" >&2; exit 2 ;; esac
 
 skip() { echo "SKIP: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root (podman with runc, container networks)"
@@ -107,7 +109,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ "$mode" != image ]; then
+# Debian's Prometheus package in an image (the base mode makes it before the
+# build, the image mode again from podman's layer cache).
+build_prometheus_image() {
+  step "podman build: deploy/prometheus/Dockerfile"
+  podman build --format docker --network=host -t "$PROMETHEUS_IMAGE" "$src/deploy/prometheus" >"$work/prometheus-build.log" 2>&1 ||
+    { tail -n 40 "$work/prometheus-build.log"; fail "the Prometheus image did not build"; }
+}
+
+if [ "$mode" = plain ] || [ "$mode" = replicated ]; then
   for image in localhost/shardtrain:latest "$PROMETHEUS_IMAGE"; do
     podman image exists "$image" || fail "no image $image: run container-live.sh $1 $2 image first (ctest: deploy.container-image)"
   done
@@ -141,6 +151,12 @@ else
   podman import --change 'CMD ["bash"]' "$tarball" localhost/debian:12-slim >/dev/null
 fi
 
+if [ "$mode" = base ]; then
+  build_prometheus_image
+  step "base images made"
+  exit 0
+fi
+
 # ---- 2. packages and images --------------------------------------------------
 step "cpack -G DEB"
 (cd "$build" && cpack -G DEB -B "$work/pkg") >"$work/cpack.log" 2>&1 ||
@@ -154,9 +170,7 @@ podman build --format docker --network=host -f "$src/deploy/Dockerfile" --build-
 figure "image shardtrain:latest (cpu flavour) $(podman image inspect --format '{{.Size}}' localhost/shardtrain:latest | awk '{printf "%.0f MB", $1 / 1e6}')"
 podman run --rm localhost/shardtrain:latest sh -c 'ps-worker --help >/dev/null && psctl --help >/dev/null && ps-server --help >/dev/null' ||
   fail "the image's binaries do not start"
-step "podman build: deploy/prometheus/Dockerfile"
-podman build --format docker --network=host -t "$PROMETHEUS_IMAGE" "$src/deploy/prometheus" >"$work/prometheus-build.log" 2>&1 ||
-  { tail -n 40 "$work/prometheus-build.log"; fail "the Prometheus image did not build"; }
+build_prometheus_image
 
 step "images built"
 exit 0

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/huge_page_allocator.h"
 
 namespace shardtrain::worker {
 
@@ -34,7 +35,9 @@ inline constexpr int kFashionMnistClasses = 10;
 struct Dataset {
   int num_examples = 0;
   int feature_dim = 0;
-  std::vector<float> features;  // num_examples * feature_dim, row-major.
+  // num_examples * feature_dim, row-major, in huge pages when large (a
+  // worker's start writes all of it once).
+  std::vector<float, HugePageAllocator<float>> features;
   std::vector<int32_t> labels;  // num_examples, each in [0, num_classes).
 };
 

@@ -18,13 +18,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/huge_page_allocator.h"
 
 namespace shardtrain::worker {
 
 // A plain value; thread-compatible.
 struct IdxArray {
   std::vector<int> dims;      // Outermost first, e.g. {n, rows, cols}.
-  std::vector<uint8_t> data;  // Product of dims elements, row-major.
+  // Product of dims elements, row-major (in huge pages when large).
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> data;
 };
 
 // Reads the whole file at `path`. Errors: NOT_FOUND if it does not exist,
