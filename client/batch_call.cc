@@ -108,7 +108,8 @@ void BatchCall::Start(Kind kind, std::function<void(absl::Status)> done) {
                                         response_.Length(), start);
                    }
                    attempt_done(std::move(status));
-                 });
+                 },
+                 attempt.cancel.get());
   };
   channel_->Call(std::move(rpc), [this, kind, done = std::move(done)](absl::Status status) {
     if (status.ok()) status = Decode(kind);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -108,14 +109,15 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
   return connection;
 }
 
-void FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
-                        grpc::ByteBuffer* response, absl::Time deadline, Done done) {
+uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+                            grpc::ByteBuffer* response, absl::Time deadline, Done done,
+                            AttemptCancel* cancel) {
   absl::StatusOr<std::shared_ptr<Connection>> opened = Open(deadline);
   if (!opened.ok()) {
     done(ToGrpc(absl::UnavailableError(absl::StrCat(
              "data port ", host_, ":", port(), " unreachable: ", opened.status().message()))),
          /*reached=*/false);
-    return;
+    return 0;
   }
   const std::shared_ptr<Connection>& connection = *opened;
   wire::FrameHeader header;
@@ -131,7 +133,12 @@ void FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request
     failed = connection->failed;
     if (!failed) {
       header.call_id = next_id_++;
-      pending_.emplace(header.call_id, Pending{response, deadline, std::move(done)});
+      Pending pending;
+      pending.response = response;
+      pending.deadline = deadline;
+      pending.done = std::move(done);
+      pending.connection = connection.get();
+      pending_.emplace(header.call_id, std::move(pending));
     }
   }
   if (failed) {
@@ -139,17 +146,72 @@ void FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request
     done(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                       absl::StrCat("data port ", host_, ": the connection failed")),
          /*reached=*/false);
-    return;
+    return 0;
+  }
+  if (cancel != nullptr) {
+    cancel->OnCancel([this, id = header.call_id] { Cancel(id); });
   }
   absl::Status written;
   {
     absl::MutexLock lock(&connection->write_mu);
     written = connection->socket->Write(header, "", &request, deadline);
   }
+  // An end that came while the request was written is delivered now.
+  Pending ended;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(header.call_id);
+    if (it != pending_.end()) {
+      it->second.writing = false;
+      if (it->second.ended) {
+        ended = std::move(it->second);
+        pending_.erase(it);
+      }
+    }
+  }
   if (!written.ok()) {
     // The reader fails the connection's calls, this one among them.
     connection->socket->Shutdown();
   }
+  if (ended.done) ended.done(ended.status, ended.reached);
+  return header.call_id;
+}
+
+void FrameChannel::Cancel(uint64_t call_id) {
+  std::vector<Pending> ended;
+  std::shared_ptr<Connection> cut;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(call_id);
+    if (it == pending_.end() || it->second.ended) return;
+    if (it->second.writing) {
+      // The write may be blocked on a shard that stopped reading.
+      Connection* on = it->second.connection;
+      if (connection_.get() == on) cut = connection_;
+      for (const auto& retired : retired_) {
+        if (retired.get() == on) cut = retired;
+      }
+    }
+    EndLocked(it, grpc::Status(grpc::StatusCode::CANCELLED,
+                               absl::StrCat("data port ", host_, ": call cancelled")),
+              /*reached=*/true, &ended);
+  }
+  if (cut != nullptr) cut->socket->Shutdown();
+  for (Pending& pending : ended) pending.done(pending.status, pending.reached);
+}
+
+void FrameChannel::EndLocked(absl::flat_hash_map<uint64_t, Pending>::iterator it,
+                             grpc::Status status, bool reached, std::vector<Pending>* ended) {
+  Pending& pending = it->second;
+  if (pending.ended) return;
+  pending.status = std::move(status);
+  pending.reached = reached;
+  if (pending.writing) {
+    pending.ended = true;
+    return;
+  }
+  ended->push_back(std::move(pending));
+  pending_.erase(it);
 }
 
 void FrameChannel::Read(Connection* connection) {
@@ -183,22 +245,21 @@ void FrameChannel::Read(Connection* connection) {
       connection->reader_done.store(true);
       return;
     }
-    Pending pending;
+    std::vector<Pending> answered;
     {
       absl::MutexLock lock(&mu_);
       connection->answered_any = true;
       auto it = pending_.find(header.call_id);
-      if (it == pending_.end()) continue;  // past its deadline: dropped
-      pending = std::move(it->second);
-      pending_.erase(it);
+      // Past its deadline or cancelled: dropped.
+      if (it == pending_.end() || it->second.ended) continue;
+      if (header.status == 0) *it->second.response = std::move(body);
+      EndLocked(it,
+                header.status == 0
+                    ? grpc::Status::OK
+                    : grpc::Status(static_cast<grpc::StatusCode>(header.status), message),
+                /*reached=*/true, &answered);
     }
-    if (header.status == 0) {
-      *pending.response = std::move(body);
-      pending.done(grpc::Status::OK, /*reached=*/true);
-    } else {
-      pending.done(grpc::Status(static_cast<grpc::StatusCode>(header.status), message),
-                   /*reached=*/true);
-    }
+    for (Pending& pending : answered) pending.done(pending.status, pending.reached);
   }
 }
 
@@ -210,13 +271,17 @@ void FrameChannel::Fail(Connection* connection, const grpc::Status& status) {
     if (connection->failed) return;
     connection->failed = true;
     reached = connection->answered_any;
-    // Every call in flight was sent on this connection: a new one opens
-    // only once this one is marked failed.
-    for (auto& [id, pending] : pending_) failed.push_back(std::move(pending));
-    pending_.clear();
+    // Every call in flight was sent on this connection (a new one opens
+    // only once this one is marked failed), but for ended ones a Call()
+    // has still to deliver.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      auto next = std::next(it);
+      EndLocked(it, status, reached, &failed);
+      it = next;
+    }
   }
   connection->socket->Shutdown();
-  for (Pending& pending : failed) pending.done(status, reached);
+  for (Pending& pending : failed) pending.done(pending.status, pending.reached);
 }
 
 void FrameChannel::Expire(absl::Time now) {
@@ -224,19 +289,17 @@ void FrameChannel::Expire(absl::Time now) {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = pending_.begin(); it != pending_.end();) {
+      auto next = std::next(it);
       if (it->second.deadline <= now) {
-        expired.push_back(std::move(it->second));
-        pending_.erase(it++);
-      } else {
-        ++it;
+        EndLocked(it,
+                  grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                               absl::StrCat("data port ", host_, ": deadline exceeded")),
+                  /*reached=*/true, &expired);
       }
+      it = next;
     }
   }
-  for (Pending& pending : expired) {
-    pending.done(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              absl::StrCat("data port ", host_, ": deadline exceeded")),
-                 /*reached=*/true);
-  }
+  for (Pending& pending : expired) pending.done(pending.status, pending.reached);
 }
 
 }  // namespace shardtrain::client

@@ -14,13 +14,16 @@
 //
 //   FrameChannel channel("10.0.0.7", data_port, max_message_bytes);
 //   channel.Call(wire::DataMethod::kPush, request, &response, deadline,
-//                [](grpc::Status status, bool reached) { ... });
+//                [](grpc::Status status, bool reached) { ... }, &attempt_cancel);
 //
 // `reached` is false when the call surely did not reach the shard's
 // handlers (the port did not accept a connection, or closed it without
 // answering anything on it, as a shard at --max_data_connections does): the
 // caller may send it another way (gRPC) at once. Retries are the caller's
-// (client/shard_channel.h). Thread-safe.
+// (client/shard_channel.h); Cancel ends a call at once (a routed call whose
+// shard left the chain). `done` never runs while the call's request is
+// still being written: after it, nothing here reads the request's bytes,
+// so a retry may re-encode them. Thread-safe.
 #ifndef SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
 #define SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
 
@@ -40,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/attempt_cancel.h"
 #include "wire/frame_header.h"
 #include "wire/frame_socket.h"
 
@@ -60,10 +64,20 @@ class FrameChannel {
   FrameChannel& operator=(const FrameChannel&) = delete;
 
   // Sends `request` as `method`; the answer's body goes to *response (alive
-  // until `done`), and `done` runs once, on the reader thread or (a call
-  // that failed before it was sent) on this one.
-  void Call(wire::DataMethod method, const grpc::ByteBuffer& request,
-            grpc::ByteBuffer* response, absl::Time deadline, Done done);
+  // until `done`), and `done` runs once, on the reader thread or on this
+  // one (a call that failed before it was sent, or ended while it was
+  // written). With `cancel`, the call registers its Cancel there before
+  // its request is written (a write blocked on a shard that stopped
+  // reading is cut short too). Returns the call's id for Cancel; 0 when
+  // it ended unsent.
+  uint64_t Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+                grpc::ByteBuffer* response, absl::Time deadline, Done done,
+                AttemptCancel* cancel = nullptr);
+  // Ends call `call_id` with CANCELLED (reached) if it has not ended; its
+  // answer, if one comes, is dropped. A call still being written ends when
+  // its write does: its connection is shut down to cut the write short
+  // (the connection's other calls end with UNAVAILABLE).
+  void Cancel(uint64_t call_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& host() const { return host_; }
   int port() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -72,11 +86,6 @@ class FrameChannel {
   void set_port(int port) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Pending {
-    grpc::ByteBuffer* response;
-    absl::Time deadline;
-    Done done;
-  };
   // One opened connection and its reader; a failed one is replaced.
   struct Connection {
     std::unique_ptr<wire::FrameSocket> socket;
@@ -85,6 +94,19 @@ class FrameChannel {
     std::atomic<bool> reader_done{false};
     bool failed = false;        // guarded by FrameChannel::mu_
     bool answered_any = false;  // guarded by FrameChannel::mu_
+  };
+  struct Pending {
+    grpc::ByteBuffer* response;
+    absl::Time deadline;
+    Done done;
+    Connection* connection = nullptr;  // the one it is sent on
+    // Call() is still writing the request: an end that comes meanwhile is
+    // recorded (ended, status, reached) and Call() runs `done` after the
+    // write.
+    bool writing = true;
+    bool ended = false;
+    grpc::Status status;
+    bool reached = true;
   };
 
   // Reads `connection`'s answers until it fails.
@@ -97,6 +119,11 @@ class FrameChannel {
   void Fail(Connection* connection, const grpc::Status& status);
   // Ends the calls whose deadline has passed.
   void Expire(absl::Time now);
+  // Ends the call at `it` with `status`: moves it to *ended to have its
+  // `done` run (outside mu_), or, while Call() still writes it, records
+  // the end for Call() to deliver.
+  void EndLocked(absl::flat_hash_map<uint64_t, Pending>::iterator it, grpc::Status status,
+                 bool reached, std::vector<Pending>* ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string host_;
   const uint64_t max_message_bytes_;

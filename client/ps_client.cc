@@ -102,9 +102,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
                                                 std::move(connections), policy,
                                                 fault_metrics);
     // The data path's frames go to the shard's data port when it names
-    // one; tests that connect or intercept gRPC themselves keep it on gRPC.
-    if (options.use_data_port && options.replicas == 1 && !options.connect &&
-        !options.interceptors) {
+    // one (replicated: a routed call, to its member's); tests that connect
+    // or intercept gRPC themselves keep it on gRPC.
+    if (options.use_data_port && !options.connect && !options.interceptors) {
       shard->EnableFrames(static_cast<uint64_t>(options.max_message_bytes));
     }
     PsClient* self = client.get();

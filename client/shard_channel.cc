@@ -81,8 +81,10 @@ struct ShardChannel::PendingCall {
   ShardRpc rpc;
   std::function<void(absl::Status)> done;
   absl::Duration reconnect_timeout;
-  // Shared with AbandonDeparted, which may cancel it outside the lock.
+  // Shared with AbandonDeparted, which may cancel them outside the lock:
+  // the attempt's context, and its data-port call if it went there.
   std::shared_ptr<grpc::ClientContext> context;
+  std::shared_ptr<AttemptCancel> cancel;
   // Fires the next attempt after a backoff; kept until the call ends.
   std::unique_ptr<grpc::Alarm> alarm;
   absl::Time first_failure = absl::InfinitePast();
@@ -137,7 +139,7 @@ void ShardChannel::set_data_port(int port) {
 }
 
 FrameChannel* ShardChannel::frames(int connection) {
-  if (frames_.empty() || data_port_.load() == 0 || routes_ != nullptr) return nullptr;
+  if (frames_.empty() || data_port_.load() == 0) return nullptr;
   if (absl::GetCurrentTimeNanos() < frames_paused_until_ns_.load()) return nullptr;
   return frames_[connection].get();
 }
@@ -162,11 +164,13 @@ void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
 
 void ShardChannel::StartAttempt(PendingCall* call) {
   call->context = std::make_shared<grpc::ClientContext>();
+  call->cancel = std::make_shared<AttemptCancel>();
   const absl::Time now = absl::Now();
   call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
       now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));
   ShardAttempt attempt;
   attempt.context = call->context.get();
+  attempt.cancel = call->cancel;
   if (call->routed) {
     // No shard_incarnation (the chain carries the state across restarts)
     // and no wait_for_ready: a retry must not wait for a dead member to come
@@ -241,7 +245,8 @@ std::string ShardChannel::Describe(const PendingCall& call) const {
 }
 
 int ShardChannel::AbandonDeparted(uint64_t epoch, const std::vector<int>& members) {
-  std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
+  std::vector<std::pair<std::shared_ptr<grpc::ClientContext>, std::shared_ptr<AttemptCancel>>>
+      cancel;
   {
     absl::MutexLock lock(&mu_);
     for (PendingCall* call : in_flight_) {
@@ -250,11 +255,14 @@ int ShardChannel::AbandonDeparted(uint64_t epoch, const std::vector<int>& member
         continue;
       }
       call->abandoned = true;
-      cancel.push_back(call->context);
+      cancel.emplace_back(call->context, call->cancel);
     }
   }
   // Outside the lock: the attempt may end (and run OnAttemptDone) at once.
-  for (const std::shared_ptr<grpc::ClientContext>& context : cancel) context->TryCancel();
+  for (const auto& [context, frames_call] : cancel) {
+    context->TryCancel();
+    frames_call->Cancel();
+  }
   if (!cancel.empty()) {
     LOG(INFO) << "group " << index_ << ": chain epoch " << epoch << " dropped the shard of "
               << cancel.size() << " call(s) in flight; sending them to the new chain";

@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/attempt_cancel.h"
 #include "client/frame_channel.h"
 #include "client/ps_client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
@@ -161,6 +162,9 @@ struct ShardAttempt {
   // itself unless the call was routed. Use connection
   // `c % target->num_connections()`.
   ShardChannel* target = nullptr;
+  // An attempt sent on the target's data port (target->frames()) says here
+  // how to cancel it: AbandonDeparted cancels `context` and this.
+  std::shared_ptr<AttemptCancel> cancel;
 };
 
 // One RPC as ShardChannel::Call runs it.
@@ -240,9 +244,11 @@ class ShardChannel {
   // calls go to the port the shard names in its Register and Heartbeat
   // answers (set_data_port), as frames, one FrameChannel per connection;
   // with no port named, or for kFramesPause after a frames call did not
-  // reach the shard (FramesUnreachable), they use gRPC. Not for routed
-  // channels (replicated shards), whose attempts must be cancellable
-  // (AbandonDeparted). Enable before the first call.
+  // reach the shard (FramesUnreachable), they use gRPC. Routed calls
+  // (replicated shards) take the data port of the member they go to; an
+  // attempt sent there registers its cancellation (ShardAttempt::cancel),
+  // so AbandonDeparted reaches it as it reaches a gRPC attempt. Enable
+  // before the first call.
   void EnableFrames(uint64_t max_message_bytes);
   void set_data_port(int port);
   // Connection `connection`'s frames channel, or null: use gRPC.

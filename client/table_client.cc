@@ -150,7 +150,8 @@ TableClient::StartFn TableClient::Send(
                          &buffers->response, &responses[p]);
                    }
                    done(std::move(status));
-                 });
+                 },
+                 attempt.cancel.get());
   };
 }
 
@@ -173,10 +174,15 @@ absl::Status TableClient::Register(const std::vector<TableSpec>& tables) {
       "RegisterTables", all,
       [this, &request, &responses](size_t s, const ShardAttempt& attempt,
                                    std::function<void(grpc::Status)> done) {
-        client_->channel(static_cast<int>(s))
-            ->stub()
-            ->async()
-            ->RegisterTables(attempt.context, &request, &responses[s], std::move(done));
+        ShardChannel* channel = client_->channel(static_cast<int>(s));
+        channel->stub()->async()->RegisterTables(
+            attempt.context, &request, &responses[s],
+            [channel, &responses, s, done = std::move(done)](grpc::Status status) {
+              // Where the shard takes the table calls' frames (a client
+              // of tables alone registers no worker, so learns it here).
+              if (status.ok()) channel->set_data_port(static_cast<int>(responses[s].data_port()));
+              done(std::move(status));
+            });
       },
       client_->options().rpc_timeout));
   for (const TableSpec& spec : tables) {

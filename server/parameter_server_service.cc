@@ -413,6 +413,7 @@ grpc::ServerUnaryReactor* ParameterServerService::RegisterTables(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status status = shard_->tables().Register(*request);
   response->set_incarnation(shard_->incarnation());
+  response->set_data_port(static_cast<uint32_t>(data_port_.load()));
   Finish(reactor, "RegisterTables", status, start, *request, *response);
   return reactor;
 }

@@ -113,6 +113,9 @@ absl::StatusOr<LocalCluster> StartLocalCluster(ProcessGroup& group,
           host != options.shard_listen_host.end() ? host->second : options.listen_host;
       argv.push_back(absl::StrCat("--listen=", listen_host, ":", port));
       cluster.servers.push_back(absl::StrCat(listen_host, ":", port));
+      if (options.data_port) argv.push_back(absl::StrCat("--data_listen=", listen_host, ":0"));
+    } else if (options.data_port) {
+      argv.push_back("--data_listen=127.0.0.1:0");
     }
     argv.insert(argv.end(), options.server_flags.begin(), options.server_flags.end());
     std::remove(ShardPortFile(cluster, s).c_str());

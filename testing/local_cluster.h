@@ -57,6 +57,9 @@ struct LocalClusterOptions {
   std::map<int, std::string> shard_listen_host;
   // Replace --servers for worker w (e.g. another address of the shards).
   std::map<int, std::string> worker_servers;
+  // Each shard also opens a data port (--data_listen=HOST:0, HOST its
+  // listen host), which the workers send the data path to.
+  bool data_port = false;
   // How long a process may take to serve (write its port file), also when
   // restarted; one that exits first fails the start at once, with its log.
   absl::Duration start_timeout = absl::Seconds(30);

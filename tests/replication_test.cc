@@ -68,6 +68,10 @@ LocalClusterOptions Job(const std::string& mode, const std::string& job,
   options.shards = kShards;
   options.workers = kWorkers;
   options.fixed_ports = true;  // a restarted shard keeps its address
+  // The data path on the shards' data ports, as the shipped replicated
+  // setups run it: routed calls there are cancelled when their shard
+  // leaves the chain (MutualTlsChainLosesNothing keeps it on gRPC).
+  options.data_port = true;
   const std::vector<std::string> replication = {
       absl::StrCat("--replicas=", replicas), "--etcd_endpoints=" + etcd_endpoints,
       "--job=" + job};
@@ -247,6 +251,20 @@ void StopShard0AndMeasureStall(ProcessGroup& group, const LocalCluster& cluster,
       absl::Seconds(10)));
 }
 
+// Every worker's routed calls reach every shard's data port: each shard
+// (the head of one group) but `unreachable` (whose metrics port the test
+// cannot reach) has a connection from each worker open.
+void ExpectWorkersOnTheDataPorts(const LocalCluster& cluster, int unreachable = -1) {
+  for (size_t s = 0; s < cluster.shards.size(); ++s) {
+    if (static_cast<int>(s) == unreachable) continue;
+    absl::StatusOr<std::string> metrics =
+        testutil::HttpGet(cluster.shard_metrics_ports.at(static_cast<int>(s)), "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_GE(testutil::SumByName(*metrics)["shardtrain_data_connections"], kWorkers)
+        << "shard " << s << ": the workers' data path is not on its data port";
+  }
+}
+
 // Waits for the chief's accuracy and for every worker to exit 0.
 double Finish(ProcessGroup& group, const LocalCluster& cluster) {
   absl::StatusOr<double> accuracy =
@@ -343,6 +361,7 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
       testutil::StartLocalCluster(group, Job("async", "rejoin", etcd_->endpoint(), 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  ExpectWorkersOnTheDataPorts(*cluster);
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGKILL).ok());
   (void)group.Wait(cluster->shards[0], absl::Seconds(10));
   ASSERT_TRUE(WaitForChains(
@@ -472,6 +491,7 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
       etcd::EtcdClient::Create(etcd_options);
   ASSERT_TRUE(client.ok()) << client.status();
   LocalClusterOptions options = Job("async", "mtls", (*etcd)->endpoint(), 1);
+  options.data_port = false;  // plaintext: a shard with TLS refuses one
   for (const std::string& flag :
        {"--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
         "--tls_client_ca=" + certs + "/ca.pem", "--auth_token_file=" + certs + "/token",
@@ -917,6 +937,8 @@ TEST_F(ReplicationTest, HeadCutOff) {
   const std::string skip = StartIsolatedShardJob("cutoff", kCutOffEpochs, 0, {}, job);
   if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_FALSE(HasFatalFailure());
+  // Frames calls, then, are what gets stuck on shard 0 (in its namespace).
+  ExpectWorkersOnTheDataPorts(job.cluster, /*unreachable=*/0);
 
   ASSERT_TRUE(job.ns->SetLink(false).ok());
   const absl::Time cut = absl::Now();

@@ -14,8 +14,8 @@
 //    checkpoint comes back empty; the worker registers its tables again and
 //    goes on, that shard's rows starting over.
 //  - SparseReplicatedKill: the counting oracle on a replicated job (three
-//    shards, --replicas 2, a real etcd): the head of a group is SIGKILLed
-//    while two workers push, dropped from its chains, restarted and rejoins
+//    shards, --replicas 2, a real etcd, the data path on the members' data
+//    ports): the head of a group is SIGKILLed while two workers push, dropped from its chains, restarted and rejoins
 //    them; no update is lost, none applied twice, and every group's head
 //    and tail hold the same rows, bit for bit, including a table of more
 //    rows per group than one message (--max_message_mb) holds.
@@ -831,6 +831,7 @@ TEST(SparseTables, SparseReplicatedKill) {
   options.workers = kWorkers;
   options.start_workers = 0;   // the workers are threads of this test
   options.fixed_ports = true;  // a restarted shard keeps its address
+  options.data_port = true;    // lookups and pushes on the members' data ports
   options.server_flags = {absl::StrCat("--replicas=", kReplicas),
                           "--etcd_endpoints=" + (*etcd)->endpoint(), "--job=" + job,
                           "--lease_ttl_s=1", "--max_message_mb=1"};
@@ -888,6 +889,14 @@ TEST(SparseTables, SparseReplicatedKill) {
   workers.Start();
   ASSERT_TRUE(workers.WaitForPushes(kPushesPerPhase, absl::Seconds(60)))
       << "the workers did not start pushing:" << workers.StopAndDescribe();
+  // Their routed lookups and pushes went to the members' data ports.
+  for (int s = 0; s < kReplicatedShards; ++s) {
+    absl::StatusOr<std::string> metrics =
+        testutil::HttpGet(cluster->shard_metrics_ports[s], "/metrics");
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    EXPECT_GE(testutil::SumByName(*metrics)["shardtrain_data_connections"], kWorkers)
+        << "shard " << s << ": the workers' calls are not on its data port";
+  }
   absl::StatusOr<chain::ChainConfig> before = chain::ReadChain(**chains, job, 0);
   ASSERT_TRUE(before.ok()) << before.status();
   const int victim = before->head().shard;

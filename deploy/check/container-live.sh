@@ -289,6 +289,12 @@ print('%.1f' % ((t('$back') - t('$served')) % 86400))")
   /usr/bin/env python3 -c "import sys; sys.exit(0 if float('$delay') <= 8 else 1)" ||
     fail "worker-0 reached the restarted shard-1 $delay s after it served (bound 8 s)"
 fi
+# The shards open a data port (--data_listen): the workers' data path went
+# there, not to gRPC, at the compose network's addresses.
+data=$(query 'min(max_over_time(shardtrain_data_connections[15m]))' | /usr/bin/env python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null || echo 0)
+/usr/bin/env python3 -c "import sys; sys.exit(0 if float('$data') >= 2 else 1)" ||
+  fail "the shards saw at most $data data-port connections (shardtrain_data_connections): the workers' data path did not use the data port"
+echo "the workers' data path used the data port: at least $data connections on each shard"
 out=$(logs shard-1)
 grep '^W' <<<"$out" | cut -c1-300 || true
 accuracy=$(logs worker-0 | sed -n 's/^final test accuracy: \([0-9.]*\).*/\1/p' | tail -n 1)

@@ -16,6 +16,9 @@
 // shorter TTL to that). The replicated setups run the unreplicated flags
 // plus the replication flags only; the secured overlays (cpu-tls,
 // replicated-tls), when given, their plain overlay's flags plus TLS flags.
+// The shards of the plaintext setups open a data port (--data_listen, a
+// declared container port in k8s); the secured ones open none (no flag,
+// or an empty one).
 // With SHARDTRAIN_BIN_DIR set, every flag of every setup must also be one
 // that the built ps-server / ps-worker / psctl list in --helpfull, and etcd's
 // and etcdctl's flags ones their --help lists (when they are on PATH).
@@ -38,6 +41,8 @@ const REPLICATION = ['replicas', 'etcd_endpoints', 'job', 'lease_ttl_s', 'advert
 // ... and those only the secured overlays have (k8s-refs.mjs checks their files and etcd's TLS).
 const SECURITY = ['tls_cert', 'tls_key', 'tls_ca', 'tls_client_ca', 'tls_peer_ca', 'auth_token_file',
                   'etcd_ca', 'etcd_cert', 'etcd_key'];
+// ... and the one only the plaintext setups have.
+const DATA_PORT = ['data_listen'];
 const omit = (f, keys) => Object.fromEntries(Object.entries(f).filter(([k]) => !keys.includes(k)));
 const strip = f => omit(f, PER_PROCESS);
 const same = (a, b, what) => {
@@ -141,7 +146,9 @@ function k8s(file) {
       use(x.command?.[0] === 'sh' ? [] : expand(o, x), `${path.basename(file)} ${o.kind}/${o.metadata.name}`);
       for (const q of ['startupProbe', 'readinessProbe', 'livenessProbe']) use(x[q]?.exec?.command, `${path.basename(file)} ${o.kind}/${o.metadata.name} ${q}`);
     }
-    return { o, argv, flags: flags(argv), ports, name: `${o.kind}/${o.metadata.name}` };
+    // A flag emptied by a component ($(VAR) set to nothing) is as good as unset.
+    const set = Object.fromEntries(Object.entries(flags(argv)).filter(([, v]) => v !== ''));
+    return { o, argv, flags: set, ports, name: `${o.kind}/${o.metadata.name}` };
   });
   const sts = all.find(x => x.o.kind === 'StatefulSet' && x.argv[0] === 'ps-server');
   const job = all.find(x => x.o.kind === 'Job' && x.argv[0] === 'ps-worker');
@@ -152,6 +159,7 @@ function k8s(file) {
   const expected = [...Array(Number(S)).keys()].map(i => `${sts.o.metadata.name}-${i}.${sts.o.spec.serviceName}:${port(sts.flags.listen)}`).join(',');
   if (job.flags.servers !== expected) errs.push(`${file}: --servers=${job.flags.servers}, shards are ${expected}`);
   if (sts.ports.grpc !== port(sts.flags.listen) || sts.ports.metrics !== port(sts.flags.metrics_listen)) errs.push(`${file}: shard container ports ${JSON.stringify(sts.ports)} vs flags ${sts.flags.listen} ${sts.flags.metrics_listen}`);
+  if (sts.flags.data_listen && sts.ports.data !== port(sts.flags.data_listen)) errs.push(`${file}: shard container ports ${JSON.stringify(sts.ports)} vs --data_listen=${sts.flags.data_listen}`);
   if (job.ports.metrics !== port(job.flags.metrics_listen)) errs.push(`${file}: worker container ports ${JSON.stringify(job.ports)} vs --metrics_listen=${job.flags.metrics_listen}`);
   // etcd StatefulSets: members <name>-i.<serviceName>:<client port>, i < replicas.
   const etcd = all.filter(x => x.o.kind === 'StatefulSet' && x.argv[0] === 'etcd').map(e => {
@@ -183,6 +191,9 @@ if (cpu && gpu && rep && kcpu && kgpu && krep) {
   for (const [s, f] of [[cpu, composeFile], [gpu, gpuFile], [kcpu, cpuK8s], [kgpu, gpuK8s]]) {
     if ((s.shard.replicas ?? '1') !== '1') errs.push(`${f}: --replicas=${s.shard.replicas} in an unreplicated setup`);
   }
+  for (const [s, f] of [[cpu, composeFile], [gpu, gpuFile], [rep, repFile], [kcpu, cpuK8s], [kgpu, gpuK8s], [krep, repK8s]]) {
+    if (!s.shard.data_listen) errs.push(`${f}: the plaintext setup's shards open no data port (--data_listen)`);
+  }
   same(omit(rep.shard, REPLICATION), cpu.shard, `shard flags: compose+replicated (without replication flags) vs compose`);
   same(omit(rep.worker, REPLICATION), cpu.worker, `worker flags: compose+replicated (without replication flags) vs compose`);
   // etcd addresses differ by design (one compose service, k8s members); each side is checked above.
@@ -194,7 +205,8 @@ if (cpu && gpu && rep && kcpu && kgpu && krep) {
 for (const [secured, plain, file, plainFile] of [[cpuTlsK8s && k8s(cpuTlsK8s), kcpu, cpuTlsK8s, cpuK8s],
                                                   [repTlsK8s && k8s(repTlsK8s), krep, repTlsK8s, repK8s]]) {
   if (!secured || !plain) continue;
-  same(omit(secured.shard, SECURITY), plain.shard, `shard flags: ${file} (without TLS flags) vs ${plainFile}`);
+  same(omit(secured.shard, SECURITY), omit(plain.shard, DATA_PORT), `shard flags: ${file} (without TLS flags) vs ${plainFile} (without --data_listen)`);
+  if (secured.shard.data_listen) errs.push(`${file}: --data_listen=${secured.shard.data_listen} with TLS (the data port is plaintext; the shard refuses it)`);
   same(omit(secured.worker, SECURITY), plain.worker, `worker flags: ${file} (without TLS flags) vs ${plainFile}`);
   if (!SECURITY.some(k => k in secured.shard)) errs.push(`${file}: the secured overlay's shards run no TLS flag`);
 }

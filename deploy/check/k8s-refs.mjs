@@ -19,7 +19,8 @@
 //   - one image repository run with different tags (a component's containers
 //     missed the overlay's `images:` tag: etcd or an init container from
 //     another build than the shards);
-//   - a connection that a flag names (--servers, --etcd_endpoints, etcd's
+//   - a connection that a flag names (--servers, and each shard's data port
+//     its --data_listen names on the same host, --etcd_endpoints, etcd's
 //     --initial-cluster: from this pod; --advertise_address, etcd's
 //     --initial-advertise-peer-urls: from the other pods of its StatefulSet)
 //     to a pod of this render, on a port that pod does not declare or that
@@ -177,6 +178,18 @@ const admits = (target, source, port) => {  // NetworkPolicy semantics for one n
       && (q.port === undefined || q.port === port.name || q.port === port.containerPort
           || (q.endPort !== undefined && port.containerPort >= q.port && port.containerPort <= q.endPort))))));
 };
+// The port a shard's --data_listen opens (its ConfigMaps' $(VARS) expanded), or null: none.
+const dataPort = t => {
+  for (const c of t.spec.containers) {
+    const env = {};
+    for (const e of c.envFrom ?? []) Object.assign(env, configMaps.get(e.configMapRef?.name) ?? {});
+    for (const a of [...(c.command ?? []), ...(c.args ?? [])]) {
+      const m = a.replace(/(?<!\$)\$\(([A-Za-z_]\w*)\)/g, (x, v) => env[v] ?? x).match(/^--data_listen=(.*)$/);
+      if (m && m[1] !== '') return m[1].split(':').pop();
+    }
+  }
+  return null;
+};
 const once = new Set();
 const report = e => { if (!once.has(e)) { once.add(e); errs.push(e); } };
 // TLS to etcd: what etcd's flags demand, what its clients bring.
@@ -255,6 +268,12 @@ for (const p of pods) for (let i = 0; i < (p.owner.kind === 'StatefulSet' ? p.ow
             report(`${where}: --${flag}=${item}: no NetworkPolicy admits ${id(src.owner)} pods to ${id(t.owner)} on port ${port.containerPort}`);
           }
           if (flag === 'etcd_endpoints') etcdClientAgrees(p, c, where, t);
+          // A shard's answers name its data port; the worker connects there on the same host.
+          const data = flag === 'servers' ? dataPort(t) : null;
+          if (data === null) continue;
+          const dport = portNumber(t, data);
+          if (!dport) { report(`${where}: --${flag}=${item}: the data port ${data} (--data_listen) is not a container port of ${id(t.owner)}`); continue; }
+          if (!admits(t, p, dport)) report(`${where}: --${flag}=${item}: no NetworkPolicy admits ${id(p.owner)} pods to ${id(t.owner)}'s data port ${dport.containerPort}`);
         }
       }
     }

@@ -91,6 +91,7 @@ for (const [name, svc] of Object.entries(services)) {
     if (advertised) set('advertise_address', '127.0.0.1:@PORT@');
   }
   set('metrics_listen', '127.0.0.1:0');
+  if (flagOf(argv, 'data_listen') !== undefined) set('data_listen', '127.0.0.1:0');
   set('port_file', `${work}/${name}.port`);
   const endpoints = flagOf(argv, 'etcd_endpoints');
   if (endpoints !== undefined) {

@@ -386,6 +386,10 @@ check "live workers seen by shards"     'shardtrain_live_workers'               
 check "staleness recorded"              'shardtrain_gradient_staleness_count'              '$3 > 0'               "$ns"
 check "staleness p99 within SSP bound"  'histogram_quantile(0.99, sum by (instance, le) (rate(shardtrain_gradient_staleness_bucket[30s])))' '$5 <= 12' "$ns"
 check "push bytes received per shard"   'sum by (instance) (shardtrain_rpc_received_bytes_total{side="server",method=~"Push|PushPull"})' '$3 > 1e6' "$ns"
+# The shards open a data port, and the workers' data path goes there
+# (each worker keeps its connections to every shard open; replicated: to
+# every member its calls are routed to).
+check "workers connected to each data port" 'shardtrain_data_connections'             '$5 >= '"$nw"          "$ns"
 check "checkpoints written"             'shardtrain_checkpoints_total{result="ok"}'        '$3 >= 2'              "$ns"
 check "no checkpoint errors"            'shardtrain_checkpoints_total{result="error"}'     '$5 == 0'              "$ns"
 check "last checkpoint within the run"  'shardtrain_last_checkpoint_timestamp_seconds'     '$3 >= '"$t0"          "$ns"

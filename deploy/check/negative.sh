@@ -45,6 +45,14 @@ case $name in
   k8s-shards-not-admitted-to-each-other) c=(k8s-replicated k8s/components/replicated/networkpolicy-replicated.yaml
     'app.kubernetes.io/name: ps-server' 'app.kubernetes.io/name: ps-worker'
     'advertise_address=ps-server-0.ps-server:7000: no NetworkPolicy admits StatefulSet/ps-server pods to StatefulSet/ps-server on port 7000') ;;
+  k8s-data-port-not-admitted) c=(k8s-cpu k8s/base/networkpolicy.yaml
+    '        - {protocol: TCP, port: 7001}' '' "no NetworkPolicy admits Job/ps-worker pods to StatefulSet/ps-server's data port 7001") ;;
+  k8s-data-port-not-declared) c=(k8s-cpu k8s/base/shards.yaml
+    '            - {name: data, containerPort: 7001}' '' 'the data port 7001 \(--data_listen\) is not a container port of StatefulSet/ps-server') ;;
+  flag-parity-data-port-with-tls) c=(flag-parity k8s/components/tls/kustomization.yaml
+    '      - DATA_LISTEN=' '      - X_DATA_LISTEN=' 'data_listen=0.0.0.0:7001 with TLS') ;;
+  flag-parity-compose-without-data-port) c=(flag-parity docker-compose.yml
+    '      - --data_listen=0.0.0.0:7001' '      - --port_file=/tmp/p' "shard flags: compose vs .*--data_listen") ;;
   k8s-advertise-not-own-address) c=(k8s-replicated k8s/components/replicated/shards-replicated.yaml
     '--advertise_address=$(POD_NAME).ps-server:7000' '--advertise_address=ps-server-0.ps-server:7000' "is not the pod's own address \(for pod ps-server-1") ;;
   k8s-component-image-tag) c=(k8s-replicated k8s/overlays/replicated/kustomization.yaml

@@ -1,0 +1,47 @@
+// AttemptCancel: cancels one attempt of a ShardRpc (client/shard_channel.h)
+// that runs on a transport its grpc::ClientContext does not reach: a call
+// on a shard's data port (client/frame_channel.h). The attempt registers
+// how to cancel it once it is sent; ShardChannel::AbandonDeparted cancels
+// it together with its context. Either may come first: a cancel that
+// comes before the registration runs the registered callback at once.
+//
+//   auto cancel = std::make_shared<AttemptCancel>();      // per attempt
+//   const uint64_t id = frames->Call(..., done);
+//   cancel->OnCancel([frames, id] { frames->Cancel(id); });
+//   ...
+//   cancel->Cancel();  // another thread: runs frames->Cancel(id) once
+//
+// The callback runs at most once, outside the object's lock, on the thread
+// of whichever call came second. Thread-safe.
+#ifndef SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
+#define SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
+
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace shardtrain::client {
+
+class AttemptCancel {
+ public:
+  AttemptCancel() = default;
+  AttemptCancel(const AttemptCancel&) = delete;
+  AttemptCancel& operator=(const AttemptCancel&) = delete;
+
+  // How to cancel the attempt; runs `cancel` now if Cancel() came first.
+  // One registration per attempt.
+  void OnCancel(std::function<void()> cancel) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels the attempt: runs the registered callback, or the one
+  // registered later. Later calls do nothing.
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void()> cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardtrain::client
+
+#endif  // SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
