@@ -10,7 +10,11 @@
 #
 #   bench/replication_train_ratio.sh [--build DIR] [--rounds N] [--shards N]
 #       [--workers N] [--epochs N] [--batch N] [--replicas "1 2 3"]
-#       [--device cpu|cuda] [--out FILE]
+#       [--device cpu|cuda] [--paths "frames grpc"] [--out FILE]
+#
+# --paths: the data paths to run, interleaved too: frames (the shards' data
+# ports, run-local's default) and grpc (ps-server --data_listen= : the data
+# path on gRPC); with both, each row also gives frames / grpc.
 #
 # The cost of replication per step grows with the model's bytes, the
 # compute per step with the batch: a larger --batch shows what it costs a
@@ -22,6 +26,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" rounds=3 shards=3 workers=2 epochs=10 batch=64 replicas="1 2 3" device=cpu out=""
+paths=frames
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build=$2; shift 2 ;;
@@ -32,8 +37,9 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
+    --paths) paths=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -43,14 +49,15 @@ done
 tmp=$(mktemp -d -t replication_ratio.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
-# One run: prints "samples/s cpu_seconds accuracy".
+# One run of R replicas on data path P: prints "samples/s cpu_seconds accuracy".
 run_once() {
-  local r=$1 json="$tmp/results-$1.json"
+  local r=$1 path=$2 json="$tmp/results-$1.json" server_flags=()
+  [ "$path" = grpc ] && server_flags=(-- --data_listen=)
   rm -f "$json"
   /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$build" "$root/scripts/run-local.sh" \
     --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --batch "$batch" \
     --replicas "$r" --device "$device" \
-    --results "$json" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
+    --results "$json" "${server_flags[@]}" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
   local sps acc cpu
   sps=$(sed -n 's/.*"samples_per_second": *\([0-9.]*\).*/\1/p' "$json" | head -1)
   acc=$(sed -n 's/.*"test_accuracy": *\([0-9.]*\).*/\1/p' "$json" | tail -1)
@@ -62,27 +69,39 @@ run_once() {
 samples=$((60000 / workers * workers * epochs))  # every worker's share of the epoch, every epoch
 for ((i = 1; i <= rounds; i++)); do
   for r in $replicas; do
-    read -r sps cpu acc < <(run_once "$r")
-    printf 'round %d  R=%d  samples/s %8.0f  cpu %6.1f s  accuracy %s\n' "$i" "$r" "$sps" "$cpu" "$acc" >&2
-    echo "$r $sps $cpu $acc" >>"$tmp/rows"
+    for path in $paths; do
+      read -r sps cpu acc < <(run_once "$r" "$path")
+      printf 'round %d  R=%d  %-6s  samples/s %8.0f  cpu %6.1f s  accuracy %s\n' "$i" "$r" "$path" "$sps" "$cpu" "$acc" >&2
+      echo "$path $r $sps $cpu $acc" >>"$tmp/rows"
+    done
   done
 done
 
-report=$(sort -k1,1n -k2,2n "$tmp/rows" | awk -v rounds="$rounds" -v samples="$samples" '
-{ n[$1]++; sps[$1, n[$1]] = $2; cpu[$1, n[$1]] = $3; acc[$1, n[$1]] = $4 }
+# Per data path and R, the median round by samples/s.
+report=$(sort -k1,1 -k2,2n -k3,3n "$tmp/rows" | awk -v rounds="$rounds" -v samples="$samples" -v paths="$paths" '
+{ k = $1 SUBSEP $2; n[k]++; sps[k, n[k]] = $3; cpu[k, n[k]] = $4; acc[k, n[k]] = $5 }
 END {
   mid = int((rounds + 1) / 2)
-  base_sps = sps[1, mid]; base_cpu = cpu[1, mid] * 1000 / samples
-  printf "%-3s %12s %8s %16s %8s %9s\n", "R", "samples/s", "vs R=1", "CPU-s/1k samples", "vs R=1", "accuracy"
-  for (r = 1; r <= 3; r++) {
-    if (!(r in n)) continue
-    c = cpu[r, mid] * 1000 / samples
-    printf "%-3d %12.0f %8.2f %16.3f %8.2f %9s\n", r, sps[r, mid], (base_sps ? sps[r, mid] / base_sps : 0),
-      c, (base_cpu ? c / base_cpu : 0), acc[r, mid]
+  np = split(paths, p, " ")
+  printf "%-7s %-3s %12s %8s %16s %8s %9s%s\n", "path", "R", "samples/s", "vs R=1", "CPU-s/1k samples",
+    "vs R=1", "accuracy", (np > 1 ? "  frames/grpc samples/s, CPU" : "")
+  for (i = 1; i <= np; i++) {
+    base = p[i] SUBSEP 1
+    base_sps = sps[base, mid]; base_cpu = cpu[base, mid] * 1000 / samples
+    for (r = 1; r <= 3; r++) {
+      k = p[i] SUBSEP r
+      if (!(k in n)) continue
+      c = cpu[k, mid] * 1000 / samples
+      vs = ""
+      g = "grpc" SUBSEP r
+      if (p[i] == "frames" && (g in n)) vs = sprintf("  %.2f, %.2f", sps[k, mid] / sps[g, mid], cpu[k, mid] / cpu[g, mid])
+      printf "%-7s %-3d %12.0f %8.2f %16.3f %8.2f %9s%s\n", p[i], r, sps[k, mid], (base_sps ? sps[k, mid] / base_sps : 0),
+        c, (base_cpu ? c / base_cpu : 0), acc[k, mid], vs
+    }
   }
 }')
-header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --device $device --replicas R
-# $rounds interleaved rounds, median round per R (by samples/s); CPU = user+sys of every process of the run
+header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --device $device --replicas R; data paths: $paths
+# $rounds interleaved rounds, median round per data path and R (by samples/s); CPU = user+sys of every process of the run
 # date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)
 # machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
 printf '%s\n%s\n' "$header" "$report"
