@@ -5,9 +5,8 @@
 // it together with its context. Either may come first: a cancel that
 // comes before the registration runs the registered callback at once.
 //
-//   auto cancel = std::make_shared<AttemptCancel>();      // per attempt
-//   const uint64_t id = frames->Call(..., done);
-//   cancel->OnCancel([frames, id] { frames->Cancel(id); });
+//   auto cancel = std::make_shared<AttemptCancel>();  // per routed attempt
+//   frames->Call(..., done, cancel.get());  // registers frames->Cancel(id)
 //   ...
 //   cancel->Cancel();  // another thread: runs frames->Cancel(id) once
 //

@@ -137,7 +137,7 @@ uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& req
       pending.response = response;
       pending.deadline = deadline;
       pending.done = std::move(done);
-      pending.connection = connection.get();
+      pending.connection = connection;
       pending_.emplace(header.call_id, std::move(pending));
     }
   }
@@ -184,14 +184,8 @@ void FrameChannel::Cancel(uint64_t call_id) {
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(call_id);
     if (it == pending_.end() || it->second.ended) return;
-    if (it->second.writing) {
-      // The write may be blocked on a shard that stopped reading.
-      Connection* on = it->second.connection;
-      if (connection_.get() == on) cut = connection_;
-      for (const auto& retired : retired_) {
-        if (retired.get() == on) cut = retired;
-      }
-    }
+    // The write may be blocked on a shard that stopped reading.
+    if (it->second.writing) cut = it->second.connection.lock();
     EndLocked(it, grpc::Status(grpc::StatusCode::CANCELLED,
                                absl::StrCat("data port ", host_, ": call cancelled")),
               /*reached=*/true, &ended);

@@ -99,7 +99,7 @@ class FrameChannel {
     grpc::ByteBuffer* response;
     absl::Time deadline;
     Done done;
-    Connection* connection = nullptr;  // the one it is sent on
+    std::weak_ptr<Connection> connection;  // the one it is sent on
     // Call() is still writing the request: an end that comes meanwhile is
     // recorded (ended, status, reached) and Call() runs `done` after the
     // write.

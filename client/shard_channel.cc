@@ -164,7 +164,8 @@ void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
 
 void ShardChannel::StartAttempt(PendingCall* call) {
   call->context = std::make_shared<grpc::ClientContext>();
-  call->cancel = std::make_shared<AttemptCancel>();
+  // Only a routed attempt is ever abandoned (AbandonDeparted).
+  call->cancel = call->routed ? std::make_shared<AttemptCancel>() : nullptr;
   const absl::Time now = absl::Now();
   call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
       now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));

@@ -162,8 +162,9 @@ struct ShardAttempt {
   // itself unless the call was routed. Use connection
   // `c % target->num_connections()`.
   ShardChannel* target = nullptr;
-  // An attempt sent on the target's data port (target->frames()) says here
-  // how to cancel it: AbandonDeparted cancels `context` and this.
+  // A routed attempt sent on the target's data port (target->frames())
+  // says here how to cancel it: AbandonDeparted cancels `context` and
+  // this. Null for an unrouted call (pass it on as is).
   std::shared_ptr<AttemptCancel> cancel;
 };
 

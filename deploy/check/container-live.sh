@@ -245,9 +245,11 @@ echo "shard-1 is back at its address ($shard1_addresses)"
 # Prometheus scrapes every target it is configured with.
 expected=$(grep -o '"[a-z0-9-]*:[0-9]*"' "$src/deploy/prometheus/prometheus$([ "$mode" = plain ] || echo .replicated).yml" | sort -u | wc -l)
 query() { curl -sf --max-time 5 "http://127.0.0.1:$PROMETHEUS_PORT/api/v1/query" --data-urlencode "query=$1"; }
+# scalar QUERY: the first result's value, 0 when there is none.
+scalar() { query "$1" | /usr/bin/env python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null || echo 0; }
 up_targets=0
 for _ in $(seq 60); do
-  up_targets=$(query 'count(up == 1)' | /usr/bin/env python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null || echo 0)
+  up_targets=$(scalar 'count(up == 1)')
   [ "$up_targets" = "$expected" ] && break
   sleep 2
 done
@@ -291,7 +293,7 @@ print('%.1f' % ((t('$back') - t('$served')) % 86400))")
 fi
 # The shards open a data port (--data_listen): the workers' data path went
 # there, not to gRPC, at the compose network's addresses.
-data=$(query 'min(max_over_time(shardtrain_data_connections[15m]))' | /usr/bin/env python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(r[0]["value"][1] if r else 0)' 2>/dev/null || echo 0)
+data=$(scalar 'min(max_over_time(shardtrain_data_connections[15m]))')
 /usr/bin/env python3 -c "import sys; sys.exit(0 if float('$data') >= 2 else 1)" ||
   fail "the shards saw at most $data data-port connections (shardtrain_data_connections): the workers' data path did not use the data port"
 echo "the workers' data path used the data port: at least $data connections on each shard"
