@@ -42,6 +42,10 @@ FrameChannel::~FrameChannel() {
   {
     absl::MutexLock lock(&mu_);
     closing_ = true;
+    // A connect in progress (a call on another thread, made before this
+    // destructor) installs nothing once it sees closing_.
+    mu_.Await(absl::Condition(
+        +[](bool* connecting) { return !*connecting; }, &connecting_));
     if (connection_ != nullptr) all.push_back(std::move(connection_));
     all.insert(all.end(), retired_.begin(), retired_.end());
     retired_.clear();
@@ -83,24 +87,42 @@ void FrameChannel::set_port(int port) {
 
 absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
     absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  if (closing_) return absl::CancelledError("the frame channel is closing");
-  if (connection_ != nullptr && !connection_->failed) return connection_;
-  // Readers that have ended are joined (not this thread's own: a call
-  // started from a `done` runs on a reader).
-  for (auto it = retired_.begin(); it != retired_.end();) {
-    if ((*it)->reader_done.load() && (*it)->reader.get_id() != std::this_thread::get_id()) {
-      (*it)->reader.join();
-      it = retired_.erase(it);
-    } else {
-      ++it;
+  int port = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // One connect at a time: the others wait for its connection (or, when
+    // it failed, try their own), each no longer than its deadline.
+    mu_.AwaitWithDeadline(absl::Condition(this, &FrameChannel::ConnectSettled), deadline);
+    if (closing_) return absl::CancelledError("the frame channel is closing");
+    if (connection_ != nullptr && !connection_->failed) return connection_;
+    if (connecting_) return absl::DeadlineExceededError("deadline passed waiting for a connect");
+    // Readers that have ended are joined (not this thread's own: a call
+    // started from a `done` runs on a reader).
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      if ((*it)->reader_done.load() && (*it)->reader.get_id() != std::this_thread::get_id()) {
+        (*it)->reader.join();
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
     }
+    if (connection_ != nullptr) retired_.push_back(std::move(connection_));
+    connecting_ = true;
+    port = port_;
   }
-  if (connection_ != nullptr) retired_.push_back(std::move(connection_));
+  // Outside mu_: a connect to a host that does not answer takes up to
+  // connect_timeout_, and meanwhile Cancel, set_port and the readers'
+  // ends must not wait for it.
   const absl::Duration timeout = std::min(connect_timeout_, deadline - absl::Now());
   absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket =
-      wire::FrameSocket::Connect(host_, port_, std::max(timeout, absl::ZeroDuration()));
+      wire::FrameSocket::Connect(host_, port, std::max(timeout, absl::ZeroDuration()));
+  absl::MutexLock lock(&mu_);
+  connecting_ = false;
   if (!socket.ok()) return socket.status();
+  if (closing_) return absl::CancelledError("the frame channel is closing");
+  if (port != port_) {
+    return absl::UnavailableError(absl::StrCat("the data port moved to ", port_));
+  }
   auto connection = std::make_shared<Connection>();
   connection->socket = *std::move(socket);
   Connection* raw = connection.get();
@@ -108,6 +130,8 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
   connection_ = connection;
   return connection;
 }
+
+bool FrameChannel::ConnectSettled() const { return !connecting_ || closing_; }
 
 uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
                             grpc::ByteBuffer* response, absl::Time deadline, Done done,

@@ -7,10 +7,12 @@
 // call's `done`. Calls overlap on the connection, matched by call id.
 //
 // The connection opens on the first call and again on the first call after
-// it failed. A call's deadline travels with it (the shard's parked pulls
-// give up at it) and is kept here too: a call not answered by then ends
-// with DEADLINE_EXCEEDED, and a late answer is dropped. When the connection
-// fails, its calls end with UNAVAILABLE.
+// it failed. The connect holds no lock: a host that does not answer holds
+// up only the calls that need the connection, each no longer than its
+// deadline or the connect timeout. A call's deadline travels with it (the
+// shard's parked pulls give up at it) and is kept here too: a call not
+// answered by then ends with DEADLINE_EXCEEDED, and a late answer is
+// dropped. When the connection fails, its calls end with UNAVAILABLE.
 //
 //   FrameChannel channel("10.0.0.7", data_port, max_message_bytes);
 //   channel.Call(wire::DataMethod::kPush, request, &response, deadline,
@@ -114,6 +116,8 @@ class FrameChannel {
   // The open connection, opened now if there is none.
   absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // No call is connecting, or the channel is closing.
+  bool ConnectSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `connection`'s calls with `status` (`reached` unless nothing was
   // ever answered on it) and marks it failed.
   void Fail(Connection* connection, const grpc::Status& status);
@@ -137,6 +141,8 @@ class FrameChannel {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  // A call is connecting (outside mu_); the others wait for it.
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace shardtrain::client

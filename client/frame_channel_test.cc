@@ -2,6 +2,10 @@
 // connection the test reads and answers itself.
 #include "client/frame_channel.h"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -189,6 +193,94 @@ TEST_F(FrameChannelTest, AnUnansweredCallEndsAtItsDeadline) {
   ASSERT_TRUE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+}
+
+// A port on 127.0.0.1 whose connects hang: a listener with a backlog of 0
+// whose one queue slot is taken and never accepted (the kernel drops the
+// SYNs after it). Closes its sockets when it goes.
+class HangingPort {
+ public:
+  HangingPort() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&address), length), 0);
+    EXPECT_EQ(::listen(listener_, 0), 0);
+    EXPECT_EQ(::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length), 0);
+    port_ = ntohs(address.sin_port);
+    queued_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(::connect(queued_, reinterpret_cast<sockaddr*>(&address), length), 0);
+  }
+  ~HangingPort() { Close(); }
+  // The port refuses connects from now on.
+  void Close() {
+    if (listener_ < 0) return;
+    ::close(queued_);
+    ::close(listener_);
+    listener_ = queued_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int listener_ = -1;
+  int queued_ = -1;
+  int port_ = 0;
+};
+
+// A connect to a host that does not answer holds up only the calls that
+// need it, each no longer than its own deadline: set_port, Cancel and
+// the channel's other calls go on meanwhile.
+TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
+  HangingPort hanging;
+  FrameChannel channel("127.0.0.1", hanging.port(), kMaxBytes,
+                       /*connect_timeout=*/absl::Seconds(20));
+  const grpc::ByteBuffer request = Bytes("pull");
+  Outcome connecting;
+  std::thread caller([&] {
+    channel.Call(wire::DataMethod::kPull, request, &connecting.response,
+                 absl::Now() + absl::Seconds(30), connecting.Done());
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_FALSE(connecting.ended.HasBeenNotified()) << "the connect did not hang";
+
+  // Another call waits for that connect no longer than its deadline.
+  Outcome waiting;
+  const absl::Time start = absl::Now();
+  channel.Call(wire::DataMethod::kPull, request, &waiting.response,
+               start + absl::Milliseconds(300), waiting.Done());
+  ASSERT_TRUE(waiting.ended.HasBeenNotified());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(waiting.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(waiting.reached);
+
+  // The shard moved: set_port and Cancel do not wait for the connect.
+  const absl::Time moved = absl::Now();
+  channel.set_port(listener_->port());
+  channel.Cancel(12345);
+  EXPECT_EQ(channel.port(), listener_->port());
+  EXPECT_LT(absl::Now() - moved, absl::Seconds(5));
+
+  // The hanging connect ends when the old port refuses its SYN's next
+  // retry, and the call ends unsent; the next call goes to the new port.
+  ASSERT_FALSE(connecting.ended.HasBeenNotified());
+  hanging.Close();
+  ASSERT_TRUE(connecting.ended.WaitForNotificationWithTimeout(absl::Seconds(25)));
+  caller.join();
+  EXPECT_EQ(connecting.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(connecting.reached);
+
+  Outcome next;
+  const uint64_t id = channel.Call(wire::DataMethod::kPull, request, &next.response,
+                                   absl::Now() + absl::Seconds(30), next.Done());
+  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  ASSERT_NE(shard, nullptr);
+  EXPECT_EQ(ReadRequest(*shard).call_id, id);
+  Answer(*shard, id, "params");
+  ASSERT_TRUE(next.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(Text(next.response), "params");
 }
 
 }  // namespace
