@@ -3,10 +3,10 @@
 # Builds the shard_fuzz, wire_fuzz and data_port_fuzz libFuzzer targets
 # (clang, AddressSanitizer, UndefinedBehaviorSanitizer; server/fuzz/) into
 # build-fuzz/, replays the crash reproducers in server/fuzz/regressions/,
-# then fuzzes for SECONDS in all (default 60): three quarters shard_fuzz
-# from a seed corpus of real requests, a quarter wire_fuzz (the zero-copy
-# parsers against stock protobuf) from sample messages. data_port_fuzz is
-# built but not run here yet (see server/fuzz/data_port_fuzz.cc). Fails on any
+# then fuzzes for SECONDS in all (default 60): half shard_fuzz from a seed
+# corpus of real requests, a quarter wire_fuzz (the zero-copy parsers
+# against stock protobuf) from sample messages, a quarter data_port_fuzz
+# (connections to a shard's data port) from one connection per call. Fails on any
 # crash, sanitizer report, leak, hang (25 s per input), single allocation
 # over 512 MB or RSS over 1 GB; the input that did it is kept in
 # build-fuzz/fuzz-artifacts/ (replay: build-fuzz/bin/shard_fuzz FILE).
@@ -56,10 +56,12 @@ if [ -e "${regressions[0]}" ]; then
 fi
 
 wire_seconds=$(( seconds / 4 > 0 ? seconds / 4 : 1 ))
-shard_seconds=$(( seconds - wire_seconds > 0 ? seconds - wire_seconds : 1 ))
+data_port_seconds=$wire_seconds
+shard_seconds=$(( seconds - 2 * wire_seconds > 0 ? seconds - 2 * wire_seconds : 1 ))
 corpus=$(mktemp -d)
 wire_corpus=$(mktemp -d)
-trap 'rm -rf "$corpus" "$wire_corpus"' EXIT
+data_port_corpus=$(mktemp -d)
+trap 'rm -rf "$corpus" "$wire_corpus" "$data_port_corpus"' EXIT
 
 # Prints the end of a run's statistics.
 summary() {
@@ -78,6 +80,13 @@ log "fuzzing wire_fuzz for ${wire_seconds}s"
 "$fuzz_dir/bin/wire_fuzz" "${limits[@]}" -max_total_time="$wire_seconds" -print_final_stats=1 \
   -artifact_prefix="$artifacts/" "$wire_corpus" "$fuzz_dir/server/fuzz/wire_seeds" \
   >"$fuzz_log" 2>&1 || fail "wire_fuzz found a crash (replay: $fuzz_dir/bin/wire_fuzz FILE)"
+summary
+
+log "fuzzing data_port_fuzz for ${data_port_seconds}s"
+"$fuzz_dir/bin/data_port_fuzz" "${limits[@]}" -max_len=4096 -max_total_time="$data_port_seconds" \
+  -print_final_stats=1 -artifact_prefix="$artifacts/" "$data_port_corpus" \
+  "$fuzz_dir/server/fuzz/data_port_seeds" >"$fuzz_log" 2>&1 \
+  || fail "data_port_fuzz found a crash (replay: $fuzz_dir/bin/data_port_fuzz FILE)"
 summary
 
 log "fuzzing passed"

@@ -2,9 +2,9 @@
 # Installs what the build and tests need (Debian packages), builds shardtrain
 # in Release into build/, checks the lock annotations with clang
 # (scripts/check-thread-safety.sh, into build-tsa/; SHARDTRAIN_TSA=0 skips
-# it), fuzzes the shard's request path for 60 s (scripts/fuzz.sh;
-# SHARDTRAIN_FUZZ_SECONDS sets the time, 0 skips it) and runs every test with
-# ctest.
+# it), fuzzes the shard's request path and data port for 60 s
+# (scripts/fuzz.sh; SHARDTRAIN_FUZZ_SECONDS sets the time, 0 skips it) and
+# runs every test with ctest.
 # Extra arguments go to ctest (e.g. -R SyncEquivalence, -L e2e) and skip the
 # lock check and the fuzzing. Without arguments the Debian package test
 # (label deb: it bootstraps a bookworm root, about 300 MB of downloads and
