@@ -10,11 +10,18 @@
 #
 #   bench/replication_train_ratio.sh [--build DIR] [--rounds N] [--shards N]
 #       [--workers N] [--epochs N] [--batch N] [--replicas "1 2 3"]
-#       [--device cpu|cuda] [--paths "frames grpc"] [--out FILE]
+#       [--mode async|sync] [--device cpu|cuda] [--paths "frames grpc base"]
+#       [--base-build DIR] [--out FILE]
 #
 # --paths: the data paths to run, interleaved too: frames (the shards' data
 # ports, run-local's default) and grpc (ps-server --data_listen= : the data
-# path on gRPC); with both, each row also gives frames / grpc.
+# path on gRPC) and base (the binaries of an earlier build, --base-build
+# DIR/bin, on gRPC: the job as it ran before the data port); each frames
+# row also gives its samples/s and CPU against the other paths. With
+# --replicas 1 it compares the data paths alone, e.g. issue 29's run-local
+# sync 2 x 2 against the build it started from: --mode sync --shards 2
+# --workers 2 --replicas 1 --paths "frames grpc base" --base-build DIR.
+# --mode: run-local's (default async).
 #
 # The cost of replication per step grows with the model's bytes, the
 # compute per step with the batch: a larger --batch shows what it costs a
@@ -26,6 +33,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build" rounds=3 shards=3 workers=2 epochs=10 batch=64 replicas="1 2 3" device=cpu out=""
+mode=async base_build=""
 paths=frames
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,26 +45,34 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --replicas) replicas=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
+    --mode) mode=$2; shift 2 ;;
     --paths) paths=$2; shift 2 ;;
+    --base-build) base_build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
 for b in ps-server ps-worker; do
   [ -x "$build/bin/$b" ] || { echo "missing $build/bin/$b (build it first)" >&2; exit 1; }
 done
+if [[ " $paths " == *" base "* ]]; then
+  for b in ps-server ps-worker; do
+    [ -x "$base_build/bin/$b" ] || { echo "--paths base needs --base-build DIR with bin/$b" >&2; exit 1; }
+  done
+fi
 tmp=$(mktemp -d -t replication_ratio.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 # One run of R replicas on data path P: prints "samples/s cpu_seconds accuracy".
 run_once() {
-  local r=$1 path=$2 json="$tmp/results-$1.json" server_flags=()
-  [ "$path" = grpc ] && server_flags=(-- --data_listen=)
+  local r=$1 path=$2 json="$tmp/results-$1.json" server_flags=() binaries=$build
+  [ "$path" = frames ] || server_flags=(-- --data_listen=)
+  [ "$path" = base ] && binaries=$base_build
   rm -f "$json"
-  /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$build" "$root/scripts/run-local.sh" \
+  /usr/bin/time -f '%U %S' -o "$tmp/time" env BUILD_DIR="$binaries" "$root/scripts/run-local.sh" \
     --no-build --shards "$shards" --workers "$workers" --epochs "$epochs" --batch "$batch" \
-    --replicas "$r" --device "$device" \
+    --replicas "$r" --device "$device" --mode "$mode" \
     --results "$json" "${server_flags[@]}" >"$tmp/run-$r.txt" 2>&1 || { cat "$tmp/run-$r.txt" >&2; exit 1; }
   local sps acc cpu
   sps=$(sed -n 's/.*"samples_per_second": *\([0-9.]*\).*/\1/p' "$json" | head -1)
@@ -84,7 +100,7 @@ END {
   mid = int((rounds + 1) / 2)
   np = split(paths, p, " ")
   printf "%-7s %-3s %12s %8s %16s %8s %9s%s\n", "path", "R", "samples/s", "vs R=1", "CPU-s/1k samples",
-    "vs R=1", "accuracy", (np > 1 ? "  frames/grpc samples/s, CPU" : "")
+    "vs R=1", "accuracy", (np > 1 ? "  frames against: samples/s, CPU" : "")
   for (i = 1; i <= np; i++) {
     base = p[i] SUBSEP 1
     base_sps = sps[base, mid]; base_cpu = cpu[base, mid] * 1000 / samples
@@ -93,14 +109,17 @@ END {
       if (!(k in n)) continue
       c = cpu[k, mid] * 1000 / samples
       vs = ""
-      g = "grpc" SUBSEP r
-      if (p[i] == "frames" && (g in n)) vs = sprintf("  %.2f, %.2f", sps[k, mid] / sps[g, mid], cpu[k, mid] / cpu[g, mid])
+      for (j = 1; j <= np && p[i] == "frames"; j++) {
+        g = p[j] SUBSEP r
+        if (p[j] == "frames" || !(g in n)) continue
+        vs = vs sprintf("  %s %.2f, %.2f", p[j], sps[k, mid] / sps[g, mid], cpu[k, mid] / cpu[g, mid])
+      }
       printf "%-7s %-3d %12.0f %8.2f %16.3f %8.2f %9s%s\n", p[i], r, sps[k, mid], (base_sps ? sps[k, mid] / base_sps : 0),
         c, (base_cpu ? c / base_cpu : 0), acc[k, mid], vs
     }
   }
 }')
-header="# replication_train_ratio: scripts/run-local.sh --shards $shards --workers $workers --epochs $epochs --batch $batch --device $device --replicas R; data paths: $paths
+header="# replication_train_ratio: scripts/run-local.sh --mode $mode --shards $shards --workers $workers --epochs $epochs --batch $batch --device $device --replicas R; data paths: $paths${base_build:+ (base: a build of $(git -C "$base_build/.." rev-parse --short HEAD 2>/dev/null || echo "another tree"))}
 # $rounds interleaved rounds, median round per data path and R (by samples/s); CPU = user+sys of every process of the run
 # date: $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)
 # machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"

@@ -620,7 +620,7 @@ void ParameterServerService::HandlePushPull(ServerCall* call, const grpc::ByteBu
   // The path's own checks (replicated: the chain's), then the pull's,
   // before the push is applied.
   if (status.ok()) status = push_path_->CheckPushPull(view);
-  if (status.ok()) status = shard_->pulls().Validate(view.pull);
+  if (status.ok()) status = shard_->pulls().Validate(view.pull, view.push.clock);
   if (!status.ok()) {
     FinishCall(call, "PushPull", status, start, request_bytes);
     return;

@@ -220,6 +220,34 @@ TEST_F(ServiceTest, APullWaitsForTheSyncStepOrItsDeadline) {
   });
 }
 
+// A sync PushPull to a shard behind the job (it restored an older
+// checkpoint): the push brings its partitions up to the step, and the pull
+// half, which asks for the step's result, is answered once the step is
+// complete instead of refused as too far ahead by the check made before
+// the push is applied.
+TEST_F(ServiceTest, ASyncPushPullCatchesUpAShardThatRestoredAnOlderStep) {
+  Start(ConsistencyMode::kSync, 1);
+  PushPullRequest request;
+  *request.mutable_push() = MakePush(0, 5, DTYPE_F32);  // the job is at step 5
+  *request.mutable_pull() = MakePull(0, 6, DTYPE_F32);
+  PushPullResponse response;
+  const grpc::Status status = stub_->PushPull(Context().get(), request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ExpectParts(response.pull(), DTYPE_F32, 6, [&](int p, int i) { return Stepped(Grad(0, p, i)); });
+
+  // A pull alone still may not ask for more than one step ahead, nor a
+  // PushPull's pull half for more than its push's step; nothing changes.
+  const uint64_t before = server_->shard().Checksum();
+  PullResponse pulled;
+  const grpc::Status ahead = stub_->Pull(Context().get(), MakePull(0, 8, DTYPE_F32), &pulled);
+  EXPECT_EQ(ahead.error_code(), grpc::StatusCode::OUT_OF_RANGE) << ahead.error_message();
+  *request.mutable_push() = MakePush(0, 6, DTYPE_F32);
+  *request.mutable_pull() = MakePull(0, 9, DTYPE_F32);
+  const grpc::Status too_far = stub_->PushPull(Context().get(), request, &response);
+  EXPECT_EQ(too_far.error_code(), grpc::StatusCode::OUT_OF_RANGE) << too_far.error_message();
+  EXPECT_EQ(server_->shard().Checksum(), before);
+}
+
 // A sync table's training lookup by a worker whose push of the open step is
 // in is parked until the last worker's push applies the step: one that
 // runs out of time ends with DEADLINE_EXCEEDED and changes nothing, the

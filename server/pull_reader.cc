@@ -24,7 +24,7 @@ PullReader::PullReader(const ShardOptions& options, uint64_t incarnation,
       membership_(membership),
       metrics_(metrics) {}
 
-absl::Status PullReader::Validate(const PullRequest& request) const {
+absl::Status PullReader::Validate(const PullRequest& request, int64_t push_clock) const {
   RETURN_IF_ERROR(CheckWorker(options_, request.worker()));
   RETURN_IF_ERROR(CheckIncarnation(options_, incarnation_, request.shard_incarnation()));
   if (request.parts().empty()) {
@@ -58,7 +58,10 @@ absl::Status PullReader::Validate(const PullRequest& request) const {
     response_bytes += part->range.size * width +
                       static_cast<int64_t>(key.tensor().size()) + 64;
     const int64_t version = part->version.load(std::memory_order_acquire);
-    if (request.min_version() > version + 1) {
+    const int64_t reachable = options_.mode == ConsistencyMode::kSync
+                                  ? std::max(version + 1, push_clock)
+                                  : version + 1;
+    if (request.min_version() > reachable) {
       return absl::OutOfRangeError(absl::StrFormat(
           "%s/%d: min_version %d is more than one step ahead of version %d",
           part->tensor, part->index, request.min_version(), version));

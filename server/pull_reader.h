@@ -6,7 +6,8 @@
 //   // replicated: answer only once reader.Committed(request, versions)
 //
 //  - Validate checks the request in full (worker, incarnation, sizes, dtype,
-//    keys, a version at most one step ahead, the response's size) and
+//    keys, a version at most one step ahead (or, before a sync PushPull's
+//    push, at most that push's step), the response's size) and
 //    counts a refusal over a limit;
 //  - Ready: every partition has reached min_version and, in async mode with
 //    a staleness bound, this worker is not too far ahead of the slowest
@@ -41,8 +42,12 @@ class PullReader {
              const Membership* membership, ShardMetrics* metrics);
 
   // OK when `request` may be answered (now or once Ready); nothing changes
-  // but the refusal counters.
-  absl::Status Validate(const PullRequest& request) const;
+  // but the refusal counters. `push_clock`: the request is a sync
+  // PushPull's pull half, checked before its push for step `push_clock` is
+  // applied; that push brings a partition behind its step (its shard
+  // restored an older checkpoint) up to push_clock - 1, so min_version may
+  // be up to push_clock. Checked again as the pull begins, after the push.
+  absl::Status Validate(const PullRequest& request, int64_t push_clock = 0) const;
   // True when `request` may be answered now. REQUIRES: Validate(request).ok().
   bool Ready(const PullRequest& request) const;
   // The SSP part of Ready, which a table's training lookup obeys too: false

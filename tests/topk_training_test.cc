@@ -15,14 +15,17 @@
 namespace shardtrain {
 namespace {
 
-// Bytes the worker sent in Push calls, from its RPC metrics.
+// Bytes the worker sent in Push and PushPull calls (a step's gradients go
+// in one or the other), from its RPC metrics.
 double PushedBytes(prometheus::Registry& registry) {
   double bytes = 0;
   for (const prometheus::MetricFamily& family : registry.Collect()) {
     if (family.name != "shardtrain_rpc_sent_bytes_total") continue;
     for (const prometheus::ClientMetric& metric : family.metric) {
       for (const prometheus::ClientMetric::Label& label : metric.label) {
-        if (label.name == "method" && label.value == "Push") bytes += metric.counter.value;
+        if (label.name == "method" && (label.value == "Push" || label.value == "PushPull")) {
+          bytes += metric.counter.value;
+        }
       }
     }
   }

@@ -365,24 +365,35 @@ absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& pus
   if (!options_.sync) {
     // Async: the next step's parameters come back with the push, one round
     // trip instead of two (they include this gradient, as a pull after the
-    // push would). Sync keeps push, then pull: that pull is where a worker
-    // that was dropped learns the job's step (FetchStepParameters).
+    // push would).
     RETURN_IF_ERROR(
         client_->PushPull(step + 1, /*min_version=*/0, grad_spans_, param_spans_, &push, &pull));
     params_ready_ = true;
     return false;
   }
-  const absl::Status sent = client_->Push(step + 1, grad_spans_, &push);
-  if (IsLateGradient(sent)) {
-    RETURN_IF_ERROR(Rejoin(sent));
+  // Sync: one round trip too. The pull half waits on each shard until the
+  // step is complete (every worker's gradient is in) and brings its result;
+  // an acknowledged push whose step's pull is still to come is what a
+  // restarted shard would need replayed, and with both halves in one
+  // answer there is none.
+  const absl::Status exchanged = client_->PushPull(step + 1, /*min_version=*/step + 1,
+                                                   grad_spans_, param_spans_, &push, &pull);
+  if (IsLateGradient(exchanged)) {
+    RETURN_IF_ERROR(Rejoin(exchanged));
     return true;
   }
-  if (options_.sync && sent.code() == absl::StatusCode::kAlreadyExists) {
-    LOG(INFO) << sent.message() << "; continuing with it";
+  if (exchanged.code() == absl::StatusCode::kAlreadyExists) {
+    // A gradient for this step was pushed before (by this worker index's
+    // previous process): the step goes on with it; FetchStepParameters
+    // pulls its result.
+    LOG(INFO) << exchanged.message() << "; continuing with it";
     return false;
   }
-  RETURN_IF_ERROR(sent);
-  return false;
+  RETURN_IF_ERROR(exchanged);
+  params_ready_ = true;
+  // Parameters of a later step: this worker was dropped (it stalled, or
+  // its link was cut) and the others went on; it rejoins at their step.
+  return RejoinIfAhead(step + 1);
 }
 
 absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,

@@ -195,9 +195,10 @@ class Trainer {
   // Copies every gradient to the host: grad_spans_, until the next backward.
   absl::Status CopyGradsToHost();
   // Without overlap: copies every gradient to the host and pushes them for
-  // step + 1; async, in one PushPull that also fetches step + 1's
-  // parameters. Returns true if the push was refused as late and the worker
-  // rejoined at the shards' step.
+  // step + 1 in one PushPull that also fetches step + 1's parameters (sync:
+  // once the step is complete). Returns true if the push was refused as
+  // late, or the parameters were of a later step, and the worker rejoined
+  // at the shards' step.
   absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push,
                                      client::PullStats& pull);
   // stale_overlap: lands the exchange in flight (its parameters become

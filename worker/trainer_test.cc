@@ -291,17 +291,31 @@ TEST_P(TrainerModesTest, UnreachableShardFailsTheStep) {
 }
 
 TEST_F(TrainerTest, ShardsAheadOfAPullMakeTheWorkerRejoin) {
-  // After backward, so that the next step pulls (with overlap its
-  // parameters come with the exchange, and a late push is what it sees:
-  // LateGradientRejoinsAtTheShardsStep).
+  // A step pulls when it holds no parameters: the first one, here. Later
+  // steps get theirs with the push (one PushPull), so what a worker dropped
+  // between steps sees is its push refused as late:
+  // LateGradientRejoinsAtTheShardsStep.
   InMemoryParameterClient client(0, 1, kLearningRate);
   ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(Options(true, false), &client));
   ASSERT_OK(trainer->Initialize());
-  ASSERT_OK(trainer->Step(X(0), Labels(0), kBatch).status());
-  // The others went on without this worker (it was dropped while stalled).
+  // The others went on without this worker (it was dropped while it started).
   client.AdvanceSteps(2);
-  // Step 1 pulls, finds step 3, and computes that one instead.
-  ASSERT_OK(trainer->Step(X(1), Labels(1), kBatch).status());
+  // Step 0 pulls, finds step 2, and computes that one instead.
+  ASSERT_OK(trainer->Step(X(0), Labels(0), kBatch).status());
+  EXPECT_EQ(trainer->clock(), 3);
+  EXPECT_EQ(client.version(0), 3);
+}
+
+// Sync without overlap: a step's push brings the parameters of the step it
+// completes (the shard answers once every worker's gradient is in), so the
+// steps after the first make one round trip each, not a push and a pull.
+TEST_F(TrainerTest, SyncStepsFetchTheirParametersWithThePush) {
+  InMemoryParameterClient client(0, 1, kLearningRate);
+  ASSERT_OK_AND_ASSIGN(auto trainer, MakeTrainer(Options(true, false), &client));
+  ASSERT_OK(trainer->Initialize());
+  const int64_t before = client.round_trips();
+  for (int b = 0; b < 4; ++b) ASSERT_OK(trainer->Step(X(b), Labels(b), kBatch).status());
+  EXPECT_EQ(client.round_trips() - before, 1 + 4) << "the first step's pull, then one per step";
   EXPECT_EQ(trainer->clock(), 4);
   EXPECT_EQ(client.version(0), 4);
 }

@@ -125,6 +125,13 @@ absl::Status InMemoryParameterClient::PullTensorLocked(int tensor, int64_t min_v
 absl::Status InMemoryParameterClient::Push(int64_t clock,
                                            absl::Span<const absl::Span<const float>> grads,
                                            PushStats* stats) {
+  CountRoundTrip();
+  return PushOnce(clock, grads, stats);
+}
+
+absl::Status InMemoryParameterClient::PushOnce(int64_t clock,
+                                               absl::Span<const absl::Span<const float>> grads,
+                                               PushStats* stats) {
   absl::MutexLock lock(&mu_);
   std::vector<int64_t> computed_at;
   computed_at.swap(computed_at_);  // for this push only
@@ -151,7 +158,13 @@ absl::Status InMemoryParameterClient::Push(int64_t clock,
 absl::Status InMemoryParameterClient::Pull(int64_t clock, int64_t min_version,
                                            absl::Span<const absl::Span<float>> params,
                                            PullStats* stats) {
-  (void)clock;
+  CountRoundTrip();
+  return PullOnce(min_version, params, stats);
+}
+
+absl::Status InMemoryParameterClient::PullOnce(int64_t min_version,
+                                               absl::Span<const absl::Span<float>> params,
+                                               PullStats* stats) {
   absl::MutexLock lock(&mu_);
   std::vector<size_t> sizes;
   for (absl::Span<float> param : params) sizes.push_back(param.size());
@@ -173,8 +186,14 @@ absl::Status InMemoryParameterClient::PushPull(int64_t clock, int64_t min_versio
                                                absl::Span<const absl::Span<const float>> grads,
                                                absl::Span<const absl::Span<float>> params,
                                                PushStats* push_stats, PullStats* pull_stats) {
-  RETURN_IF_ERROR(Push(clock, grads, push_stats));
-  return Pull(clock, min_version, params, pull_stats);
+  CountRoundTrip();
+  RETURN_IF_ERROR(PushOnce(clock, grads, push_stats));
+  return PullOnce(min_version, params, pull_stats);
+}
+
+void InMemoryParameterClient::CountRoundTrip() {
+  absl::MutexLock lock(&mu_);
+  ++round_trips_;
 }
 
 void InMemoryParameterClient::StartExchange(int tensor, int64_t clock, int64_t min_version,
@@ -309,6 +328,11 @@ int64_t InMemoryParameterClient::version(int tensor) const {
 int64_t InMemoryParameterClient::pushes_applied() const {
   absl::MutexLock lock(&mu_);
   return pushes_applied_;
+}
+
+int64_t InMemoryParameterClient::round_trips() const {
+  absl::MutexLock lock(&mu_);
+  return round_trips_;
 }
 
 int64_t InMemoryParameterClient::heartbeats() const {

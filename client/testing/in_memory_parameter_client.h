@@ -93,9 +93,17 @@ class InMemoryParameterClient final : public ParameterClient {
   int64_t version(int tensor) const;
   // Pushes applied (an exchange counts once per tensor).
   int64_t pushes_applied() const;
+  // Push, Pull and PushPull calls (a PushPull is one round trip).
+  int64_t round_trips() const;
   int64_t heartbeats() const;
 
  private:
+  // Push and Pull, not counted as round trips (PushPull makes one of both).
+  absl::Status PushOnce(int64_t clock, absl::Span<const absl::Span<const float>> grads,
+                        PushStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status PullOnce(int64_t min_version, absl::Span<const absl::Span<float>> params,
+                        PullStats* stats) ABSL_LOCKS_EXCLUDED(mu_);
+  void CountRoundTrip() ABSL_LOCKS_EXCLUDED(mu_);
   // The staged push failure and advance, consumed; *applied: the push is
   // applied first.
   std::optional<absl::Status> TakeFailureLocked(bool* applied)
@@ -135,6 +143,7 @@ class InMemoryParameterClient final : public ParameterClient {
   int64_t exchange_staleness_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_applied_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t round_trips_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardtrain::client::testing
