@@ -31,6 +31,20 @@ for s in 0 1; do
 done
 echo "run-local OK: accuracy $accuracy, checkpoints in --checkpoint-dir, nothing left behind"
 
+# --overlap stale: each step's PushPull runs behind the next step's compute,
+# on the worker's exchange thread; the job trains as well and ends cleanly.
+mkdir -p "$out/tmp-stale"
+TMPDIR="$out/tmp-stale" BUILD_DIR="$build_dir" "$root/scripts/run-local.sh" --no-build \
+  --epochs 1 --workers 1 --shards 1 --overlap stale --results "$out/stale.json" \
+  --logs "$out/logs-stale" >"$out/stale.out" 2>&1 || { cat "$out/stale.out"; exit 1; }
+grep -q '^epoch 1/1  loss [0-9.]*  test_acc 0\.[0-9]*  samples/s [0-9]*  staleness mean 1\.00 max 1 ' \
+  "$out/stale.out" || fail "--overlap stale: no epoch line with staleness 1: $(cat "$out/stale.out")"
+accuracy=$(sed -n 's/.*"final_test_accuracy": \([0-9.]*\).*/\1/p' "$out/stale.json")
+awk -v a="$accuracy" 'BEGIN { exit !(a >= 0.80) }' || fail "--overlap stale: accuracy $accuracy < 0.80"
+expect_no_processes "$out/logs-stale"
+[ -z "$(ls -A "$out/tmp-stale")" ] || fail "run-local.sh --overlap stale left behind: $(ls -A "$out/tmp-stale")"
+echo "run-local --overlap stale OK: accuracy $accuracy"
+
 # --resume needs a checkpoint of every shard.
 rc=0
 BUILD_DIR="$build_dir" "$root/scripts/run-local.sh" --no-build --resume "$out/nothing" \

@@ -97,11 +97,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   trainer->grad_spans_.resize(trainer->params_.size());
   if (options.stale_overlap) {
     trainer->next_params_ = trainer->params_;
-    trainer->sent_grads_ = trainer->params_;
-    for (size_t i = 0; i < trainer->params_.size(); ++i) {
-      trainer->next_param_spans_.push_back(absl::MakeSpan(trainer->next_params_[i]));
-      trainer->sent_grad_spans_.push_back(trainer->sent_grads_[i]);
+    for (std::vector<float>& param : trainer->next_params_) {
+      trainer->next_param_spans_.push_back(absl::MakeSpan(param));
     }
+    trainer->exchange_ = std::make_unique<ExchangeThread>(client);
   }
   return trainer;
 }
@@ -207,7 +206,7 @@ absl::Status Trainer::PullParameters(int64_t min_version) {
 }
 
 absl::Status Trainer::Drain() {
-  if (exchange_in_flight_) {
+  if (exchange_in_flight()) {
     params_ready_ = false;  // pulled afresh if the exchange failed
     RETURN_IF_ERROR(LandExchange(nullptr, nullptr));
     params_ready_ = true;
@@ -216,21 +215,9 @@ absl::Status Trainer::Drain() {
   exchanges_pending_ = false;
   client::PushStats push;
   client::PullStats pull;
-  const absl::Status finished = client_->FinishExchanges(&push, &pull);
-  if (IsLateGradient(finished)) return Rejoin(finished);
-  if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
-    params_ready_ = false;  // the step goes on with the earlier gradient
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(finished);
   // The exchanges pulled what the next step needs (in sync mode, the
   // version of the step they pushed for, or a later one after a rejoin).
-  if (options_.sync) {
-    ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(clock_.load()));
-    (void)rejoined;
-  }
-  params_ready_ = true;
-  return absl::OkStatus();
+  return SettleExchange(client_->FinishExchanges(&push, &pull), clock_.load()).status();
 }
 
 // When each phase of a step ended.
@@ -250,7 +237,7 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
   ASSIGN_OR_RETURN(const int64_t step, FetchStepParameters(push, pull));
   // Stale overlap: params_ came from a pull, or from the exchange that
   // landed last (see LandExchange); with one in flight, nothing pulled since.
-  if (options_.stale_overlap && !exchange_in_flight_) params_versions_ = client_->PulledVersions();
+  if (options_.stale_overlap && !exchange_in_flight()) params_versions_ = client_->PulledVersions();
   times.pulled = absl::Now();
   ASSIGN_OR_RETURN(const float loss, Compute(x, labels, batch, step));
   times.computed = absl::Now();
@@ -268,45 +255,51 @@ absl::StatusOr<float> Trainer::Step(const float* x, const int32_t* labels,
 
 absl::StatusOr<int64_t> Trainer::FetchStepParameters(client::PushStats& push,
                                                      client::PullStats& pull) {
-  bool fetched = false;
   if (exchanges_pending_) {
-    ASSIGN_OR_RETURN(fetched, FinishLastExchanges(push, pull));
+    exchanges_pending_ = false;
+    const absl::Status finished = client_->FinishExchanges(&push, &pull);
+    // A refused push's figures are not the step's.
+    if (IsLateGradient(finished)) {
+      push = client::PushStats();
+      pull = client::PullStats();
+    }
+    RETURN_IF_ERROR(SettleExchange(finished, clock_.load()).status());
   }
   int64_t step = clock_.load();
   if (!params_ready_) {
     RETURN_IF_ERROR(client_->Pull(step, options_.sync ? step : 0, param_spans_, &pull));
-    fetched = true;
-  }
-  if (options_.sync && fetched) {
-    // A later step: this worker was dropped (it stalled, or its link was
-    // cut) and the others went on; it rejoins at their step.
-    ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(step));
-    if (rejoined) step = clock_.load();
+    if (options_.sync) {
+      // A later step: this worker was dropped (it stalled, or its link was
+      // cut) and the others went on; it rejoins at their step.
+      ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(step));
+      if (rejoined) step = clock_.load();
+    }
   }
   params_ready_ = false;
   return step;
 }
 
-absl::StatusOr<bool> Trainer::FinishLastExchanges(client::PushStats& push,
-                                                  client::PullStats& pull) {
-  exchanges_pending_ = false;
-  const absl::Status finished = client_->FinishExchanges(&push, &pull);
-  if (IsLateGradient(finished)) {
-    RETURN_IF_ERROR(Rejoin(finished));  // pulls the step's parameters
-    push = client::PushStats();
-    pull = client::PullStats();
-    return false;
+absl::StatusOr<Trainer::ExchangeOutcome> Trainer::SettleExchange(const absl::Status& status,
+                                                                 int64_t step) {
+  if (IsLateGradient(status)) {
+    RETURN_IF_ERROR(Rejoin(status));  // pulls the shards' step's parameters
+    return ExchangeOutcome::kRejoined;
   }
-  if (options_.sync && finished.code() == absl::StatusCode::kAlreadyExists) {
+  if (options_.sync && status.code() == absl::StatusCode::kAlreadyExists) {
     // A gradient for this step was pushed before (by this worker index's
-    // previous process): the step goes on with it; pull its result.
-    LOG(INFO) << finished.message() << "; continuing with it";
+    // previous process): the step goes on with it, and the next
+    // FetchStepParameters pulls its result.
+    LOG(INFO) << status.message() << "; continuing with it";
     params_ready_ = false;
-    return false;
+    return ExchangeOutcome::kPullNeeded;
   }
-  RETURN_IF_ERROR(finished);
+  RETURN_IF_ERROR(status);
   params_ready_ = true;
-  return true;
+  if (!options_.sync) return ExchangeOutcome::kFetched;
+  // Parameters of a later step: this worker was dropped (it stalled, or
+  // its link was cut) and the others went on; it rejoins at their step.
+  ASSIGN_OR_RETURN(const bool rejoined, RejoinIfAhead(step));
+  return rejoined ? ExchangeOutcome::kRejoined : ExchangeOutcome::kFetched;
 }
 
 absl::StatusOr<float> Trainer::Compute(const float* x, const int32_t* labels,
@@ -362,60 +355,31 @@ absl::Status Trainer::CopyGradsToHost() {
 absl::StatusOr<bool> Trainer::PushGradients(int64_t step, client::PushStats& push,
                                              client::PullStats& pull) {
   RETURN_IF_ERROR(CopyGradsToHost());
-  if (!options_.sync) {
-    // Async: the next step's parameters come back with the push, one round
-    // trip instead of two (they include this gradient, as a pull after the
-    // push would).
-    RETURN_IF_ERROR(
-        client_->PushPull(step + 1, /*min_version=*/0, grad_spans_, param_spans_, &push, &pull));
-    params_ready_ = true;
-    return false;
-  }
-  // Sync: one round trip too. The pull half waits on each shard until the
-  // step is complete (every worker's gradient is in) and brings its result;
-  // an acknowledged push whose step's pull is still to come is what a
+  // The next step's parameters come back with the push: one round trip
+  // instead of two. Async: they include this gradient, as a pull after the
+  // push would. Sync: the pull half waits on each shard until the step is
+  // complete (every worker's gradient is in) and brings its result; an
+  // acknowledged push whose step's pull is still to come is what a
   // restarted shard would need replayed, and with both halves in one
   // answer there is none.
-  const absl::Status exchanged = client_->PushPull(step + 1, /*min_version=*/step + 1,
-                                                   grad_spans_, param_spans_, &push, &pull);
-  if (IsLateGradient(exchanged)) {
-    RETURN_IF_ERROR(Rejoin(exchanged));
-    return true;
-  }
-  if (exchanged.code() == absl::StatusCode::kAlreadyExists) {
-    // A gradient for this step was pushed before (by this worker index's
-    // previous process): the step goes on with it; FetchStepParameters
-    // pulls its result.
-    LOG(INFO) << exchanged.message() << "; continuing with it";
-    return false;
-  }
-  RETURN_IF_ERROR(exchanged);
-  params_ready_ = true;
-  // Parameters of a later step: this worker was dropped (it stalled, or
-  // its link was cut) and the others went on; it rejoins at their step.
-  return RejoinIfAhead(step + 1);
+  const absl::Status exchanged =
+      client_->PushPull(step + 1, /*min_version=*/options_.sync ? step + 1 : 0, grad_spans_,
+                        param_spans_, &push, &pull);
+  ASSIGN_OR_RETURN(const ExchangeOutcome outcome, SettleExchange(exchanged, step + 1));
+  return outcome == ExchangeOutcome::kRejoined;
 }
 
 absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,
                                      client::PullStats& pull) {
-  RETURN_IF_ERROR(CopyGradsToHost());
-  // The exchange before sends sent_grads_: it lands first.
   params_ready_ = false;
-  std::vector<int64_t> computed_at = params_versions_;
-  RETURN_IF_ERROR(LandExchange(&push, &pull));
-  for (size_t i = 0; i < grad_spans_.size(); ++i) {
-    std::copy(grad_spans_[i].begin(), grad_spans_[i].end(), sent_grads_[i].begin());
-  }
   // The shards measure the gradients' staleness from the parameters they
-  // were computed on, not from the exchange that just landed.
-  client_->SetNextPushComputedAt(std::move(computed_at));
-  exchange_in_flight_ = true;
-  exchange_thread_ = std::thread([this, clock = step + 1] {
-    exchange_push_ = client::PushStats();
-    exchange_pull_ = client::PullStats();
-    exchange_status_ = client_->PushPull(clock, /*min_version=*/0, sent_grad_spans_,
-                                         next_param_spans_, &exchange_push_, &exchange_pull_);
-  });
+  // were computed on, not from the exchange about to land.
+  std::vector<int64_t> computed_at = params_versions_;
+  // The exchange before sends grad_spans_: it lands before they are
+  // overwritten.
+  RETURN_IF_ERROR(LandExchange(&push, &pull));
+  RETURN_IF_ERROR(CopyGradsToHost());
+  exchange_->Start(step + 1, std::move(computed_at), grad_spans_, next_param_spans_);
   // The next step computes on what the landed exchange fetched (or, after
   // the first step, on this step's parameters again).
   params_ready_ = true;
@@ -423,12 +387,8 @@ absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,
 }
 
 absl::Status Trainer::LandExchange(client::PushStats* push, client::PullStats* pull) {
-  if (!exchange_in_flight_) return absl::OkStatus();
-  exchange_thread_.join();
-  exchange_in_flight_ = false;
-  RETURN_IF_ERROR(exchange_status_);
-  if (push != nullptr) *push = exchange_push_;
-  if (pull != nullptr) *pull = exchange_pull_;
+  if (!exchange_in_flight()) return absl::OkStatus();
+  RETURN_IF_ERROR(exchange_->Land(push, pull));
   // The buffers trade places; params_'s page-locks stay with theirs.
   params_.swap(next_params_);
   param_spans_.swap(next_param_spans_);

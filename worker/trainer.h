@@ -34,13 +34,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
 #include "worker/data/dataset.h"
+#include "worker/exchange_thread.h"
 #include "worker/model/model.h"
 #include "worker/worker_metrics.h"
 
@@ -183,10 +183,17 @@ class Trainer {
   // rejoin, the shards' step). Adds what it measured to push and pull.
   absl::StatusOr<int64_t> FetchStepParameters(client::PushStats& push,
                                               client::PullStats& pull);
-  // Finishes the last step's exchanges; true if they fetched this step's
-  // parameters, false if a pull is still needed (or a rejoin made one).
-  absl::StatusOr<bool> FinishLastExchanges(client::PushStats& push,
-                                           client::PullStats& pull);
+  // What an exchange that pushed for `step` and fetched its parameters
+  // (a PushPull, or the overlapped exchanges) left the trainer with.
+  enum class ExchangeOutcome {
+    kFetched,     // params_ hold step's parameters
+    kRejoined,    // the worker rejoined at the shards' step (sync)
+    kPullNeeded,  // the step goes on with an earlier push of it (sync)
+  };
+  // Acts on such an exchange's `status`: a late gradient rejoins,
+  // ALREADY_EXISTS leaves params_ to be pulled, OK marks them ready (sync:
+  // rejoining if they are of a later step); other errors are returned.
+  absl::StatusOr<ExchangeOutcome> SettleExchange(const absl::Status& status, int64_t step);
   // Loads params_ into the model and runs forward and backward; with
   // overlap, each gradient's exchange for step + 1 starts as soon as
   // backward has produced it. Returns the mean loss.
@@ -202,12 +209,14 @@ class Trainer {
   absl::StatusOr<bool> PushGradients(int64_t step, client::PushStats& push,
                                      client::PullStats& pull);
   // stale_overlap: lands the exchange in flight (its parameters become
-  // params_), then starts step + 1's with this step's gradients. Adds the
-  // landed exchange's figures to push and pull.
+  // params_), then copies this step's gradients to the host and starts
+  // step + 1's exchange with them. Adds the landed exchange's figures to
+  // push and pull.
   absl::Status ExchangeBehind(int64_t step, client::PushStats& push, client::PullStats& pull);
   // stale_overlap: waits for the exchange in flight, if any, and makes the
   // parameters it fetched params_.
   absl::Status LandExchange(client::PushStats* push, client::PullStats* pull);
+  bool exchange_in_flight() const { return exchange_ != nullptr && exchange_->in_flight(); }
   // Adds the step's phase times to the epoch totals and the metrics.
   void RecordStep(const StepTimes& times, const client::PushStats& push,
                   const client::PullStats& pull, int batch, float loss);
@@ -248,6 +257,8 @@ class Trainer {
   // params_, so they are released first.
   std::vector<std::unique_ptr<HostPin>> param_pins_;
   // This step's gradients, in host memory the model owns (CopyGradsToHost).
+  // With stale_overlap, also what the exchange in flight sends: the next
+  // copy waits for it to land.
   std::vector<absl::Span<const float>> grad_spans_;
   std::atomic<int64_t> clock_{0};
   // Exchanges of the last step are in flight; their pulls are the next
@@ -255,17 +266,13 @@ class Trainer {
   bool exchanges_pending_ = false;
   // params_ already hold what the next step needs.
   bool params_ready_ = false;
-  // stale_overlap: the exchange started after the last step's compute, and
-  // what it sends and fetches (params_'s twin, swapped with it as an
-  // exchange lands).
-  std::thread exchange_thread_;
-  bool exchange_in_flight_ = false;
-  absl::Status exchange_status_;
-  client::PushStats exchange_push_;
-  client::PullStats exchange_pull_;
-  std::vector<std::vector<float>> next_params_, sent_grads_;
+  // stale_overlap: where the exchange started after the last step's
+  // compute fetches to (params_'s twin, swapped with it as an exchange
+  // lands; it sends grad_spans_), and the thread that makes it (after the
+  // buffers, so it is gone before them).
+  std::vector<std::vector<float>> next_params_;
   std::vector<absl::Span<float>> next_param_spans_;
-  std::vector<absl::Span<const float>> sent_grad_spans_;
+  std::unique_ptr<ExchangeThread> exchange_;
   // The versions of the parameters in params_ (what the next push says its
   // gradients were computed at).
   std::vector<int64_t> params_versions_;

@@ -52,7 +52,9 @@ inline int64_t NumElements(const ParamInfo& param) {
 // A gradient on its way to host memory that the model owns.
 struct PendingGrad {
   // The gradient, once ready->Wait() has returned OK. Valid and unchanged
-  // until the next ForwardBackward or StartGradCopy of the same parameter.
+  // until the next StartGradCopy of the same parameter (ForwardBackward
+  // makes one only through its on_grad_ready), so it may be sent while the
+  // next step computes.
   absl::Span<const float> values;
   std::unique_ptr<Fence> ready;
 };
