@@ -350,7 +350,8 @@ TEST_F(PsClientReplicasTest, PushesGoToEachGroupsHeadAndPullsToItsTail) {
   EXPECT_EQ(NewOps("PushPull.push").size(), 6u);
   EXPECT_EQ(NewOps("PushPull.pull").size(), 6u);
 
-  // A sync job's exchange pushes to the head, then pulls from the tail.
+  // So does a sync job's: the head answers the pull half once the step is
+  // complete.
   ASSERT_OK_AND_ASSIGN(std::unique_ptr<PsClient> sync_client,
                        PsClient::Create(Options(), nullptr));
   sync_client->set_sync_mode(true);
@@ -358,11 +359,11 @@ TEST_F(PsClientReplicasTest, PushesGoToEachGroupsHeadAndPullsToItsTail) {
   ClearOps();
   sync_client->StartExchange(0, 1, 1, grad_, nullptr, absl::MakeSpan(params_));
   ASSERT_OK(sync_client->FinishExchanges(&push_stats, &pull_stats));
-  for (const Op& op : NewOps("Push")) EXPECT_EQ(op.shard, op.group);
-  for (const Op& op : NewOps("Pull")) EXPECT_EQ(op.shard, (op.group + 1) % kShards);
-  EXPECT_EQ(NewOps("Push").size(), 6u);
-  EXPECT_EQ(NewOps("Pull").size(), 6u);
-  EXPECT_EQ(NewOps("PushPull.push").size(), 0u);
+  for (const Op& op : NewOps("PushPull.pull")) EXPECT_EQ(op.shard, op.group);
+  EXPECT_EQ(NewOps("PushPull.push").size(), 6u);
+  EXPECT_EQ(NewOps("PushPull.pull").size(), 6u);
+  EXPECT_EQ(NewOps("Push").size(), 0u);
+  EXPECT_EQ(NewOps("Pull").size(), 0u);
 
   // Heartbeats reach every member.
   ASSERT_OK_AND_ASSIGN(HeartbeatResponse beat, client->Heartbeat(3, false, absl::InfiniteDuration()));

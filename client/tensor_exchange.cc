@@ -9,12 +9,11 @@ namespace shardtrain::client {
 
 TensorExchange::TensorExchange(std::vector<std::vector<BatchCall*>> batches,
                                VersionTable* versions, SyncReplay* replay,
-                               absl::Duration release_timeout, bool push_pull)
+                               absl::Duration release_timeout)
     : batches_(std::move(batches)),
       versions_(versions),
       replay_(replay),
-      release_timeout_(release_timeout),
-      push_pull_(push_pull) {
+      release_timeout_(release_timeout) {
   sender_ = std::thread([this] { SendLoop(); });
 }
 
@@ -74,33 +73,8 @@ void TensorExchange::Send(Task& task) {
     // One sequence number per push, kept by its retries.
     call->requests().SetPush(task.clock, call->NextSequence(), grad_of, *versions_);
     call->requests().SetPull(task.clock, task.min_version, params_of);
-    if (push_pull_) {
-      call->StartPushPull([this, call](absl::Status status) { OnPushPulled(call, status); });
-    } else {
-      call->StartPush([this, call](absl::Status status) { OnPushed(call, status); });
-    }
+    call->StartPushPull([this, call](absl::Status status) { OnPushPulled(call, status); });
   }
-}
-
-void TensorExchange::OnPushed(BatchCall* call, const absl::Status& status) {
-  if (!status.ok()) {
-    Complete(status);
-    return;
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    max_staleness_ = std::max(max_staleness_, call->push_result().max_staleness);
-  }
-  call->StartPull([this, call](absl::Status status) { OnPulled(call, status); });
-}
-
-void TensorExchange::OnPulled(BatchCall* call, const absl::Status& status) {
-  if (status.ok()) {
-    absl::MutexLock lock(&mu_);
-    max_wait_seconds_ = std::max(max_wait_seconds_, call->pull_result().wait_seconds);
-    min_version_ = std::min(min_version_, call->pull_result().min_version);
-  }
-  Complete(status);
 }
 
 void TensorExchange::OnPushPulled(BatchCall* call, const absl::Status& status) {

@@ -5,12 +5,14 @@
 // and, as each shard acknowledges it, asks that shard for the tensor's
 // parameters for the next step, so communication of layer L overlaps the
 // backward of layers < L and the next step's parameters arrive while the
-// rest of the model is still being computed (prefetch). Async jobs send
-// both as one PushPull per call (one round trip; with replicated shards to
-// the chain's head); sync jobs push, then pull once the push is
-// acknowledged (the sync replay and a late gradient's recovery need the
-// push's own answer). Finish() waits for
-// everything started. Encoding and sending run on the exchange's own thread,
+// rest of the model is still being computed (prefetch). Both go as one
+// PushPull per call, one round trip (with replicated shards, to the
+// chain's head, which answers once the tail has the push). In a sync job
+// its pull half is answered once every worker's gradient of the step is
+// in, so no push is acknowledged without its step's parameters (the sync
+// replay keeps nothing), and a late gradient fails the whole call
+// (FAILED_PRECONDITION) as a push would. Finish() waits for everything
+// started. Encoding and sending run on the exchange's own thread,
 // so the thread computing backward only enqueues.
 //
 // The RPCs are the same BatchCalls the blocking PsClient calls make
@@ -53,10 +55,8 @@ class TensorExchange {
   // batches[t] are tensor t's calls (not owned; they and `versions` must
   // outlive this). `release_timeout` bounds Finish's wait for gRPC to let go
   // of the gradients.
-  // `push_pull`: one PushPull per call instead of a push, then a pull.
   TensorExchange(std::vector<std::vector<BatchCall*>> batches, VersionTable* versions,
-                 SyncReplay* replay, absl::Duration release_timeout,
-                 bool push_pull = false);
+                 SyncReplay* replay, absl::Duration release_timeout);
   ~TensorExchange();
 
   // Sends `grad` once `grad_ready` (if not empty) has returned OK, then
@@ -87,8 +87,6 @@ class TensorExchange {
   // SendLoop's wake-up condition: a task is queued or Finish is stopping.
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Task& task);
-  void OnPushed(BatchCall* call, const absl::Status& status);
-  void OnPulled(BatchCall* call, const absl::Status& status);
   void OnPushPulled(BatchCall* call, const absl::Status& status);
   void Complete(const absl::Status& status);
 
@@ -96,7 +94,6 @@ class TensorExchange {
   VersionTable* const versions_;
   SyncReplay* const replay_;
   const absl::Duration release_timeout_;
-  const bool push_pull_;
 
   absl::Mutex mu_;
   // Started and not yet finished (queued, pushing or pulling).

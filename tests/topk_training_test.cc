@@ -81,9 +81,11 @@ TEST_P(TopKTraining, FivePercentStillLearnsOnAFractionOfTheBytes) {
   // And about as well as dense pushes do on the same batches.
   EXPECT_LT(sparse_last, 1.05 * mean(dense->losses, 50, 60));
   // 5% of the values plus as many 4-byte indices is a tenth of dense; the
-  // tensor names, keys and versions of every part (the same either way) add
-  // a few hundred bytes a step to both, a lot for this 924-parameter model.
-  EXPECT_LT(PushedBytes(sparse_registry), 0.25 * PushedBytes(dense_registry));
+  // tensor names, keys and versions of every part, and each PushPull's pull
+  // half (the same either way), add several hundred bytes a step to both, a
+  // lot for this 924-parameter model: with overlap, a step makes a call per
+  // tensor and shard (0.28x the dense bytes here).
+  EXPECT_LT(PushedBytes(sparse_registry), 0.33 * PushedBytes(dense_registry));
 }
 
 TEST(TopKTrainingOptions, RatioOutsideZeroOneIsRejected) {
