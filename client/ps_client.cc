@@ -257,7 +257,7 @@ void PsClient::BuildCalls(const PartitionLayout& layout) {
     }
   }
   exchange_ = std::make_unique<TensorExchange>(std::move(by_tensor), &versions_,
-                                               batch_context_.replay, options_.rpc_timeout);
+                                               options_.rpc_timeout);
 }
 
 absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchShard(

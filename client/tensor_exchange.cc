@@ -8,11 +8,9 @@
 namespace shardtrain::client {
 
 TensorExchange::TensorExchange(std::vector<std::vector<BatchCall*>> batches,
-                               VersionTable* versions, SyncReplay* replay,
-                               absl::Duration release_timeout)
+                               VersionTable* versions, absl::Duration release_timeout)
     : batches_(std::move(batches)),
       versions_(versions),
-      replay_(replay),
       release_timeout_(release_timeout) {
   sender_ = std::thread([this] { SendLoop(); });
 }
@@ -110,9 +108,8 @@ absl::Status TensorExchange::Finish(int64_t* max_staleness, double* max_wait_sec
     min_version_ = INT64_MAX;
     started.swap(started_);
   }
-  // The caller may overwrite the gradients once this returns: nothing may
-  // still read them, neither gRPC nor a later replay.
-  if (replay_ != nullptr) replay_->Detach();
+  // The caller may overwrite the gradients once this returns: gRPC may no
+  // longer read them (a PushPull leaves nothing for the sync replay).
   const absl::Time deadline = absl::Now() + release_timeout_;
   for (int tensor : started) {
     for (BatchCall* call : batches_[tensor]) KeepFirstError(&status, call->Release(deadline));

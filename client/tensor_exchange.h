@@ -20,7 +20,7 @@
 // across outages and shard restarts, a retried push keeping its sequence
 // number, the gradient sent from where it lies.
 //
-//   TensorExchange exchange(std::move(batches_by_tensor), &versions, replay,
+//   TensorExchange exchange(std::move(batches_by_tensor), &versions,
 //                           /*release_timeout=*/absl::Seconds(30));
 //   exchange.Start(t, clock, min_version, grad, grad_ready, params);
 //   ...
@@ -56,7 +56,7 @@ class TensorExchange {
   // outlive this). `release_timeout` bounds Finish's wait for gRPC to let go
   // of the gradients.
   TensorExchange(std::vector<std::vector<BatchCall*>> batches, VersionTable* versions,
-                 SyncReplay* replay, absl::Duration release_timeout);
+                 absl::Duration release_timeout);
   ~TensorExchange();
 
   // Sends `grad` once `grad_ready` (if not empty) has returned OK, then
@@ -92,7 +92,6 @@ class TensorExchange {
 
   const std::vector<std::vector<BatchCall*>> batches_;  // by tensor
   VersionTable* const versions_;
-  SyncReplay* const replay_;
   const absl::Duration release_timeout_;
 
   absl::Mutex mu_;

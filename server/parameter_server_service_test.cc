@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/create_channel.h>
@@ -99,6 +100,13 @@ class ServiceTest : public ::testing::Test {
     return request;
   }
 
+  static PushPullRequest MakePushPull(PushRequest push, PullRequest pull) {
+    PushPullRequest request;
+    *request.mutable_push() = std::move(push);
+    *request.mutable_pull() = std::move(pull);
+    return request;
+  }
+
   // Element i of partition p after one SGD step from 0.5 with `grad`.
   static float Stepped(float grad) {
     float param = 0.5f;
@@ -166,9 +174,7 @@ TEST_F(ServiceTest, StockClientPushesAndPullsEveryDType) {
 
 TEST_F(ServiceTest, PushPullAppliesThenAnswersThePull) {
   Start(ConsistencyMode::kAsync, 1);
-  PushPullRequest request;
-  *request.mutable_push() = MakePush(0, 0, DTYPE_BF16);
-  *request.mutable_pull() = MakePull(0, 1, DTYPE_F16);
+  PushPullRequest request = MakePushPull(MakePush(0, 0, DTYPE_BF16), MakePull(0, 1, DTYPE_F16));
   PushPullResponse response;
   const grpc::Status status = stub_->PushPull(Context().get(), request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -203,9 +209,8 @@ TEST_F(ServiceTest, APullWaitsForTheSyncStepOrItsDeadline) {
   EXPECT_EQ(expired.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
 
   // Worker 0's PushPull waits for worker 1's push, then gets the mean step.
-  PushPullRequest request;
-  *request.mutable_push() = MakePush(0, 0, DTYPE_F32);
-  *request.mutable_pull() = MakePull(0, 1, DTYPE_BF16);
+  const PushPullRequest request =
+      MakePushPull(MakePush(0, 0, DTYPE_F32), MakePull(0, 1, DTYPE_BF16));
   PushPullResponse response;
   grpc::Status status;
   std::thread waiting([&] { status = stub_->PushPull(Context().get(), request, &response); });
@@ -227,9 +232,8 @@ TEST_F(ServiceTest, APullWaitsForTheSyncStepOrItsDeadline) {
 // the push is applied.
 TEST_F(ServiceTest, ASyncPushPullCatchesUpAShardThatRestoredAnOlderStep) {
   Start(ConsistencyMode::kSync, 1);
-  PushPullRequest request;
-  *request.mutable_push() = MakePush(0, 5, DTYPE_F32);  // the job is at step 5
-  *request.mutable_pull() = MakePull(0, 6, DTYPE_F32);
+  // The job is at step 5.
+  PushPullRequest request = MakePushPull(MakePush(0, 5, DTYPE_F32), MakePull(0, 6, DTYPE_F32));
   PushPullResponse response;
   const grpc::Status status = stub_->PushPull(Context().get(), request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
@@ -241,8 +245,7 @@ TEST_F(ServiceTest, ASyncPushPullCatchesUpAShardThatRestoredAnOlderStep) {
   PullResponse pulled;
   const grpc::Status ahead = stub_->Pull(Context().get(), MakePull(0, 8, DTYPE_F32), &pulled);
   EXPECT_EQ(ahead.error_code(), grpc::StatusCode::OUT_OF_RANGE) << ahead.error_message();
-  *request.mutable_push() = MakePush(0, 6, DTYPE_F32);
-  *request.mutable_pull() = MakePull(0, 9, DTYPE_F32);
+  request = MakePushPull(MakePush(0, 6, DTYPE_F32), MakePull(0, 9, DTYPE_F32));
   const grpc::Status too_far = stub_->PushPull(Context().get(), request, &response);
   EXPECT_EQ(too_far.error_code(), grpc::StatusCode::OUT_OF_RANGE) << too_far.error_message();
   EXPECT_EQ(server_->shard().Checksum(), before);

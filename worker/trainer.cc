@@ -11,6 +11,7 @@
 #include "common/float_env.h"
 #include "common/status_macros.h"
 #include "worker/data/data_shard.h"
+#include "worker/exchange_thread.h"
 #include "worker/model/tensor_specs.h"
 
 namespace shardtrain::worker {
@@ -384,6 +385,10 @@ absl::Status Trainer::ExchangeBehind(int64_t step, client::PushStats& push,
   // the first step, on this step's parameters again).
   params_ready_ = true;
   return absl::OkStatus();
+}
+
+bool Trainer::exchange_in_flight() const {
+  return exchange_ != nullptr && exchange_->in_flight();
 }
 
 absl::Status Trainer::LandExchange(client::PushStats* push, client::PullStats* pull) {

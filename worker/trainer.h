@@ -40,7 +40,6 @@
 #include "absl/time/time.h"
 #include "client/parameter_client.h"
 #include "worker/data/dataset.h"
-#include "worker/exchange_thread.h"
 #include "worker/model/model.h"
 #include "worker/worker_metrics.h"
 
@@ -48,6 +47,7 @@ namespace shardtrain::worker {
 
 class DataShard;
 
+class ExchangeThread;
 class HeartbeatThread;
 
 struct TrainerOptions {
@@ -216,7 +216,7 @@ class Trainer {
   // stale_overlap: waits for the exchange in flight, if any, and makes the
   // parameters it fetched params_.
   absl::Status LandExchange(client::PushStats* push, client::PullStats* pull);
-  bool exchange_in_flight() const { return exchange_ != nullptr && exchange_->in_flight(); }
+  bool exchange_in_flight() const;
   // Adds the step's phase times to the epoch totals and the metrics.
   void RecordStep(const StepTimes& times, const client::PushStats& push,
                   const client::PullStats& pull, int batch, float loss);
