@@ -1,17 +1,19 @@
 // AttemptCancel: cancels one attempt of a ShardRpc (client/shard_channel.h)
 // that runs on a transport its grpc::ClientContext does not reach: a call
 // on a shard's data port (client/frame_channel.h). The attempt registers
-// how to cancel it once it is sent; ShardChannel::AbandonDeparted cancels
-// it together with its context. Either may come first: a cancel that
-// comes before the registration runs the registered callback at once.
+// how to cancel it in the phase it is in (waiting for its connection, then
+// sent); ShardChannel::AbandonDeparted cancels it together with its
+// context. Either may come first: a cancel that comes before a
+// registration runs the registered callback at once.
 //
 //   auto cancel = std::make_shared<AttemptCancel>();  // per routed attempt
 //   frames->Call(..., done, cancel.get());  // registers frames->Cancel(id)
 //   ...
 //   cancel->Cancel();  // another thread: runs frames->Cancel(id) once
 //
-// The callback runs at most once, outside the object's lock, on the thread
-// of whichever call came second. Thread-safe.
+// Cancel runs the callback registered last, once, outside the object's
+// lock, on the thread of whichever call came second; a registration after
+// the cancel runs its own callback at once too. Thread-safe.
 #ifndef SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
 #define SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
 
@@ -28,8 +30,8 @@ class AttemptCancel {
   AttemptCancel(const AttemptCancel&) = delete;
   AttemptCancel& operator=(const AttemptCancel&) = delete;
 
-  // How to cancel the attempt; runs `cancel` now if Cancel() came first.
-  // One registration per attempt.
+  // How to cancel the attempt from now on (it replaces the earlier
+  // registration); runs `cancel` now if Cancel() came first.
   void OnCancel(std::function<void()> cancel) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the attempt: runs the registered callback, or the one
   // registered later. Later calls do nothing.

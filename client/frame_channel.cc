@@ -43,7 +43,8 @@ FrameChannel::~FrameChannel() {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     // A connect in progress (a call on another thread, made before this
-    // destructor) installs nothing once it sees closing_.
+    // destructor) is cut short and installs nothing once it sees closing_.
+    if (connect_interrupter_ != nullptr) connect_interrupter_->Trigger();
     mu_.Await(absl::Condition(
         +[](bool* connecting) { return !*connecting; }, &connecting_));
     if (connection_ != nullptr) all.push_back(std::move(connection_));
@@ -80,20 +81,37 @@ void FrameChannel::set_port(int port) {
     if (port == port_) return;
     port_ = port;
     old = connection_;
+    // A connect to the old port would be dropped when it ends.
+    if (connect_interrupter_ != nullptr) connect_interrupter_->Trigger();
   }
   // Its reader fails its calls and retires it.
   if (old != nullptr) old->socket->Shutdown();
 }
 
 absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
-    absl::Time deadline) {
+    absl::Time deadline, AttemptCancel* cancel, bool* cancelled) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return absl::CancelledError("the frame channel is closing");
+    if (connection_ != nullptr && !connection_->failed) return connection_;
+  }
+  // The call waits for a connect, its own or another call's: its cancel
+  // ends that wait (until Call registers the call's own Cancel instead).
+  auto wait = std::make_shared<OpenWait>();
+  wait->channel = this;
+  if (cancel != nullptr) cancel->OnCancel([this, wait] { CancelOpen(wait.get()); });
   int port = 0;
+  std::shared_ptr<wire::Interrupter> interrupter;
   {
     absl::MutexLock lock(&mu_);
     // One connect at a time: the others wait for its connection (or, when
     // it failed, try their own), each no longer than its deadline.
-    mu_.AwaitWithDeadline(absl::Condition(this, &FrameChannel::ConnectSettled), deadline);
+    mu_.AwaitWithDeadline(absl::Condition(&FrameChannel::OpenSettled, wait.get()), deadline);
     if (closing_) return absl::CancelledError("the frame channel is closing");
+    if (wait->cancelled) {
+      *cancelled = true;
+      return absl::CancelledError("the call was cancelled while it waited for a connect");
+    }
     if (connection_ != nullptr && !connection_->failed) return connection_;
     if (connecting_) return absl::DeadlineExceededError("deadline passed waiting for a connect");
     // Readers that have ended are joined (not this thread's own: a call
@@ -108,27 +126,52 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
     }
     if (connection_ != nullptr) retired_.push_back(std::move(connection_));
     connecting_ = true;
+    wait->connecting = true;
+    interrupter = connect_interrupter_ = std::make_shared<wire::Interrupter>();
     port = port_;
   }
   // Outside mu_: a connect to a host that does not answer takes up to
   // connect_timeout_, and meanwhile Cancel, set_port and the readers'
   // ends must not wait for it.
   const absl::Duration timeout = std::min(connect_timeout_, deadline - absl::Now());
-  absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket =
-      wire::FrameSocket::Connect(host_, port, std::max(timeout, absl::ZeroDuration()));
+  absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket = wire::FrameSocket::Connect(
+      host_, port, std::max(timeout, absl::ZeroDuration()), interrupter.get());
   absl::MutexLock lock(&mu_);
   connecting_ = false;
-  if (!socket.ok()) return socket.status();
+  wait->connecting = false;
+  connect_interrupter_ = nullptr;
   if (closing_) return absl::CancelledError("the frame channel is closing");
   if (port != port_) {
     return absl::UnavailableError(absl::StrCat("the data port moved to ", port_));
   }
-  auto connection = std::make_shared<Connection>();
-  connection->socket = *std::move(socket);
-  Connection* raw = connection.get();
-  connection->reader = std::thread([this, raw] { Read(raw); });
-  connection_ = connection;
-  return connection;
+  if (socket.ok()) {
+    // Opened even if this call was cancelled meanwhile: the next ones use it.
+    auto connection = std::make_shared<Connection>();
+    connection->socket = *std::move(socket);
+    Connection* raw = connection.get();
+    connection->reader = std::thread([this, raw] { Read(raw); });
+    connection_ = std::move(connection);
+  }
+  if (wait->cancelled) {
+    *cancelled = true;
+    return absl::CancelledError("the call was cancelled while it connected");
+  }
+  if (!socket.ok()) return socket.status();
+  return connection_;
+}
+
+void FrameChannel::CancelOpen(OpenWait* wait) {
+  std::shared_ptr<wire::Interrupter> interrupter;
+  {
+    absl::MutexLock lock(&mu_);
+    wait->cancelled = true;  // wakes the call if it waits for a connect
+    if (wait->connecting) interrupter = connect_interrupter_;
+  }
+  if (interrupter != nullptr) interrupter->Trigger();
+}
+
+bool FrameChannel::OpenSettled(OpenWait* wait) {
+  return wait->cancelled || wait->channel->ConnectSettled();
 }
 
 bool FrameChannel::ConnectSettled() const { return !connecting_ || closing_; }
@@ -136,7 +179,15 @@ bool FrameChannel::ConnectSettled() const { return !connecting_ || closing_; }
 uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
                             grpc::ByteBuffer* response, absl::Time deadline, Done done,
                             AttemptCancel* cancel) {
-  absl::StatusOr<std::shared_ptr<Connection>> opened = Open(deadline);
+  bool cancelled = false;
+  absl::StatusOr<std::shared_ptr<Connection>> opened = Open(deadline, cancel, &cancelled);
+  if (cancelled) {
+    // Reached: the caller must not send it another way (it was cancelled).
+    done(ToGrpc(absl::CancelledError(absl::StrCat("data port ", host_, ":", port(), ": ",
+                                                  opened.status().message()))),
+         /*reached=*/true);
+    return 0;
+  }
   if (!opened.ok()) {
     done(ToGrpc(absl::UnavailableError(absl::StrCat(
              "data port ", host_, ":", port(), " unreachable: ", opened.status().message()))),

@@ -9,7 +9,9 @@
 // The connection opens on the first call and again on the first call after
 // it failed. The connect holds no lock: a host that does not answer holds
 // up only the calls that need the connection, each no longer than its
-// deadline or the connect timeout. A call's deadline travels with it (the
+// deadline or the connect timeout, and not past its cancel (a call
+// cancelled while it connects, or waits for another call's connect, ends
+// at once), set_port or the channel's end (either cuts the connect short). A call's deadline travels with it (the
 // shard's parked pulls give up at it) and is kept here too: a call not
 // answered by then ends with DEADLINE_EXCEEDED, and a late answer is
 // dropped. When the connection fails, its calls end with UNAVAILABLE.
@@ -48,6 +50,7 @@
 #include "client/attempt_cancel.h"
 #include "wire/frame_header.h"
 #include "wire/frame_socket.h"
+#include "wire/interrupter.h"
 
 namespace shardtrain::client {
 
@@ -68,10 +71,12 @@ class FrameChannel {
   // Sends `request` as `method`; the answer's body goes to *response (alive
   // until `done`), and `done` runs once, on the reader thread or on this
   // one (a call that failed before it was sent, or ended while it was
-  // written). With `cancel`, the call registers its Cancel there before
-  // its request is written (a write blocked on a shard that stopped
-  // reading is cut short too). Returns the call's id for Cancel; 0 when
-  // it ended unsent.
+  // written). With `cancel`, the call registers there how to end it:
+  // while it waits for its connection (it ends with CANCELLED, reached: it
+  // must not be sent another way, it was cancelled), then, before its
+  // request is written, its Cancel (a write blocked on a shard that stopped
+  // reading is cut short too). Returns the call's id for Cancel; 0 when it
+  // ended unsent.
   uint64_t Call(wire::DataMethod method, const grpc::ByteBuffer& request,
                 grpc::ByteBuffer* response, absl::Time deadline, Done done,
                 AttemptCancel* cancel = nullptr);
@@ -84,7 +89,8 @@ class FrameChannel {
   const std::string& host() const { return host_; }
   int port() const ABSL_LOCKS_EXCLUDED(mu_);
   // The shard restarted on another data port: later calls go there, and
-  // the open connection (to the old one) is closed.
+  // the open connection (to the old one) is closed, or the connect to the
+  // old one cut short (its calls end unsent).
   void set_port(int port) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -111,13 +117,26 @@ class FrameChannel {
     bool reached = true;
   };
 
+  // A call that waits for a connection: its own connect, or another's.
+  struct OpenWait {
+    const FrameChannel* channel = nullptr;
+    bool cancelled = false;   // guarded by FrameChannel::mu_
+    bool connecting = false;  // this call connects; guarded by FrameChannel::mu_
+  };
+
   // Reads `connection`'s answers until it fails.
   void Read(Connection* connection);
-  // The open connection, opened now if there is none.
-  absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The open connection, opened now if there is none. A `cancel` of the
+  // call while it waits ends that wait with CANCELLED and sets *cancelled.
+  absl::StatusOr<std::shared_ptr<Connection>> Open(absl::Time deadline, AttemptCancel* cancel,
+                                                   bool* cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  // AttemptCancel's callback for a call in Open: ends its wait, and cuts
+  // the connect short if the call is the one connecting.
+  void CancelOpen(OpenWait* wait) ABSL_LOCKS_EXCLUDED(mu_);
   // No call is connecting, or the channel is closing.
   bool ConnectSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ConnectSettled, or `wait`'s call was cancelled (an absl::Condition).
+  static bool OpenSettled(OpenWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Ends `connection`'s calls with `status` (`reached` unless nothing was
   // ever answered on it) and marks it failed.
   void Fail(Connection* connection, const grpc::Status& status);
@@ -143,6 +162,8 @@ class FrameChannel {
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   // A call is connecting (outside mu_); the others wait for it.
   bool connecting_ ABSL_GUARDED_BY(mu_) = false;
+  // Cuts that connect short (set_port, the destructor, its call's cancel).
+  std::shared_ptr<wire::Interrupter> connect_interrupter_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardtrain::client

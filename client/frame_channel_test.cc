@@ -2,10 +2,6 @@
 // connection the test reads and answers itself.
 #include "client/frame_channel.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <memory>
 #include <string>
@@ -21,6 +17,7 @@
 #include "wire/frame_header.h"
 #include "wire/frame_listener.h"
 #include "wire/frame_socket.h"
+#include "wire/testing/hanging_port.h"
 
 namespace shardtrain::client {
 namespace {
@@ -195,45 +192,11 @@ TEST_F(FrameChannelTest, AnUnansweredCallEndsAtItsDeadline) {
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
 }
 
-// A port on 127.0.0.1 whose connects hang: a listener with a backlog of 0
-// whose one queue slot is taken and never accepted (the kernel drops the
-// SYNs after it). Closes its sockets when it goes.
-class HangingPort {
- public:
-  HangingPort() {
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    EXPECT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&address), length), 0);
-    EXPECT_EQ(::listen(listener_, 0), 0);
-    EXPECT_EQ(::getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length), 0);
-    port_ = ntohs(address.sin_port);
-    queued_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    EXPECT_EQ(::connect(queued_, reinterpret_cast<sockaddr*>(&address), length), 0);
-  }
-  ~HangingPort() { Close(); }
-  // The port refuses connects from now on.
-  void Close() {
-    if (listener_ < 0) return;
-    ::close(queued_);
-    ::close(listener_);
-    listener_ = queued_ = -1;
-  }
-  int port() const { return port_; }
-
- private:
-  int listener_ = -1;
-  int queued_ = -1;
-  int port_ = 0;
-};
-
 // A connect to a host that does not answer holds up only the calls that
-// need it, each no longer than its own deadline: set_port, Cancel and
-// the channel's other calls go on meanwhile.
+// need it, each no longer than its own deadline: Cancel and the channel's
+// other calls go on meanwhile, and set_port cuts the connect short.
 TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
-  HangingPort hanging;
+  wire::HangingPort hanging;
   FrameChannel channel("127.0.0.1", hanging.port(), kMaxBytes,
                        /*connect_timeout=*/absl::Seconds(20));
   const grpc::ByteBuffer request = Bytes("pull");
@@ -255,18 +218,20 @@ TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
   EXPECT_EQ(waiting.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_FALSE(waiting.reached);
 
-  // The shard moved: set_port and Cancel do not wait for the connect.
+  // Cancel does not wait for the connect.
+  const absl::Time cancelled = absl::Now();
+  channel.Cancel(12345);
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+  ASSERT_FALSE(connecting.ended.HasBeenNotified());
+
+  // The shard moved: set_port cuts the connect to the old port short, and
+  // its call ends unsent (the caller may send it by gRPC); the next call
+  // goes to the new port.
   const absl::Time moved = absl::Now();
   channel.set_port(listener_->port());
-  channel.Cancel(12345);
   EXPECT_EQ(channel.port(), listener_->port());
+  ASSERT_TRUE(connecting.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_LT(absl::Now() - moved, absl::Seconds(5));
-
-  // The hanging connect ends when the old port refuses its SYN's next
-  // retry, and the call ends unsent; the next call goes to the new port.
-  ASSERT_FALSE(connecting.ended.HasBeenNotified());
-  hanging.Close();
-  ASSERT_TRUE(connecting.ended.WaitForNotificationWithTimeout(absl::Seconds(25)));
   caller.join();
   EXPECT_EQ(connecting.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_FALSE(connecting.reached);
@@ -281,6 +246,77 @@ TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
   ASSERT_TRUE(next.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(next.status.ok()) << next.status.error_message();
   EXPECT_EQ(Text(next.response), "params");
+}
+
+// A routed call whose shard left the chain is cancelled (AbandonDeparted)
+// while it connects, or while it waits for another call's connect: either
+// ends at once with CANCELLED, reached (not to be sent by gRPC instead),
+// not when the connect times out; the other call goes on waiting.
+TEST_F(FrameChannelTest, ACancelEndsACallThatConnectsOrWaitsForAConnect) {
+  wire::HangingPort hanging;
+  FrameChannel channel("127.0.0.1", hanging.port(), kMaxBytes,
+                       /*connect_timeout=*/absl::Seconds(20));
+  const grpc::ByteBuffer request = Bytes("push");
+  // A routed push on a thread of its own, blocked in its connect.
+  struct Attempt {
+    AttemptCancel cancel;
+    Outcome outcome;
+    std::thread caller;
+  };
+  auto start = [&](Attempt& attempt) {
+    attempt.caller = std::thread([&] {
+      channel.Call(wire::DataMethod::kPush, request, &attempt.outcome.response,
+                   absl::Now() + absl::Seconds(30), attempt.outcome.Done(), &attempt.cancel);
+    });
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_FALSE(attempt.outcome.ended.HasBeenNotified()) << "the connect did not hang";
+  };
+  // Cancels it: it ends at once, CANCELLED and reached.
+  auto cancel = [](Attempt& attempt) {
+    const absl::Time cancelled = absl::Now();
+    attempt.cancel.Cancel();
+    ASSERT_TRUE(attempt.outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+    EXPECT_LT(absl::Now() - cancelled, absl::Seconds(5));
+    attempt.caller.join();
+    EXPECT_EQ(attempt.outcome.status.error_code(), grpc::StatusCode::CANCELLED)
+        << attempt.outcome.status.error_message();
+    EXPECT_TRUE(attempt.outcome.reached);
+    EXPECT_EQ(attempt.outcome.runs.load(), 1);
+  };
+  Attempt connecting;
+  Attempt waiting;
+  ASSERT_NO_FATAL_FAILURE(start(connecting));
+  ASSERT_NO_FATAL_FAILURE(start(waiting));
+  ASSERT_NO_FATAL_FAILURE(cancel(waiting));
+  EXPECT_FALSE(connecting.outcome.ended.HasBeenNotified());
+  ASSERT_NO_FATAL_FAILURE(cancel(connecting));
+}
+
+// A cancel after the call was sent still reaches it: the cancel the call
+// registered while it connected is replaced by the sent call's.
+TEST_F(FrameChannelTest, ACancelAfterTheConnectEndsTheSentCall) {
+  AttemptCancel cancel;
+  Outcome outcome;
+  const grpc::ByteBuffer request = Bytes("pull");
+  const uint64_t id = channel_->Call(wire::DataMethod::kPull, request, &outcome.response,
+                                     absl::Now() + absl::Seconds(30), outcome.Done(), &cancel);
+  ASSERT_NE(id, 0u);
+  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  ASSERT_NE(shard, nullptr);
+  EXPECT_EQ(ReadRequest(*shard).call_id, id);
+  EXPECT_FALSE(outcome.ended.HasBeenNotified());
+  cancel.Cancel();
+  ASSERT_TRUE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(outcome.reached);
+  // The connection is still good for the next call.
+  Outcome next;
+  const uint64_t next_id = channel_->Call(wire::DataMethod::kPull, request, &next.response,
+                                          absl::Now() + absl::Seconds(30), next.Done());
+  EXPECT_EQ(ReadRequest(*shard).call_id, next_id);
+  Answer(*shard, next_id, "params");
+  ASSERT_TRUE(next.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(next.status.ok()) << next.status.error_message();
 }
 
 }  // namespace

@@ -28,8 +28,9 @@ absl::Status Failed(const char* what, int err) {
   return absl::UnavailableError(absl::StrCat("frame socket: ", what, ": ", std::strerror(err)));
 }
 
-// Waits until `fd` is ready for `events` or `deadline` passes.
-absl::Status WaitFor(int fd, short events, absl::Time deadline) {
+// Waits until `fd` is ready for `events` or `deadline` passes; CANCELLED
+// once `interrupt` (an Interrupter's eventfd; -1: none) is readable.
+absl::Status WaitFor(int fd, short events, absl::Time deadline, int interrupt = -1) {
   while (true) {
     int timeout_ms = -1;
     if (deadline != absl::InfiniteFuture()) {
@@ -37,8 +38,11 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline) {
       if (left <= 0) return absl::DeadlineExceededError("frame socket: deadline exceeded");
       timeout_ms = static_cast<int>(std::min(std::ceil(left), double{INT_MAX}));
     }
-    pollfd entry{fd, events, 0};
-    const int ready = ::poll(&entry, 1, timeout_ms);
+    pollfd entries[2] = {{fd, events, 0}, {interrupt, POLLIN, 0}};
+    const int ready = ::poll(entries, interrupt >= 0 ? 2 : 1, timeout_ms);
+    if (ready > 0 && entries[1].revents != 0) {
+      return absl::CancelledError("frame socket: interrupted");
+    }
     if (ready > 0) return absl::OkStatus();  // an error shows in the next call
     if (ready == 0) continue;                // the deadline check above ends it
     if (errno != EINTR) return Failed("poll", errno);
@@ -60,8 +64,14 @@ void SetNoDelay(int fd) {
 
 absl::StatusOr<std::unique_ptr<FrameSocket>> FrameSocket::Connect(const std::string& host,
                                                                  int port,
-                                                                 absl::Duration timeout) {
+                                                                 absl::Duration timeout,
+                                                                 const Interrupter* interrupter) {
   const absl::Time deadline = absl::Now() + timeout;
+  const int interrupt = interrupter != nullptr ? interrupter->fd() : -1;
+  if (interrupter != nullptr && interrupter->triggered()) {
+    return absl::CancelledError(
+        absl::StrCat("frame socket: connect to ", host, ":", port, " interrupted"));
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -85,9 +95,9 @@ absl::StatusOr<std::unique_ptr<FrameSocket>> FrameSocket::Connect(const std::str
         last = Failed("connect", errno);
         continue;
       }
-      last = WaitFor(fd, POLLOUT, deadline);
+      last = WaitFor(fd, POLLOUT, deadline, interrupt);
       if (!last.ok()) {
-        if (absl::IsDeadlineExceeded(last)) break;
+        if (absl::IsDeadlineExceeded(last) || absl::IsCancelled(last)) break;
         continue;
       }
       int err = 0;

@@ -40,6 +40,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "wire/frame_header.h"
+#include "wire/interrupter.h"
 
 namespace shardtrain::wire {
 
@@ -47,9 +48,12 @@ class FrameSocket {
  public:
   // Connects to `host` (a name or a numeric address) and `port`, trying
   // each address it resolves to, within `timeout`. UNAVAILABLE when none
-  // accepts, DEADLINE_EXCEEDED when the time runs out.
-  static absl::StatusOr<std::unique_ptr<FrameSocket>> Connect(const std::string& host, int port,
-                                                             absl::Duration timeout);
+  // accepts, DEADLINE_EXCEEDED when the time runs out, CANCELLED as soon as
+  // `interrupter` (optional) is triggered while a connect is pending (the
+  // name lookup itself is not interrupted).
+  static absl::StatusOr<std::unique_ptr<FrameSocket>> Connect(
+      const std::string& host, int port, absl::Duration timeout,
+      const Interrupter* interrupter = nullptr);
 
   // Takes `fd`, a connected stream socket (an accepted connection, one end
   // of a socketpair): made non-blocking; TCP_NODELAY where it is TCP.

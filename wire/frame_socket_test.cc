@@ -14,6 +14,8 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "wire/frame_header.h"
+#include "wire/interrupter.h"
+#include "wire/testing/hanging_port.h"
 
 namespace shardtrain::wire {
 namespace {
@@ -269,6 +271,36 @@ TEST(FrameSocketTest, ConnectsOverTcpAndTellsARefusal) {
   // Nothing listens there any more.
   EXPECT_EQ(FrameSocket::Connect("127.0.0.1", port, absl::Seconds(10)).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// A connect that hangs (the host does not answer) ends as soon as its
+// Interrupter fires, not at its timeout; one fired before never starts.
+TEST(FrameSocketTest, AnInterruptEndsAConnectThatHangs) {
+  HangingPort hanging;
+  Interrupter interrupter;
+  std::thread trigger([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    interrupter.Trigger();
+  });
+  const absl::Time start = absl::Now();
+  const absl::Status status =
+      FrameSocket::Connect("127.0.0.1", hanging.port(), absl::Seconds(20), &interrupter).status();
+  trigger.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_TRUE(interrupter.triggered());
+
+  interrupter.Trigger();  // idempotent
+  EXPECT_EQ(FrameSocket::Connect("127.0.0.1", hanging.port(), absl::Seconds(20), &interrupter)
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  // Without one, the same connect runs to its timeout.
+  EXPECT_EQ(FrameSocket::Connect("127.0.0.1", hanging.port(), absl::Milliseconds(200))
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace
