@@ -29,6 +29,27 @@ TEST(AttemptCancelTest, ARegistrationAfterTheCancelRunsAtOnce) {
   EXPECT_EQ(runs, 1);
 }
 
+// An attempt registers how to end its wait for a connection, then how to
+// cancel the sent call: the cancel runs the one registered last, and a
+// registration after the cancel runs its own at once.
+TEST(AttemptCancelTest, TheLastRegistrationIsTheOneCancelRuns) {
+  AttemptCancel cancel;
+  int waits = 0;
+  int calls = 0;
+  cancel.OnCancel([&waits] { ++waits; });
+  cancel.OnCancel([&calls] { ++calls; });
+  cancel.Cancel();
+  EXPECT_EQ(waits, 0);
+  EXPECT_EQ(calls, 1);
+
+  AttemptCancel early;
+  early.OnCancel([&waits] { ++waits; });
+  early.Cancel();
+  EXPECT_EQ(waits, 1);
+  early.OnCancel([&calls] { ++calls; });  // the call, sent after the cancel
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(AttemptCancelTest, NothingRegisteredCancelsNothing) {
   AttemptCancel cancel;
   cancel.Cancel();  // an attempt that went over gRPC: its context is cancelled instead
