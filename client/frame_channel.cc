@@ -98,7 +98,6 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
   // The call waits for a connect, its own or another call's: its cancel
   // ends that wait (until Call registers the call's own Cancel instead).
   auto wait = std::make_shared<OpenWait>();
-  wait->channel = this;
   if (cancel != nullptr) cancel->OnCancel([this, wait] { CancelOpen(wait.get()); });
   int port = 0;
   std::shared_ptr<wire::Interrupter> interrupter;
@@ -106,7 +105,10 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
     absl::MutexLock lock(&mu_);
     // One connect at a time: the others wait for its connection (or, when
     // it failed, try their own), each no longer than its deadline.
-    mu_.AwaitWithDeadline(absl::Condition(&FrameChannel::OpenSettled, wait.get()), deadline);
+    auto settled = [this, &wait]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return wait->cancelled || ConnectSettled();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
     if (closing_) return absl::CancelledError("the frame channel is closing");
     if (wait->cancelled) {
       *cancelled = true;
@@ -168,10 +170,6 @@ void FrameChannel::CancelOpen(OpenWait* wait) {
     if (wait->connecting) interrupter = connect_interrupter_;
   }
   if (interrupter != nullptr) interrupter->Trigger();
-}
-
-bool FrameChannel::OpenSettled(OpenWait* wait) {
-  return wait->cancelled || wait->channel->ConnectSettled();
 }
 
 bool FrameChannel::ConnectSettled() const { return !connecting_ || closing_; }

@@ -11,10 +11,11 @@
 // up only the calls that need the connection, each no longer than its
 // deadline or the connect timeout, and not past its cancel (a call
 // cancelled while it connects, or waits for another call's connect, ends
-// at once), set_port or the channel's end (either cuts the connect short). A call's deadline travels with it (the
-// shard's parked pulls give up at it) and is kept here too: a call not
-// answered by then ends with DEADLINE_EXCEEDED, and a late answer is
-// dropped. When the connection fails, its calls end with UNAVAILABLE.
+// at once), set_port or the channel's end (either cuts the connect short).
+// A call's deadline travels with it (the shard's parked pulls give up at
+// it) and is kept here too: a call not answered by then ends with
+// DEADLINE_EXCEEDED, and a late answer is dropped. When the connection
+// fails, its calls end with UNAVAILABLE.
 //
 //   FrameChannel channel("10.0.0.7", data_port, max_message_bytes);
 //   channel.Call(wire::DataMethod::kPush, request, &response, deadline,
@@ -119,7 +120,6 @@ class FrameChannel {
 
   // A call that waits for a connection: its own connect, or another's.
   struct OpenWait {
-    const FrameChannel* channel = nullptr;
     bool cancelled = false;   // guarded by FrameChannel::mu_
     bool connecting = false;  // this call connects; guarded by FrameChannel::mu_
   };
@@ -135,8 +135,6 @@ class FrameChannel {
   void CancelOpen(OpenWait* wait) ABSL_LOCKS_EXCLUDED(mu_);
   // No call is connecting, or the channel is closing.
   bool ConnectSettled() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // ConnectSettled, or `wait`'s call was cancelled (an absl::Condition).
-  static bool OpenSettled(OpenWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Ends `connection`'s calls with `status` (`reached` unless nothing was
   // ever answered on it) and marks it failed.
   void Fail(Connection* connection, const grpc::Status& status);
