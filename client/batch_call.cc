@@ -88,7 +88,7 @@ void BatchCall::Start(Kind kind, std::function<void(absl::Status)> done) {
                         attempt_done(std::move(status));
                       });
     };
-    FrameChannel* frames = target->frames(connection);
+    wire::FrameChannel* frames = target->frames(connection);
     if (frames == nullptr) {
       send_grpc(std::move(attempt_done));
       return;

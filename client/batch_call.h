@@ -6,7 +6,7 @@
 // the batch's WireRequests
 // (client/wire_requests.h), each goes through the shard's ShardChannel
 // (client/shard_channel.h) as a frame to the shard's data port
-// (client/frame_channel.h) or, without one, as raw bytes on
+// (wire/frame_channel.h) or, without one, as raw bytes on
 // grpc::GenericStub, and the answer is decoded straight into the
 // destinations given to SetPull.
 //

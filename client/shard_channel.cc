@@ -84,7 +84,7 @@ struct ShardChannel::PendingCall {
   // Shared with AbandonDeparted, which may cancel them outside the lock:
   // the attempt's context, and its data-port call if it went there.
   std::shared_ptr<grpc::ClientContext> context;
-  std::shared_ptr<AttemptCancel> cancel;
+  std::shared_ptr<wire::AttemptCancel> cancel;
   // Fires the next attempt after a backoff; kept until the call ends.
   std::unique_ptr<grpc::Alarm> alarm;
   absl::Time first_failure = absl::InfinitePast();
@@ -129,7 +129,7 @@ void ShardChannel::EnableFrames(uint64_t max_message_bytes) {
     return;
   }
   for (size_t c = 0; c < connections_.size(); ++c) {
-    frames_.push_back(std::make_unique<FrameChannel>(host, 0, max_message_bytes));
+    frames_.push_back(std::make_unique<wire::FrameChannel>(host, 0, max_message_bytes));
   }
 }
 
@@ -138,7 +138,7 @@ void ShardChannel::set_data_port(int port) {
   for (const auto& frames : frames_) frames->set_port(port);
 }
 
-FrameChannel* ShardChannel::frames(int connection) {
+wire::FrameChannel* ShardChannel::frames(int connection) {
   if (frames_.empty() || data_port_.load() == 0) return nullptr;
   if (absl::GetCurrentTimeNanos() < frames_paused_until_ns_.load()) return nullptr;
   return frames_[connection].get();
@@ -165,7 +165,7 @@ void ShardChannel::Call(ShardRpc rpc, std::function<void(absl::Status)> done) {
 void ShardChannel::StartAttempt(PendingCall* call) {
   call->context = std::make_shared<grpc::ClientContext>();
   // Only a routed attempt is ever abandoned (AbandonDeparted).
-  call->cancel = call->routed ? std::make_shared<AttemptCancel>() : nullptr;
+  call->cancel = call->routed ? std::make_shared<wire::AttemptCancel>() : nullptr;
   const absl::Time now = absl::Now();
   call->context->set_deadline(absl::ToChronoTime(AttemptDeadline(
       now, call->rpc.attempt_timeout, call->first_failure, call->reconnect_timeout)));
@@ -246,7 +246,7 @@ std::string ShardChannel::Describe(const PendingCall& call) const {
 }
 
 int ShardChannel::AbandonDeparted(uint64_t epoch, const std::vector<int>& members) {
-  std::vector<std::pair<std::shared_ptr<grpc::ClientContext>, std::shared_ptr<AttemptCancel>>>
+  std::vector<std::pair<std::shared_ptr<grpc::ClientContext>, std::shared_ptr<wire::AttemptCancel>>>
       cancel;
   {
     absl::MutexLock lock(&mu_);

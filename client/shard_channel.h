@@ -74,8 +74,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/attempt_cancel.h"
-#include "client/frame_channel.h"
+#include "wire/attempt_cancel.h"
+#include "wire/frame_channel.h"
 #include "client/ps_client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 
@@ -165,7 +165,7 @@ struct ShardAttempt {
   // A routed attempt sent on the target's data port (target->frames())
   // says here how to cancel it: AbandonDeparted cancels `context` and
   // this. Null for an unrouted call (pass it on as is).
-  std::shared_ptr<AttemptCancel> cancel;
+  std::shared_ptr<wire::AttemptCancel> cancel;
 };
 
 // One RPC as ShardChannel::Call runs it.
@@ -253,7 +253,7 @@ class ShardChannel {
   void EnableFrames(uint64_t max_message_bytes);
   void set_data_port(int port);
   // Connection `connection`'s frames channel, or null: use gRPC.
-  FrameChannel* frames(int connection);
+  wire::FrameChannel* frames(int connection);
   void FramesUnreachable();
   static constexpr absl::Duration kFramesPause = absl::Seconds(5);
   int num_connections() const { return static_cast<int>(connections_.size()); }
@@ -301,7 +301,7 @@ class ShardChannel {
   std::vector<ShardChannel*> peers_;  // by shard index; with routes_
   std::atomic<uint64_t> incarnation_{0};
   // Frames (EnableFrames): one channel per connection, made at once.
-  std::vector<std::unique_ptr<FrameChannel>> frames_;
+  std::vector<std::unique_ptr<wire::FrameChannel>> frames_;
   std::atomic<int> data_port_{0};
   std::atomic<int64_t> frames_paused_until_ns_{0};
   std::atomic<uint64_t> next_sequence_{0};

@@ -119,7 +119,7 @@ TableClient::StartFn TableClient::Send(
       (target->stub()->async()->*method)(context, &requests[p], &responses[p], std::move(done));
     };
     // The shard's data port, when it has one (client/shard_channel.h).
-    FrameChannel* frames = target->frames(static_cast<int>(p % target->num_connections()));
+    wire::FrameChannel* frames = target->frames(static_cast<int>(p % target->num_connections()));
     if (frames == nullptr) {
       send_grpc(std::move(done));
       return;

@@ -1,11 +1,11 @@
-#include "client/attempt_cancel.h"
+#include "wire/attempt_cancel.h"
 
 #include <atomic>
 #include <thread>
 
 #include "gtest/gtest.h"
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 namespace {
 
 TEST(AttemptCancelTest, CancelRunsTheRegisteredCallbackOnce) {
@@ -70,4 +70,4 @@ TEST(AttemptCancelTest, RacingRegistrationAndCancelRunTheCallbackOnce) {
 }
 
 }  // namespace
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire

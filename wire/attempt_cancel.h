@@ -1,10 +1,12 @@
-// AttemptCancel: cancels one attempt of a ShardRpc (client/shard_channel.h)
-// that runs on a transport its grpc::ClientContext does not reach: a call
-// on a shard's data port (client/frame_channel.h). The attempt registers
-// how to cancel it in the phase it is in (waiting for its connection, then
-// sent); ShardChannel::AbandonDeparted cancels it together with its
-// context. Either may come first: a cancel that comes before a
-// registration runs the registered callback at once.
+// AttemptCancel: cancels one attempt of a call (a worker's ShardRpc,
+// client/shard_channel.h; a chain member's forward,
+// server/replication/forwarder.h) that runs on a transport its
+// grpc::ClientContext does not reach: a call on a shard's data port
+// (wire/frame_channel.h). The attempt registers how to cancel it in the
+// phase it is in (waiting for its connection, then sent); AbandonDeparted
+// (either's) cancels it together with its context. Either may come first: a
+// cancel that comes before a registration runs the registered callback at
+// once.
 //
 //   auto cancel = std::make_shared<AttemptCancel>();  // per routed attempt
 //   frames->Call(..., done, cancel.get());  // registers frames->Cancel(id)
@@ -14,15 +16,15 @@
 // Cancel runs the callback registered last, once, outside the object's
 // lock, on the thread of whichever call came second; a registration after
 // the cancel runs its own callback at once too. Thread-safe.
-#ifndef SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
-#define SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
+#ifndef SHARDTRAIN_WIRE_ATTEMPT_CANCEL_H_
+#define SHARDTRAIN_WIRE_ATTEMPT_CANCEL_H_
 
 #include <functional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 
 class AttemptCancel {
  public:
@@ -43,6 +45,6 @@ class AttemptCancel {
   std::function<void()> cancel_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire
 
-#endif  // SHARDTRAIN_CLIENT_ATTEMPT_CANCEL_H_
+#endif  // SHARDTRAIN_WIRE_ATTEMPT_CANCEL_H_

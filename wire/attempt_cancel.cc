@@ -1,8 +1,8 @@
-#include "client/attempt_cancel.h"
+#include "wire/attempt_cancel.h"
 
 #include <utility>
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 
 void AttemptCancel::OnCancel(std::function<void()> cancel) {
   {
@@ -26,4 +26,4 @@ void AttemptCancel::Cancel() {
   if (cancel) cancel();
 }
 
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire

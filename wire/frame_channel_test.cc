@@ -1,6 +1,6 @@
 // FrameChannel against a hand-driven data port: a FrameListener whose one
 // connection the test reads and answers itself.
-#include "client/frame_channel.h"
+#include "wire/frame_channel.h"
 
 #include <atomic>
 #include <memory>
@@ -19,7 +19,7 @@
 #include "wire/frame_socket.h"
 #include "wire/testing/hanging_port.h"
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 namespace {
 
 constexpr uint64_t kMaxBytes = 64 << 20;
@@ -59,22 +59,22 @@ struct Outcome {
 class FrameChannelTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<wire::FrameListener>> listener =
-        wire::FrameListener::Listen("127.0.0.1:0");
+    absl::StatusOr<std::unique_ptr<FrameListener>> listener =
+        FrameListener::Listen("127.0.0.1:0");
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
     channel_ = std::make_unique<FrameChannel>("127.0.0.1", listener_->port(), kMaxBytes);
   }
 
   // The shard's end of the channel's connection (after its first call).
-  std::unique_ptr<wire::FrameSocket> Accept() {
-    absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket = listener_->Accept();
+  std::unique_ptr<FrameSocket> Accept() {
+    absl::StatusOr<std::unique_ptr<FrameSocket>> socket = listener_->Accept();
     EXPECT_TRUE(socket.ok()) << socket.status();
     return socket.ok() ? *std::move(socket) : nullptr;
   }
 
-  static wire::FrameHeader ReadRequest(wire::FrameSocket& shard) {
-    wire::FrameHeader header;
+  static FrameHeader ReadRequest(FrameSocket& shard) {
+    FrameHeader header;
     std::string message;
     grpc::ByteBuffer body;
     EXPECT_TRUE(shard.Read(kMaxBytes, 0, absl::Now() + absl::Seconds(10), &header, &message, &body)
@@ -82,16 +82,16 @@ class FrameChannelTest : public ::testing::Test {
     return header;
   }
 
-  static void Answer(wire::FrameSocket& shard, uint64_t call_id, const std::string& body) {
-    wire::FrameHeader header;
+  static void Answer(FrameSocket& shard, uint64_t call_id, const std::string& body) {
+    FrameHeader header;
     header.response = true;
-    header.method = static_cast<uint8_t>(wire::DataMethod::kPull);
+    header.method = static_cast<uint8_t>(DataMethod::kPull);
     header.call_id = call_id;
     const grpc::ByteBuffer bytes = Bytes(body);
     ASSERT_TRUE(shard.Write(header, "", &bytes, absl::Now() + absl::Seconds(10)).ok());
   }
 
-  std::unique_ptr<wire::FrameListener> listener_;
+  std::unique_ptr<FrameListener> listener_;
   std::unique_ptr<FrameChannel> channel_;
 };
 
@@ -99,13 +99,13 @@ TEST_F(FrameChannelTest, CancelEndsACallAtOnceAndItsAnswerIsDropped) {
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
   const grpc::ByteBuffer request = Bytes("pull");
   Outcome first, second;
-  const uint64_t first_id = channel_->Call(wire::DataMethod::kPull, request, &first.response,
+  const uint64_t first_id = channel_->Call(DataMethod::kPull, request, &first.response,
                                            deadline, first.Done());
-  const uint64_t second_id = channel_->Call(wire::DataMethod::kPull, request, &second.response,
+  const uint64_t second_id = channel_->Call(DataMethod::kPull, request, &second.response,
                                             deadline, second.Done());
   ASSERT_NE(first_id, 0u);
   ASSERT_NE(second_id, 0u);
-  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  std::unique_ptr<FrameSocket> shard = Accept();
   ASSERT_NE(shard, nullptr);
   EXPECT_EQ(ReadRequest(*shard).call_id, first_id);
   EXPECT_EQ(ReadRequest(*shard).call_id, second_id);
@@ -145,11 +145,11 @@ TEST_F(FrameChannelTest, ACancelCutsABlockedWriteShortAndEndsTheCallAfterIt) {
   Outcome outcome;
   std::atomic<bool> call_returned{false};
   std::thread caller([&] {
-    channel_->Call(wire::DataMethod::kPush, request, &outcome.response,
+    channel_->Call(DataMethod::kPush, request, &outcome.response,
                    absl::Now() + absl::Seconds(60), outcome.Done(), &cancel);
     call_returned.store(true);
   });
-  std::unique_ptr<wire::FrameSocket> shard = Accept();  // and never read
+  std::unique_ptr<FrameSocket> shard = Accept();  // and never read
   ASSERT_NE(shard, nullptr);
   absl::SleepFor(absl::Milliseconds(300));
   ASSERT_FALSE(call_returned.load()) << "the write did not block (socket buffers this large?)";
@@ -172,7 +172,7 @@ TEST_F(FrameChannelTest, ACancelBeforeTheCallEndsItWhenItIsRegistered) {
   cancel.Cancel();
   Outcome outcome;
   const grpc::ByteBuffer request = Bytes("push");
-  channel_->Call(wire::DataMethod::kPush, request, &outcome.response,
+  channel_->Call(DataMethod::kPush, request, &outcome.response,
                  absl::Now() + absl::Seconds(30), outcome.Done(), &cancel);
   ASSERT_TRUE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::CANCELLED);
@@ -183,9 +183,9 @@ TEST_F(FrameChannelTest, AnUnansweredCallEndsAtItsDeadline) {
   Outcome outcome;
   const grpc::ByteBuffer request = Bytes("pull");
   const absl::Time start = absl::Now();
-  channel_->Call(wire::DataMethod::kPull, request, &outcome.response,
+  channel_->Call(DataMethod::kPull, request, &outcome.response,
                  start + absl::Milliseconds(200), outcome.Done());
-  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  std::unique_ptr<FrameSocket> shard = Accept();
   ASSERT_NE(shard, nullptr);
   ASSERT_TRUE(outcome.ended.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(outcome.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
@@ -196,13 +196,13 @@ TEST_F(FrameChannelTest, AnUnansweredCallEndsAtItsDeadline) {
 // need it, each no longer than its own deadline: Cancel and the channel's
 // other calls go on meanwhile, and set_port cuts the connect short.
 TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
-  wire::HangingPort hanging;
+  HangingPort hanging;
   FrameChannel channel("127.0.0.1", hanging.port(), kMaxBytes,
                        /*connect_timeout=*/absl::Seconds(20));
   const grpc::ByteBuffer request = Bytes("pull");
   Outcome connecting;
   std::thread caller([&] {
-    channel.Call(wire::DataMethod::kPull, request, &connecting.response,
+    channel.Call(DataMethod::kPull, request, &connecting.response,
                  absl::Now() + absl::Seconds(30), connecting.Done());
   });
   absl::SleepFor(absl::Milliseconds(200));
@@ -211,7 +211,7 @@ TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
   // Another call waits for that connect no longer than its deadline.
   Outcome waiting;
   const absl::Time start = absl::Now();
-  channel.Call(wire::DataMethod::kPull, request, &waiting.response,
+  channel.Call(DataMethod::kPull, request, &waiting.response,
                start + absl::Milliseconds(300), waiting.Done());
   ASSERT_TRUE(waiting.ended.HasBeenNotified());
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
@@ -237,9 +237,9 @@ TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
   EXPECT_FALSE(connecting.reached);
 
   Outcome next;
-  const uint64_t id = channel.Call(wire::DataMethod::kPull, request, &next.response,
+  const uint64_t id = channel.Call(DataMethod::kPull, request, &next.response,
                                    absl::Now() + absl::Seconds(30), next.Done());
-  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  std::unique_ptr<FrameSocket> shard = Accept();
   ASSERT_NE(shard, nullptr);
   EXPECT_EQ(ReadRequest(*shard).call_id, id);
   Answer(*shard, id, "params");
@@ -253,7 +253,7 @@ TEST_F(FrameChannelTest, AConnectThatHangsHoldsUpNoOneElse) {
 // ends at once with CANCELLED, reached (not to be sent by gRPC instead),
 // not when the connect times out; the other call goes on waiting.
 TEST_F(FrameChannelTest, ACancelEndsACallThatConnectsOrWaitsForAConnect) {
-  wire::HangingPort hanging;
+  HangingPort hanging;
   FrameChannel channel("127.0.0.1", hanging.port(), kMaxBytes,
                        /*connect_timeout=*/absl::Seconds(20));
   const grpc::ByteBuffer request = Bytes("push");
@@ -265,7 +265,7 @@ TEST_F(FrameChannelTest, ACancelEndsACallThatConnectsOrWaitsForAConnect) {
   };
   auto start = [&](Attempt& attempt) {
     attempt.caller = std::thread([&] {
-      channel.Call(wire::DataMethod::kPush, request, &attempt.outcome.response,
+      channel.Call(DataMethod::kPush, request, &attempt.outcome.response,
                    absl::Now() + absl::Seconds(30), attempt.outcome.Done(), &attempt.cancel);
     });
     absl::SleepFor(absl::Milliseconds(200));
@@ -298,10 +298,10 @@ TEST_F(FrameChannelTest, ACancelAfterTheConnectEndsTheSentCall) {
   AttemptCancel cancel;
   Outcome outcome;
   const grpc::ByteBuffer request = Bytes("pull");
-  const uint64_t id = channel_->Call(wire::DataMethod::kPull, request, &outcome.response,
+  const uint64_t id = channel_->Call(DataMethod::kPull, request, &outcome.response,
                                      absl::Now() + absl::Seconds(30), outcome.Done(), &cancel);
   ASSERT_NE(id, 0u);
-  std::unique_ptr<wire::FrameSocket> shard = Accept();
+  std::unique_ptr<FrameSocket> shard = Accept();
   ASSERT_NE(shard, nullptr);
   EXPECT_EQ(ReadRequest(*shard).call_id, id);
   EXPECT_FALSE(outcome.ended.HasBeenNotified());
@@ -311,7 +311,7 @@ TEST_F(FrameChannelTest, ACancelAfterTheConnectEndsTheSentCall) {
   EXPECT_TRUE(outcome.reached);
   // The connection is still good for the next call.
   Outcome next;
-  const uint64_t next_id = channel_->Call(wire::DataMethod::kPull, request, &next.response,
+  const uint64_t next_id = channel_->Call(DataMethod::kPull, request, &next.response,
                                           absl::Now() + absl::Seconds(30), next.Done());
   EXPECT_EQ(ReadRequest(*shard).call_id, next_id);
   Answer(*shard, next_id, "params");
@@ -320,4 +320,4 @@ TEST_F(FrameChannelTest, ACancelAfterTheConnectEndsTheSentCall) {
 }
 
 }  // namespace
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire

@@ -1,10 +1,12 @@
-// FrameChannel: one framed TCP connection from a worker to a shard's data
-// port (server/data_port.h), carrying the data path's calls (Push, Pull,
-// PushPull, Lookup, PushSparse) as frames (wire/frame_header.h) instead of
-// HTTP/2 streams. A call's request is written by the calling thread with
-// one sendmsg straight from its slices; the connection's reader thread
-// reads each answer into one slice (wire/frame_socket.h) and runs the
-// call's `done`. Calls overlap on the connection, matched by call id.
+// FrameChannel: one framed TCP connection to a shard's data port
+// (server/data_port.h), carrying the data path's calls as frames
+// (wire/frame_header.h) instead of HTTP/2 streams: a worker's Push, Pull,
+// PushPull, Lookup and PushSparse, and a chain member's Replicate to its
+// successor (server/replication/forwarder.h). A call's request is written by
+// the calling thread with one sendmsg straight from its slices; the
+// connection's reader thread reads each answer into one slice
+// (wire/frame_socket.h) and runs the call's `done`. Calls overlap on the
+// connection, matched by call id.
 //
 // The connection opens on the first call and again on the first call after
 // it failed. The connect holds no lock: a host that does not answer holds
@@ -18,7 +20,7 @@
 // fails, its calls end with UNAVAILABLE.
 //
 //   FrameChannel channel("10.0.0.7", data_port, max_message_bytes);
-//   channel.Call(wire::DataMethod::kPush, request, &response, deadline,
+//   channel.Call(DataMethod::kPush, request, &response, deadline,
 //                [](grpc::Status status, bool reached) { ... }, &attempt_cancel);
 //
 // `reached` is false when the call surely did not reach the shard's
@@ -29,8 +31,8 @@
 // shard left the chain). `done` never runs while the call's request is
 // still being written: after it, nothing here reads the request's bytes,
 // so a retry may re-encode them. Thread-safe.
-#ifndef SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
-#define SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
+#ifndef SHARDTRAIN_WIRE_FRAME_CHANNEL_H_
+#define SHARDTRAIN_WIRE_FRAME_CHANNEL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -48,12 +50,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "client/attempt_cancel.h"
+#include "wire/attempt_cancel.h"
 #include "wire/frame_header.h"
 #include "wire/frame_socket.h"
 #include "wire/interrupter.h"
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 
 class FrameChannel {
  public:
@@ -78,7 +80,7 @@ class FrameChannel {
   // request is written, its Cancel (a write blocked on a shard that stopped
   // reading is cut short too). Returns the call's id for Cancel; 0 when it
   // ended unsent.
-  uint64_t Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+  uint64_t Call(DataMethod method, const grpc::ByteBuffer& request,
                 grpc::ByteBuffer* response, absl::Time deadline, Done done,
                 AttemptCancel* cancel = nullptr);
   // Ends call `call_id` with CANCELLED (reached) if it has not ended; its
@@ -97,7 +99,7 @@ class FrameChannel {
  private:
   // One opened connection and its reader; a failed one is replaced.
   struct Connection {
-    std::unique_ptr<wire::FrameSocket> socket;
+    std::unique_ptr<FrameSocket> socket;
     absl::Mutex write_mu;  // one frame written at a time
     std::thread reader;
     std::atomic<bool> reader_done{false};
@@ -161,9 +163,9 @@ class FrameChannel {
   // A call is connecting (outside mu_); the others wait for it.
   bool connecting_ ABSL_GUARDED_BY(mu_) = false;
   // Cuts that connect short (set_port, the destructor, its call's cancel).
-  std::shared_ptr<wire::Interrupter> connect_interrupter_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Interrupter> connect_interrupter_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire
 
-#endif  // SHARDTRAIN_CLIENT_FRAME_CHANNEL_H_
+#endif  // SHARDTRAIN_WIRE_FRAME_CHANNEL_H_

@@ -1,4 +1,4 @@
-#include "client/frame_channel.h"
+#include "wire/frame_channel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
-namespace shardtrain::client {
+namespace shardtrain::wire {
 
 namespace {
 
@@ -100,7 +100,7 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
   auto wait = std::make_shared<OpenWait>();
   if (cancel != nullptr) cancel->OnCancel([this, wait] { CancelOpen(wait.get()); });
   int port = 0;
-  std::shared_ptr<wire::Interrupter> interrupter;
+  std::shared_ptr<Interrupter> interrupter;
   {
     absl::MutexLock lock(&mu_);
     // One connect at a time: the others wait for its connection (or, when
@@ -129,14 +129,14 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
     if (connection_ != nullptr) retired_.push_back(std::move(connection_));
     connecting_ = true;
     wait->connecting = true;
-    interrupter = connect_interrupter_ = std::make_shared<wire::Interrupter>();
+    interrupter = connect_interrupter_ = std::make_shared<Interrupter>();
     port = port_;
   }
   // Outside mu_: a connect to a host that does not answer takes up to
   // connect_timeout_, and meanwhile Cancel, set_port and the readers'
   // ends must not wait for it.
   const absl::Duration timeout = std::min(connect_timeout_, deadline - absl::Now());
-  absl::StatusOr<std::unique_ptr<wire::FrameSocket>> socket = wire::FrameSocket::Connect(
+  absl::StatusOr<std::unique_ptr<FrameSocket>> socket = FrameSocket::Connect(
       host_, port, std::max(timeout, absl::ZeroDuration()), interrupter.get());
   absl::MutexLock lock(&mu_);
   connecting_ = false;
@@ -163,7 +163,7 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
 }
 
 void FrameChannel::CancelOpen(OpenWait* wait) {
-  std::shared_ptr<wire::Interrupter> interrupter;
+  std::shared_ptr<Interrupter> interrupter;
   {
     absl::MutexLock lock(&mu_);
     wait->cancelled = true;  // wakes the call if it waits for a connect
@@ -174,7 +174,7 @@ void FrameChannel::CancelOpen(OpenWait* wait) {
 
 bool FrameChannel::ConnectSettled() const { return !connecting_ || closing_; }
 
-uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& request,
+uint64_t FrameChannel::Call(DataMethod method, const grpc::ByteBuffer& request,
                             grpc::ByteBuffer* response, absl::Time deadline, Done done,
                             AttemptCancel* cancel) {
   bool cancelled = false;
@@ -193,7 +193,7 @@ uint64_t FrameChannel::Call(wire::DataMethod method, const grpc::ByteBuffer& req
     return 0;
   }
   const std::shared_ptr<Connection>& connection = *opened;
-  wire::FrameHeader header;
+  FrameHeader header;
   header.method = static_cast<uint8_t>(method);
   if (deadline != absl::InfiniteFuture()) {
     const double ms = std::ceil(absl::ToDoubleMilliseconds(deadline - absl::Now()));
@@ -282,7 +282,7 @@ void FrameChannel::EndLocked(absl::flat_hash_map<uint64_t, Pending>::iterator it
 }
 
 void FrameChannel::Read(Connection* connection) {
-  wire::FrameSocket* socket = connection->socket.get();
+  FrameSocket* socket = connection->socket.get();
   // Calls past their deadline are looked for once per kExpiryTick, not
   // with every answer.
   absl::Time next_expiry = absl::Now() + kExpiryTick;
@@ -293,7 +293,7 @@ void FrameChannel::Read(Connection* connection) {
       next_expiry = now + kExpiryTick;
     }
     if (absl::IsDeadlineExceeded(ready)) continue;
-    wire::FrameHeader header;
+    FrameHeader header;
     std::string message;
     grpc::ByteBuffer body;
     absl::Status read = ready;
@@ -369,4 +369,4 @@ void FrameChannel::Expire(absl::Time now) {
   for (Pending& pending : expired) pending.done(pending.status, pending.reached);
 }
 
-}  // namespace shardtrain::client
+}  // namespace shardtrain::wire
