@@ -158,10 +158,15 @@ void DataConnection::Dispatch(Call* call) {
     case wire::DataMethod::kPushSparse:
       service_->HandlePushSparse(call, request);
       return;
+    case wire::DataMethod::kReplicate:
+      // A forward that must wait for one behind it waits off this thread
+      // (Replicator::Replicate).
+      service_->HandleReplicate(call, request);
+      return;
   }
   call->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                             absl::StrCat("method ", call->method(),
-                                         " is not served on the data port (1-5 are)")));
+                                         " is not served on the data port (1-6 are)")));
 }
 
 void DataConnection::Finished(Call* call, const grpc::Status& status) {

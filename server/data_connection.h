@@ -5,8 +5,9 @@
 // answered at once (a push, a pull that is ready) is read, applied and
 // answered on this one thread, with no hand-off. A call answered later on
 // another thread (a parked pull woken by another worker's push, a push the
-// replica chain acknowledged) is written by the connection's writer thread,
-// so a client that stops reading stalls only its own connection.
+// replica chain acknowledged, a forward that waited for one behind it) is
+// written by the connection's writer thread, so a client that stops
+// reading stalls only its own connection.
 //
 // Calls on one connection may overlap (each frame names its call id);
 // at most max_calls_in_flight are unanswered at a time, after which the

@@ -1,5 +1,6 @@
 // DataPort: a shard's data port, the data path without HTTP/2. Workers
-// send Push, Pull, PushPull, Lookup and PushSparse here as frames on plain
+// send Push, Pull, PushPull, Lookup and PushSparse here, and a chain's
+// members forward pushes to their successors (Replicate), as frames on plain
 // TCP connections (wire/frame_header.h, wire/frame_socket.h), each frame's
 // body the same protobuf message the gRPC method carries; the control calls
 // (Register, Heartbeat, Status, ...) stay on gRPC, whose Register and
@@ -14,7 +15,7 @@
 // (server/data_connection.h).
 //
 // The port is plaintext: a shard started with TLS does not open one, and
-// its workers stay on gRPC. At most max_connections connections are served
+// its workers and predecessors stay on gRPC. At most max_connections connections are served
 // at a time; more are closed at once (the client then uses gRPC).
 //
 //   ASSIGN_OR_RETURN(auto port, DataPort::Start(options, service, registry));

@@ -92,12 +92,14 @@ bool GroupReplica::LockAtOp(Partition& p, int64_t op, absl::Duration wait,
   const absl::Time deadline = absl::Now() + wait;
   OpWait condition{&p, op};
   p.mu.Lock();
-  while (!p.mu.AwaitWithTimeout(absl::Condition(&ReachedOp, &condition),
-                                absl::Milliseconds(20))) {
-    if (absl::Now() >= deadline || !still_valid()) {
+  while (!ReachedOp(&condition)) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration() || !still_valid()) {
       p.mu.Unlock();
       return false;
     }
+    p.mu.AwaitWithTimeout(absl::Condition(&ReachedOp, &condition),
+                          std::min(left, absl::Milliseconds(20)));
   }
   return true;
 }
@@ -157,14 +159,16 @@ absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::D
   if (num_parts > 0) {
     ASSIGN_OR_RETURN(parts, DecodePush(request, *shard_.store, options_.limits.max_parts_per_request, shard_.metrics));
   }
+  bool progressed = false;
   const auto timed_out = [&](const Partition& p, int64_t op) {
+    // The parts applied already stay (a copy sent again skips them).
+    if (progressed) notify_();
     return absl::UnavailableError(absl::StrFormat(
         "%s/%d: operation %d is not next here (the chain changed, or an "
         "earlier forward is missing); retry",
         p.tensor, p.index, op));
   };
   int64_t max_staleness = 0;
-  bool progressed = false;
   if (applied != nullptr) {
     applied->ops = request.replicated;
     applied->partitions.assign(request.replicated.size(), nullptr);

@@ -91,9 +91,10 @@ class GroupReplica {
   const std::vector<int>& groups() const { return groups_; }
 
   // Applies a push forwarded down its group's chain: part i at operation
-  // request.replicated[i].op of its partition, waiting up to `wait` for the
-  // operations before it while `still_valid()` holds (UNAVAILABLE
-  // otherwise); parts already applied are skipped. Trailing replicated
+  // request.replicated[i].op of its partition, waiting up to `wait` (zero:
+  // not at all) for the operations before it while `still_valid()` holds
+  // (UNAVAILABLE otherwise, the parts applied by then staying applied);
+  // parts already applied are skipped. Trailing replicated
   // entries with a `close` key close that partition's sync step.
   absl::Status ApplyForwarded(const wire::PushView& request, absl::Duration wait,
                               const std::function<bool()>& still_valid,

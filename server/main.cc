@@ -156,6 +156,11 @@ ABSL_FLAG(int, forward_timeout_s, 30,
           "worker retries); the head goes on forwarding it until the tail has it "
           "or the chain drops the successor. A member's forward down the chain "
           "fails after it (the head sends it again)");
+ABSL_FLAG(int, max_waiting_forwards, 64,
+          "With --replicas > 1: forwards that may wait at once, each on a thread "
+          "of its own, for an operation before theirs that has not reached this "
+          "member yet (forwards may overtake each other on the way); one more is "
+          "refused UNAVAILABLE and sent again by the predecessor");
 ABSL_FLAG(std::string, advertise_address, "",
           "With --replicas > 1: host:port the other shards reach this one at "
           "(default: the --listen host and the bound port; required when "
@@ -252,6 +257,10 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError("--forward_timeout_s must be >= 1");
     }
     options.forward_timeout = absl::Seconds(absl::GetFlag(FLAGS_forward_timeout_s));
+    if (absl::GetFlag(FLAGS_max_waiting_forwards) < 1) {
+      return absl::InvalidArgumentError("--max_waiting_forwards must be >= 1");
+    }
+    options.max_waiting_forwards = absl::GetFlag(FLAGS_max_waiting_forwards);
     if (options.security.tls()) {
       shardtrain::common::ClientSecurity& peer = options.peer_security;
       peer.ca_file = absl::GetFlag(FLAGS_tls_peer_ca).empty()

@@ -231,17 +231,6 @@ void ParameterServerService::Finish(grpc::ServerUnaryReactor* reactor,
   reactor->Finish(grpc_status);
 }
 
-void ParameterServerService::FinishRaw(grpc::ServerUnaryReactor* reactor,
-                                       const char* method,
-                                       const absl::Status& status,
-                                       absl::Time start, size_t request_bytes,
-                                       const grpc::ByteBuffer& response) {
-  const grpc::Status grpc_status = common::ToGrpcStatus(status);
-  Record(method, grpc_status, request_bytes, status.ok() ? response.Length() : 0, start);
-  if (!status.ok()) VLOG(1) << method << " rejected: " << status;
-  reactor->Finish(grpc_status);
-}
-
 grpc::ServerUnaryReactor* ParameterServerService::Register(
     grpc::CallbackServerContext* context, const RegisterRequest* request,
     RegisterResponse* response) {
@@ -312,47 +301,40 @@ absl::Status ParameterServerService::ParsePushRequest(const grpc::ByteBuffer& re
                     shard_metrics_);
 }
 
-void ParameterServerService::FinishPush(grpc::ServerUnaryReactor* reactor,
-                                        const char* method, absl::Status status,
-                                        absl::Time start, size_t request_bytes,
-                                        const PushResponse& push_response,
-                                        grpc::ByteBuffer* response) {
-  if (status.ok()) {
-    bool own_buffer = false;
-    const grpc::Status serialized = grpc::SerializationTraits<PushResponse>::Serialize(
-        push_response, response, &own_buffer);
-    if (!serialized.ok()) status = common::FromGrpcStatus(serialized);
-  }
-  FinishRaw(reactor, method, status, start, request_bytes, *response);
-}
-
 grpc::ServerUnaryReactor* ParameterServerService::Replicate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
+  auto* call = new GrpcServerCall(context, response);
+  HandleReplicate(call, *request);
+  return call;
+}
+
+void ParameterServerService::HandleReplicate(ServerCall* call,
+                                             const grpc::ByteBuffer& request) {
   const absl::Time start = absl::Now();
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const size_t request_bytes = request.Length();
   if (replicator_ == nullptr) {
-    FinishRaw(reactor, "Replicate",
-              absl::FailedPreconditionError(
-                  "this shard is not replicated (--replicas 1): nothing to forward to it"),
-              start, request->Length(), *response);
-    return reactor;
+    FinishCall(call, "Replicate",
+               absl::FailedPreconditionError(
+                   "this shard is not replicated (--replicas 1): nothing to forward to it"),
+               start, request_bytes);
+    return;
   }
   wire::ReceivedMessage message;
   wire::PushView& push = ThreadPushView();
-  const absl::Status status = ParsePushRequest(*request, &message, &push);
+  const absl::Status status = ParsePushRequest(request, &message, &push);
   if (!status.ok()) {
-    FinishRaw(reactor, "Replicate", status, start, request->Length(), *response);
-    return reactor;
+    FinishCall(call, "Replicate", status, start, request_bytes);
+    return;
   }
-  const size_t request_bytes = request->Length();
-  replicator_->Replicate(*request, push,
-                         [this, reactor, start, request_bytes, response](
-                             absl::Status status, const PushResponse& push_response) {
-                           FinishPush(reactor, "Replicate", status, start, request_bytes,
-                                      push_response, response);
+  // Answered once this member and the rest of the chain after it applied
+  // the push (maybe on another thread); `request` lives as long as `call`.
+  replicator_->Replicate(request, push,
+                         [this, call, start, request_bytes](absl::Status status,
+                                                            const PushResponse& push_response) {
+                           FinishMessage(call, "Replicate", status, start, request_bytes,
+                                         push_response);
                          });
-  return reactor;
 }
 
 grpc::ServerWriteReactor<GroupStateResponse>* ParameterServerService::FetchGroupState(
@@ -389,6 +371,7 @@ grpc::ServerUnaryReactor* ParameterServerService::Status(
   shard_->FillStatus(*request, response);
   shard_->tables().FillStatus(response);
   response->set_replicas(shard_->options().replicas);
+  response->set_data_port(static_cast<uint32_t>(data_port_.load()));
   if (replicator_ != nullptr) {
     replicator_->table().Describe([this](int group) { return shard_->replica().Ops(group); },
                                   [this](int group) { return replicator_->Acked(group); },

@@ -127,6 +127,8 @@ class ParameterServerService final : public ParameterServerBase {
   void HandlePushPull(ServerCall* call, const grpc::ByteBuffer& request);
   void HandleLookup(ServerCall* call, const grpc::ByteBuffer& request);
   void HandlePushSparse(ServerCall* call, const grpc::ByteBuffer& request);
+  // A push forwarded by the predecessor in its chain (Replicate).
+  void HandleReplicate(ServerCall* call, const grpc::ByteBuffer& request);
 
   // How writes are applied (server/push_path.h): a LocalPushPath of the
   // shard, without a push order, unless set. Not owned; set before serving.
@@ -205,13 +207,6 @@ class ParameterServerService final : public ParameterServerBase {
   // Finishes `call` (its response written, if OK), recording the RPC.
   void FinishCall(ServerCall* call, const char* method, const absl::Status& status,
                   absl::Time start, size_t request_bytes);
-  // The same for Replicate, a gRPC method only.
-  void FinishPush(grpc::ServerUnaryReactor* reactor, const char* method,
-                  absl::Status status, absl::Time start, size_t request_bytes,
-                  const PushResponse& push_response, grpc::ByteBuffer* response);
-  void FinishRaw(grpc::ServerUnaryReactor* reactor, const char* method,
-                 const absl::Status& status, absl::Time start,
-                 size_t request_bytes, const grpc::ByteBuffer& response);
 
   Shard* const shard_;
   common::RpcMetrics* const rpc_metrics_;

@@ -194,11 +194,15 @@ absl::Status PsServer::StartReplication(const PsServerOptions& options,
   common::SetQuickReconnect(args);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    common::MakeChannelCredentials(options.peer_security, &args));
+  // Pushes go down the chain as frames to the successors' data ports,
+  // which only plaintext shards open.
   forwarder_ = std::make_unique<Forwarder>(chain_table_.get(), std::move(credentials),
-                                           std::move(args), replication_metrics_.get());
+                                           std::move(args), replication_metrics_.get(),
+                                           /*data_ports=*/!options.peer_security.tls());
   replicator_ = std::make_unique<Replicator>(shard_.get(), chain_table_.get(),
                                              forwarder_.get(), replication_metrics_.get(),
-                                             options.forward_timeout);
+                                             options.forward_timeout,
+                                             options.max_waiting_forwards);
   service_->set_replicator(replicator_.get());
   return absl::OkStatus();
 }
@@ -233,6 +237,7 @@ absl::Status PsServer::Shutdown() {
   // reconfigure without waiting for it to expire.
   coordinator_.reset();
   if (forwarder_ != nullptr) forwarder_->Stop();
+  if (replicator_ != nullptr) replicator_->Stop();
   if (server_ != nullptr) {
     server_->GetHealthCheckService()->SetServingStatus(false);
     service_->set_data_port(0);

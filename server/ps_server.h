@@ -74,6 +74,9 @@ struct PsServerOptions {
   // this is answered UNAVAILABLE while its forward goes on (Replicator); a
   // member's forward on down the chain fails after it.
   absl::Duration forward_timeout = absl::Seconds(30);
+  // Forwards that may wait at once, each on a thread of its own, for an
+  // operation before theirs that has not arrived (Replicator).
+  int max_waiting_forwards = 64;
   // How often silent workers and expired pulls are looked for.
   absl::Duration housekeeping_interval = absl::Milliseconds(100);
   // Tests of async convergence: the order pushes are applied in

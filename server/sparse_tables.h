@@ -80,7 +80,7 @@ class SparseTables {
                           bool* step_applied = nullptr, SparseOp* op = nullptr);
   // Applies an operation of a chain's head (Lookup's or PushSparse's *op)
   // once the group has applied every earlier one, waiting up to `wait`
-  // while still_valid() holds (UNAVAILABLE after that: the chain changed,
+  // (zero: not at all) while still_valid() holds (UNAVAILABLE after that: the chain changed,
   // or an earlier forward is missing); an operation applied before is
   // skipped. The request is checked as at the head: a malformed operation
   // is INVALID_ARGUMENT (FAILED_PRECONDITION on an unreplicated shard) and

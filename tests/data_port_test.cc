@@ -274,6 +274,11 @@ TEST_F(DataPortTest, StockMessagesAsFramesAreServedAsOverGrpc) {
   PushSparseResponse sparse_response;
   EXPECT_EQ(frames.Call(wire::DataMethod::kPushSparse, sparse, &sparse_response).error_code(),
             grpc::StatusCode::NOT_FOUND);
+
+  // A forward down a replica chain, to a shard that is not replicated.
+  PushResponse replicated;
+  EXPECT_EQ(frames.Call(wire::DataMethod::kReplicate, MakePush(0, 3), &replicated).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 TEST_F(DataPortTest, BadFramesAreRefusedAndChangeNothing) {

@@ -253,8 +253,9 @@ void StopShard0AndMeasureStall(ProcessGroup& group, const LocalCluster& cluster,
 
 // Every worker's routed calls reach every shard's data port: each shard
 // (the head of one group) but `unreachable` (whose metrics port the test
-// cannot reach) has a connection from each worker open.
-void ExpectWorkersOnTheDataPorts(const LocalCluster& cluster, int unreachable = -1) {
+// cannot reach) has a connection from each worker open, and forwards to
+// its successor there.
+void ExpectTheDataPortsInUse(const LocalCluster& cluster, int unreachable = -1) {
   for (size_t s = 0; s < cluster.shards.size(); ++s) {
     if (static_cast<int>(s) == unreachable) continue;
     absl::StatusOr<std::string> metrics =
@@ -262,6 +263,10 @@ void ExpectWorkersOnTheDataPorts(const LocalCluster& cluster, int unreachable = 
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     EXPECT_GE(testutil::SumByName(*metrics)["shardtrain_data_connections"], kWorkers)
         << "shard " << s << ": the workers' data path is not on its data port";
+    EXPECT_GT(testutil::SumByName(*metrics, {"transport=\"frames\""})
+                  ["shardtrain_replication_forwards_total"],
+              0)
+        << "shard " << s << ": forwarded nothing to its successor's data port";
   }
 }
 
@@ -361,7 +366,7 @@ TEST_F(ReplicationTest, AsyncKillPrimaryRejoinAsTail) {
       testutil::StartLocalCluster(group, Job("async", "rejoin", etcd_->endpoint(), 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
-  ExpectWorkersOnTheDataPorts(*cluster);
+  ExpectTheDataPortsInUse(*cluster);
   ASSERT_TRUE(group.Signal(cluster->shards[0], SIGKILL).ok());
   (void)group.Wait(cluster->shards[0], absl::Seconds(10));
   ASSERT_TRUE(WaitForChains(
@@ -938,7 +943,7 @@ TEST_F(ReplicationTest, HeadCutOff) {
   if (!skip.empty()) GTEST_SKIP() << skip;
   ASSERT_FALSE(HasFatalFailure());
   // Frames calls, then, are what gets stuck on shard 0 (in its namespace).
-  ExpectWorkersOnTheDataPorts(job.cluster, /*unreachable=*/0);
+  ExpectTheDataPortsInUse(job.cluster, /*unreachable=*/0);
 
   ASSERT_TRUE(job.ns->SetLink(false).ok());
   const absl::Time cut = absl::Now();
@@ -969,14 +974,15 @@ TEST_F(ReplicationTest, HeadCutOff) {
                          int64_t{kWorkers} * kCutOffEpochs * kStepsPerEpoch);
 }
 
-// Shard 1, group 0's tail (behind shard 0), stops answering for 3 s with
-// its etcd lease alive, so it stays in the chain: its gRPC port is silenced
-// (no reset), as when a container network took 30-50 s to resolve a
-// peer's name. With --forward_timeout_s=1 the head's forwards outlive
-// their timeout: the workers are told to retry, the forwards go on, and
-// the job goes on once shard 1 answers, with every push applied once.
-// Before, the head dropped the forwards at the timeout: shard 1 waited
-// forever for the operations it never got and the job made no progress.
+// Shard 1, group 0's tail (behind shard 0), stops answering for 3 s with its
+// etcd lease alive, so it stays in the chain: its gRPC port and its data
+// port (where the head's forwards go) are silenced (no reset), as when a
+// container network took 30-50 s to resolve a peer's name. With
+// --forward_timeout_s=1 the head's forwards outlive their timeout: the
+// workers are told to retry, the forwards go on, and the job goes on once
+// shard 1 answers, with every push applied once. Before, the head dropped
+// the forwards at the timeout: shard 1 waited forever for the operations it
+// never got and the job made no progress.
 TEST_F(ReplicationTest, SuccessorSilentPastTheForwardTimeout) {
   if (access("/usr/sbin/ip", X_OK) != 0 || access("/usr/sbin/iptables", X_OK) != 0) {
     GTEST_SKIP() << "no /usr/sbin/ip or /usr/sbin/iptables";
@@ -993,10 +999,25 @@ TEST_F(ReplicationTest, SuccessorSilentPastTheForwardTimeout) {
   int port = 0;
   const std::string& address = job.cluster.servers[1];
   ASSERT_TRUE(absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) << address;
+  StatusResponse status;
+  {
+    auto stub =
+        ParameterServer::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    StatusRequest request;
+    request.set_max_partitions(1);
+    ASSERT_TRUE(stub->Status(&context, request, &status).ok());
+  }
+  const int data_port = static_cast<int>(status.data_port());
+  ASSERT_GT(data_port, 0) << "shard 1 opened no data port";
 
   ASSERT_TRUE(job.ns->SetPortOpen(port, false).ok());
+  ASSERT_TRUE(job.ns->SetPortOpen(data_port, false).ok());
   absl::SleepFor(absl::Seconds(3));
-  absl::Status reopened = job.ns->SetPortOpen(port, true);
+  absl::Status reopened = job.ns->SetPortOpen(data_port, true);
+  ASSERT_TRUE(reopened.ok()) << reopened;
+  reopened = job.ns->SetPortOpen(port, true);
   ASSERT_TRUE(reopened.ok()) << reopened;
   const int64_t steps_at_reopen = WorkerSteps(job.cluster, 0);
   absl::StatusOr<std::string> metrics =

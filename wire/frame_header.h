@@ -33,6 +33,9 @@ enum class DataMethod : uint8_t {
   kPushPull = 3,
   kLookup = 4,
   kPushSparse = 5,
+  // Shard to shard: a push forwarded down a replica chain
+  // (server/replication/forwarder.h).
+  kReplicate = 6,
 };
 
 struct FrameHeader {

@@ -52,6 +52,7 @@ int WriteSeeds(const std::string& dir) {
       RequestFrame(DataMethod::kPushPull, 1, 1000, push_pull.SerializeAsString()),
       RequestFrame(DataMethod::kLookup, 1, 1000, lookup.SerializeAsString()),
       RequestFrame(DataMethod::kPushSparse, 1, 1000, sparse.SerializeAsString()),
+      RequestFrame(DataMethod::kReplicate, 1, 1000, Push(0).SerializeAsString()),
       // Pipelined: a pull that waits for a version nobody pushes, then a
       // push and a pull answered before it.
       RequestFrame(DataMethod::kPull, 1, 5000, Pull(1000).SerializeAsString()) +

@@ -14,6 +14,8 @@
 #include "common/grpc_status.h"
 #include "common/reconnect.h"
 #include "server/replication/group_state_parts.h"
+#include "wire/frame_header.h"
+#include "wire/frame_listener.h"
 
 namespace shardtrain::server {
 namespace {
@@ -23,6 +25,13 @@ constexpr absl::Duration kAttemptTimeout = absl::Seconds(10);
 constexpr absl::Duration kMaxBackoff = absl::Milliseconds(200);
 constexpr absl::Duration kReconnectWait = absl::Milliseconds(50);
 constexpr absl::Duration kChainPoll = absl::Milliseconds(20);
+// The longest Replicate answer (a PushResponse) taken from a data port.
+constexpr uint64_t kMaxAnswerBytes = 4 << 20;
+// How long a Status call asking for a data port may take, and how long a
+// successor whose port did not answer (or did not take a call) gets gRPC
+// before it is asked again.
+constexpr absl::Duration kAskTimeout = absl::Seconds(2);
+constexpr absl::Duration kFramesPause = absl::Seconds(1);
 
 // `request` followed by a chain_epoch field: protobuf keeps the last value
 // of a repeated scalar, so this re-stamps the push without copying it.
@@ -57,8 +66,9 @@ struct Forwarder::Call {
   grpc::ByteBuffer request;
   absl::Time deadline;
   std::function<void(absl::Status)> done;
-  // Shared with AbandonDeparted, which may cancel it outside the lock.
+  // Shared with AbandonDeparted, which may cancel them outside the lock.
   std::shared_ptr<grpc::ClientContext> context;
+  std::shared_ptr<wire::AttemptCancel> cancel;  // a frame's
   grpc::ByteBuffer sent;
   grpc::ByteBuffer response;
   std::unique_ptr<grpc::Alarm> alarm;
@@ -70,19 +80,28 @@ struct Forwarder::Call {
 
 Forwarder::Forwarder(const ChainTable* table,
                      std::shared_ptr<grpc::ChannelCredentials> credentials,
-                     grpc::ChannelArguments args, ReplicationMetrics* metrics)
+                     grpc::ChannelArguments args, ReplicationMetrics* metrics,
+                     bool data_ports)
     : table_(table),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      data_ports_(data_ports) {}
 
 Forwarder::~Forwarder() {
   Stop();
-  absl::MutexLock lock(&mu_);
-  auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(5))) {
-    LOG(ERROR) << in_flight_ << " forwards still in flight at shutdown";
+  std::map<std::string, DataPeer> peers;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ended), absl::Seconds(5))) {
+      LOG(ERROR) << in_flight_ << " forwards still in flight at shutdown";
+    }
+    peers.swap(data_peers_);
   }
+  // Closed while the rest of the forwarder is alive: a frame still in
+  // flight ends (CANCELLED) through it.
+  peers.clear();
 }
 
 void Forwarder::Stop() {
@@ -158,7 +177,28 @@ void Forwarder::Attempt(Call* call) {
   ++call->attempts;
   call->target = next->address;
   call->context = std::make_shared<grpc::ClientContext>();
-  const std::shared_ptr<grpc::Channel> channel = ChannelTo(next->address);
+  call->cancel = std::make_shared<wire::AttemptCancel>();
+  call->sent = Stamped(call->request, epoch);
+  call->epoch = epoch;
+  call->response.Clear();
+  if (metrics_ != nullptr) {
+    metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
+  }
+  wire::FrameChannel* frames = FramesTo(*next);
+  {
+    absl::MutexLock lock(&mu_);
+    attempts_.insert(call);
+  }
+  if (frames != nullptr) {
+    SendFrame(call, frames);
+  } else {
+    SendGrpc(call);
+  }
+}
+
+void Forwarder::SendGrpc(Call* call) {
+  if (metrics_ != nullptr) metrics_->forwards(/*frames=*/false).Increment();
+  const std::shared_ptr<grpc::Channel> channel = ChannelTo(call->target);
   absl::Duration attempt_timeout = kAttemptTimeout;
   // A successor that came back (it rejoined as tail) may still sit in the
   // channel's reconnect backoff from when it was down: connect now and let
@@ -169,34 +209,120 @@ void Forwarder::Attempt(Call* call) {
   }
   call->context->set_deadline(
       absl::ToChronoTime(std::min(call->deadline, absl::Now() + attempt_timeout)));
-  call->sent = Stamped(call->request, epoch);
-  call->epoch = epoch;
-  call->response.Clear();
-  if (metrics_ != nullptr) {
-    metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    attempts_.insert(call);
-  }
   grpc::GenericStub stub(channel);
   stub.UnaryCall(call->context.get(), kReplicateMethod, grpc::StubOptions(), &call->sent,
-                 &call->response, [this, call](grpc::Status status) {
-                   {
-                     absl::MutexLock lock(&mu_);
-                     attempts_.erase(call);
-                   }
-                   if (status.ok()) {
-                     End(call, absl::OkStatus());
-                   } else if (Retryable(status)) {
-                     Retry(call, common::FromGrpcStatus(status));
-                   } else {
-                     const absl::Status error = common::FromGrpcStatus(status);
-                     End(call, absl::Status(error.code(),
-                                            absl::StrFormat("forward to %s: %s", call->target,
-                                                            error.message())));
-                   }
-                 });
+                 &call->response,
+                 [this, call](grpc::Status status) { Attempted(call, status); });
+}
+
+void Forwarder::SendFrame(Call* call, wire::FrameChannel* frames) {
+  if (metrics_ != nullptr) metrics_->forwards(/*frames=*/true).Increment();
+  const absl::Time deadline = std::min(call->deadline, absl::Now() + kAttemptTimeout);
+  frames->Call(
+      wire::DataMethod::kReplicate, call->sent, &call->response, deadline,
+      [this, call](grpc::Status status, bool reached) {
+        if (!reached) {
+          // Nothing reached the successor's handlers: by gRPC at once.
+          FramesUnreachable(call->target);
+          call->response.Clear();
+          SendGrpc(call);
+          return;
+        }
+        Attempted(call, status);
+      },
+      call->cancel.get());
+}
+
+void Forwarder::Attempted(Call* call, const grpc::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    attempts_.erase(call);
+  }
+  if (status.ok()) {
+    End(call, absl::OkStatus());
+  } else if (Retryable(status)) {
+    Retry(call, common::FromGrpcStatus(status));
+  } else {
+    const absl::Status error = common::FromGrpcStatus(status);
+    End(call, absl::Status(error.code(), absl::StrFormat("forward to %s: %s", call->target,
+                                                         error.message())));
+  }
+}
+
+wire::FrameChannel* Forwarder::FramesTo(const chain::ChainConfig::Member& member) {
+  if (!data_ports_) return nullptr;
+  bool ask = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return nullptr;
+    DataPeer& peer = data_peers_[member.address];
+    if (peer.frames == nullptr && peer.incarnation == 0) {
+      std::string host;
+      int port = 0;
+      // A Unix socket address has no data port.
+      if (wire::SplitHostPort(member.address, &host, &port).ok() &&
+          host.find('/') == std::string::npos) {
+        peer.frames = std::make_unique<wire::FrameChannel>(host, 0, kMaxAnswerBytes);
+      }
+    }
+    if (peer.frames == nullptr) return nullptr;
+    if (peer.incarnation != member.incarnation) {
+      // A new process at that address: its port is asked for anew.
+      peer.incarnation = member.incarnation;
+      peer.known = false;
+      peer.ask_after = absl::InfinitePast();
+    }
+    if (peer.known) return peer.frames.get();
+    if (!peer.asking && absl::Now() >= peer.ask_after) {
+      peer.asking = true;
+      ++in_flight_;
+      ask = true;
+    }
+  }
+  if (ask) AskDataPort(member.address, member.incarnation);
+  return nullptr;
+}
+
+void Forwarder::AskDataPort(const std::string& address, uint64_t incarnation) {
+  struct Ask {
+    grpc::ClientContext context;
+    StatusRequest request;
+    StatusResponse response;
+  };
+  auto ask = std::make_shared<Ask>();
+  ask->context.set_deadline(absl::ToChronoTime(absl::Now() + kAskTimeout));
+  ask->request.set_max_partitions(1);  // the data port is all that is read
+  std::unique_ptr<ParameterServer::Stub> stub = ParameterServer::NewStub(ChannelTo(address));
+  stub->async()->Status(
+      &ask->context, &ask->request, &ask->response,
+      [this, ask, address, incarnation](grpc::Status status) {
+        absl::MutexLock lock(&mu_);
+        --in_flight_;
+        DataPeer& peer = data_peers_[address];
+        peer.asking = false;
+        if (peer.incarnation != incarnation) return;  // asked again for a newer one
+        if (status.ok() && ask->response.incarnation() == incarnation &&
+            ask->response.data_port() != 0) {
+          peer.frames->set_port(static_cast<int>(ask->response.data_port()));
+          peer.known = true;
+          VLOG(1) << "forwards to " << address << " go to its data port "
+                  << ask->response.data_port();
+        } else {
+          // No data port (or not yet an answer from that process): gRPC,
+          // and ask again in a while.
+          peer.ask_after = absl::Now() + kFramesPause;
+        }
+      });
+}
+
+void Forwarder::FramesUnreachable(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  auto it = data_peers_.find(address);
+  if (it == data_peers_.end() || !it->second.known) return;
+  it->second.known = false;
+  it->second.ask_after = absl::Now() + kFramesPause;
+  LOG(WARNING) << "the data port of " << address << " did not take a forward; forwards use "
+               << "gRPC for " << kFramesPause;
 }
 
 int Forwarder::AbandonDeparted(int group) {
@@ -204,18 +330,23 @@ int Forwarder::AbandonDeparted(int group) {
   bool member = false;
   const std::optional<chain::ChainConfig::Member> next =
       table_->Successor(group, &epoch, &member);
-  std::vector<std::shared_ptr<grpc::ClientContext>> cancel;
+  std::vector<std::pair<std::shared_ptr<grpc::ClientContext>,
+                        std::shared_ptr<wire::AttemptCancel>>>
+      cancel;
   {
     absl::MutexLock lock(&mu_);
     for (Call* call : attempts_) {
       if (call->group != group || call->epoch >= epoch) continue;
       if (member && next && next->address == call->target) continue;  // still the successor
-      cancel.push_back(call->context);
+      cancel.emplace_back(call->context, call->cancel);
     }
   }
   // Outside the lock: an attempt may end (and retry) at once. CANCELLED is
   // retried, and the retry sees the new epoch.
-  for (const std::shared_ptr<grpc::ClientContext>& context : cancel) context->TryCancel();
+  for (const auto& [context, frame] : cancel) {
+    context->TryCancel();
+    frame->Cancel();
+  }
   if (!cancel.empty()) {
     LOG(INFO) << "group " << group << ": chain epoch " << epoch << " dropped the successor of "
               << cancel.size() << " forward(s) in flight; sending them again";

@@ -18,6 +18,13 @@
 // cancelled and sent again as soon as the chain drops that successor
 // (AbandonDeparted), not after its attempt's deadline.
 //
+// With `data_ports`, a forward goes to the successor's data port as a
+// Replicate frame (wire/frame_channel.h: plain TCP, no HTTP/2) once the
+// forwarder has learned that port: it asks each successor (each
+// incarnation) for it with a Status call in the background, and sends by
+// gRPC meanwhile, to a successor without a data port (TLS, --data_listen
+// empty), and for a while after its port did not take a call.
+//
 //   forwarder.Forward(group, std::move(request), absl::Seconds(30),
 //                     [reactor](absl::Status status) { ... });
 //
@@ -40,6 +47,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "wire/attempt_cancel.h"
+#include "wire/frame_channel.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/replication_metrics.h"
@@ -48,10 +57,12 @@ namespace shardtrain::server {
 
 class Forwarder {
  public:
-  // `table` and `metrics` must outlive the forwarder.
+  // `table` and `metrics` must outlive the forwarder. `data_ports`: see
+  // the file comment.
   Forwarder(const ChainTable* table, std::shared_ptr<grpc::ChannelCredentials> credentials,
-            grpc::ChannelArguments args, ReplicationMetrics* metrics);
-  // Waits (up to 5 s) for the forwards in flight to end.
+            grpc::ChannelArguments args, ReplicationMetrics* metrics, bool data_ports = false);
+  // Waits (up to 5 s) for the forwards (and data port questions) in flight
+  // to end.
   ~Forwarder();
 
   // See the file comment. `request` is a PushRequest with its replicated
@@ -88,7 +99,29 @@ class Forwarder {
 
  private:
   struct Call;
+  // A successor's data port, learned for one incarnation of it.
+  struct DataPeer {
+    std::unique_ptr<wire::FrameChannel> frames;  // null: no usable host
+    uint64_t incarnation = 0;
+    bool known = false;   // frames has the port of that incarnation
+    bool asking = false;  // a Status call for it is in flight
+    absl::Time ask_after = absl::InfinitePast();
+  };
+
   void Attempt(Call* call);
+  // Sends the attempt over gRPC / as a frame on `frames`.
+  void SendGrpc(Call* call);
+  void SendFrame(Call* call, wire::FrameChannel* frames);
+  // An attempt ended with `status`: done, retried or failed.
+  void Attempted(Call* call, const grpc::Status& status);
+  // The data port channel to `member`, or null (then gRPC: the port is not
+  // known yet, and is asked for in the background, or there is none).
+  wire::FrameChannel* FramesTo(const chain::ChainConfig::Member& member)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks `address` for its data port (a Status call), for `incarnation`.
+  void AskDataPort(const std::string& address, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // `address`'s data port did not take a call: gRPC for a while, then ask again.
+  void FramesUnreachable(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   void Retry(Call* call, absl::Status why);
   // Waits until call->retry_at, or until the group's chain epoch moves past
   // the attempt's, then attempts again.
@@ -100,9 +133,13 @@ class Forwarder {
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
   const grpc::ChannelArguments args_;
   ReplicationMetrics* const metrics_;
+  const bool data_ports_;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
+  // By address; kept for the forwarder's life (a channel follows its
+  // shard to a new port with set_port).
+  std::map<std::string, DataPeer> data_peers_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Attempts in flight (AbandonDeparted).
   absl::flat_hash_set<Call*> attempts_ ABSL_GUARDED_BY(mu_);

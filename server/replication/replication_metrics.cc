@@ -51,11 +51,27 @@ ReplicationMetrics::ReplicationMetrics(prometheus::Registry& registry, int repli
       forwarded_bytes_(SimpleCounter(registry,
                                      "shardtrain_replication_forwarded_bytes_total",
                                      "Request bytes forwarded to chain successors")),
+      forwards_(prometheus::BuildCounter()
+                    .Name("shardtrain_replication_forwards_total")
+                    .Help("Attempts to forward an update to a chain successor, by "
+                          "transport: frames on its data port, or gRPC (before its port "
+                          "is known, without one, or after it did not take a call)")
+                    .Register(registry)),
+      forwards_frames_(forwards_.Add({{"transport", "frames"}})),
+      forwards_grpc_(forwards_.Add({{"transport", "grpc"}})),
       late_forwards_(SimpleCounter(
           registry, "shardtrain_replication_late_forwards_total",
           "Updates this head applied that had not reached the tail after "
           "--forward_timeout_s: the requester was told to retry while the "
           "forward went on")),
+      early_forwards_(prometheus::BuildCounter()
+                          .Name("shardtrain_replication_early_forwards_total")
+                          .Help("Forwards that arrived at this member before an operation "
+                                "they follow: waited for it on a thread of their own, or "
+                                "refused with --max_waiting_forwards already waiting")
+                          .Register(registry)),
+      early_forwards_waited_(early_forwards_.Add({{"outcome", "waited"}})),
+      early_forwards_refused_(early_forwards_.Add({{"outcome", "refused"}})),
       catchup_in_progress_(SimpleGauge(registry, "shardtrain_catchup_in_progress",
                                        "1 while this shard copies a group's state as a "
                                        "joining tail")),

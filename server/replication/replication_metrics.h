@@ -31,7 +31,15 @@ class ReplicationMetrics {
   prometheus::Histogram& lag() { return lag_; }
   prometheus::Gauge& inflight() { return inflight_; }
   prometheus::Counter& forwarded_bytes() { return forwarded_bytes_; }
+  // Attempts to forward to a successor, as a frame on its data port or over
+  // gRPC.
+  prometheus::Counter& forwards(bool frames) { return frames ? forwards_frames_ : forwards_grpc_; }
   prometheus::Counter& late_forwards() { return late_forwards_; }
+  // A forward that arrived before an operation it follows: "waited" for it
+  // on a thread of its own, or "refused" (--max_waiting_forwards waiting).
+  prometheus::Counter& early_forwards(bool waited) {
+    return waited ? early_forwards_waited_ : early_forwards_refused_;
+  }
   prometheus::Gauge& catchup_in_progress() { return catchup_in_progress_; }
   prometheus::Counter& catchup_bytes() { return catchup_bytes_; }
   prometheus::Gauge& catchup_last_seconds() { return catchup_last_seconds_; }
@@ -46,7 +54,13 @@ class ReplicationMetrics {
   prometheus::Histogram& lag_;
   prometheus::Gauge& inflight_;
   prometheus::Counter& forwarded_bytes_;
+  prometheus::Family<prometheus::Counter>& forwards_;
+  prometheus::Counter& forwards_frames_;
+  prometheus::Counter& forwards_grpc_;
   prometheus::Counter& late_forwards_;
+  prometheus::Family<prometheus::Counter>& early_forwards_;
+  prometheus::Counter& early_forwards_waited_;
+  prometheus::Counter& early_forwards_refused_;
   prometheus::Gauge& catchup_in_progress_;
   prometheus::Counter& catchup_bytes_;
   prometheus::Gauge& catchup_last_seconds_;

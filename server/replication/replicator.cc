@@ -8,6 +8,7 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/support/proto_buffer_writer.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -42,12 +43,14 @@ grpc::ByteBuffer Serialized(const PushRequest& request) {
 }  // namespace
 
 Replicator::Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
-                       ReplicationMetrics* metrics, absl::Duration forward_timeout)
+                       ReplicationMetrics* metrics, absl::Duration forward_timeout,
+                       int max_waiting_forwards)
     : shard_(shard),
       table_(table),
       forwarder_(forwarder),
       metrics_(metrics),
-      forward_timeout_(forward_timeout) {
+      forward_timeout_(forward_timeout),
+      waiting_(max_waiting_forwards) {
   GroupReplica::Hooks hooks;
   hooks.leads = [table](int group) { return table->AdmitLead(group); };
   hooks.on_closed = [this](int group, std::vector<ReplicatedOp> closes) {
@@ -137,8 +140,46 @@ void Replicator::Sparse(int group, uint64_t epoch, uint32_t worker,
                    });
 }
 
+Replicator::~Replicator() { Stop(); }
+
+void Replicator::Stop() { stopped_.store(true); }
+
 void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView& view,
                            Done done) {
+  // First without waiting: a forward whose operations are next here (the
+  // usual case) is applied on this thread, with no hand-off.
+  if (ApplyAndForward(request, view, absl::ZeroDuration(), done)) return;
+  // An operation before it has not arrived; it may be behind this forward
+  // on the connection this thread reads. Wait for it elsewhere.
+  const grpc::ByteBuffer* kept = &request;
+  const bool waits = !stopped_.load() && waiting_.TryRun([this, kept, done] {
+    wire::ReceivedMessage message;
+    wire::PushView again;
+    absl::Status parsed = message.Take(*kept);
+    if (parsed.ok()) {
+      parsed = wire::ParsePush(
+          message, &again,
+          static_cast<size_t>(shard_->options().limits.max_parts_per_request));
+    }
+    if (!parsed.ok()) {  // it parsed on the receiving thread
+      done(absl::InternalError(absl::StrCat("a forward parsed again: ", parsed.message())),
+           PushResponse());
+      return;
+    }
+    (void)ApplyAndForward(*kept, again, forward_timeout_ / 2, done);
+  });
+  metrics_->early_forwards(waits).Increment();
+  if (waits) return;
+  done(absl::UnavailableError(absl::StrCat(
+           "an operation before this forward's has not arrived here, and ",
+           stopped_.load() ? "this shard is stopping"
+                           : "--max_waiting_forwards forwards wait for theirs already",
+           "; retry")),
+       PushResponse());
+}
+
+bool Replicator::ApplyAndForward(const grpc::ByteBuffer& request, const wire::PushView& view,
+                                 absl::Duration wait, const Done& done) {
   PushResponse response;
   int group = -1;
   absl::Status status;
@@ -158,22 +199,27 @@ void Replicator::Replicate(const grpc::ByteBuffer& request, const wire::PushView
   const uint64_t epoch = view.chain_epoch;
   if (status.ok()) status = table_->Check(group, epoch, ChainTable::Role::kMember);
   GroupReplica::Applied applied;
+  const auto still_valid = [this, group, epoch] {
+    return !stopped_.load() && table_->MemberAt(group, epoch);
+  };
+  const bool checked = status.ok();
   if (status.ok() && sparse) {
-    status = shard_->tables().ApplyReplicated(
-        view.replicated.front().sparse(), forward_timeout_ / 2,
-        [this, group, epoch] { return table_->MemberAt(group, epoch); });
+    status = shard_->tables().ApplyReplicated(view.replicated.front().sparse(), wait,
+                                              still_valid);
   } else if (status.ok()) {
-    status = shard_->replica().ApplyForwarded(
-        view, forward_timeout_ / 2,
-        [this, group, epoch] { return table_->MemberAt(group, epoch); }, &response, &applied);
+    status = shard_->replica().ApplyForwarded(view, wait, still_valid, &response, &applied);
   }
+  // UNAVAILABLE from the apply: an operation before it is missing (or the
+  // chain moved on, which the wait sees at once).
+  if (checked && absl::IsUnavailable(status) && wait == absl::ZeroDuration()) return false;
   if (!status.ok()) {
     done(status, response);
-    return;
+    return true;
   }
   // Sent on as received: the ops are the same at every member.
   ForwardAndAnswer(group, request, 0, std::nullopt, /*admitted=*/false, absl::Now(),
-                   std::move(applied), std::move(response), std::move(done));
+                   std::move(applied), std::move(response), done);
+  return true;
 }
 
 // The answer to a head operation's requester: given once, by the forward's

@@ -15,6 +15,11 @@
 //  - A forwarded push (Replicate): refused unless this shard is a member at
 //    the request's epoch and has its state; applied at the head's
 //    operations (GroupReplica::ApplyForwarded); forwarded on; answered as above.
+//    Forwards may overtake each other on the way (two head threads send to
+//    one successor), so one may come before an operation it follows: it
+//    waits for that one on a thread of its own (ElasticThreadPool), never
+//    on the thread that received it, which may be the only reader of the
+//    connection the missing one is coming on.
 //  - A pull: refused unless this shard is the group's tail at the epoch.
 //    The tail holds exactly the updates every member has applied, so a pull
 //    never sees one that a failover could lose, and a worker's own
@@ -44,6 +49,7 @@
 #ifndef SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_
 #define SHARDTRAIN_SERVER_REPLICATION_REPLICATOR_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -54,6 +60,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/elastic_thread_pool.h"
 #include "proto/shardtrain.pb.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/forwarder.h"
@@ -69,8 +76,13 @@ class Replicator {
 
   // Not owned; all must outlive the replicator. Installs the shard's
   // replication hooks.
+  // `max_waiting_forwards` (--max_waiting_forwards): forwards that may
+  // wait at once for the operations before them (Replicate).
   Replicator(Shard* shard, ChainTable* table, Forwarder* forwarder,
-             ReplicationMetrics* metrics, absl::Duration forward_timeout);
+             ReplicationMetrics* metrics, absl::Duration forward_timeout,
+             int max_waiting_forwards = 64);
+  // Waits for the forwards waiting (Stop first ends their waits).
+  ~Replicator();
 
   // A worker's push (`view` parsed from `request`); `done` may run before
   // this returns. `view` is only read during the call.
@@ -85,8 +97,17 @@ class Replicator {
   using SparseApply = std::function<absl::Status(SparseOp* op, bool* duplicate)>;
   void Sparse(int group, uint64_t epoch, uint32_t worker, uint64_t worker_incarnation,
               uint64_t sequence, const SparseApply& apply, std::function<void(absl::Status)> done);
-  // A push forwarded by this shard's predecessor.
+  // A push forwarded by this shard's predecessor (`view` parsed from
+  // `request`, which must stay alive until `done` runs). Applied on the
+  // calling thread when its operations are next here, as they usually are.
+  // One that came before an operation it follows waits for it (up to
+  // forward_timeout/2) on a thread of its own, and the caller goes on at
+  // once; with max_waiting_forwards waiting already, it is UNAVAILABLE at
+  // once (the predecessor sends it again). `done` may run before this
+  // returns.
   void Replicate(const grpc::ByteBuffer& request, const wire::PushView& view, Done done);
+  // Shutdown: forwards waiting give up (UNAVAILABLE) and no more wait.
+  void Stop();
   // OK when this shard may answer `pull` (the group's tail at its epoch).
   absl::Status CheckPull(const PullRequest& pull) const;
   // OK when this shard may answer the pull half of a PushPull whose push is
@@ -114,6 +135,12 @@ class Replicator {
                         std::optional<PushKey> key, bool admitted, absl::Time applied,
                         GroupReplica::Applied committed, PushResponse response, Done done);
   void ForwardCloses(int group, std::vector<ReplicatedOp> closes);
+  // Replicate's work, waiting up to `wait` for the operations before the
+  // forward's. With `wait` zero, false when one had not arrived (`done`
+  // not run; the parts that were next are applied, and skipped when it is
+  // run again); otherwise true, `done` run or passed on.
+  bool ApplyAndForward(const grpc::ByteBuffer& request, const wire::PushView& view,
+                       absl::Duration wait, const Done& done);
   struct Answer;
 
   Shard* const shard_;
@@ -127,6 +154,9 @@ class Replicator {
   std::set<PushKey> in_flight_ ABSL_GUARDED_BY(mu_);
   // By group: operations forwarded and not yet acknowledged.
   std::map<int, int64_t> pending_ops_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stopped_{false};
+  // Last: its tasks end before anything else here goes.
+  common::ElasticThreadPool waiting_;
 };
 
 }  // namespace shardtrain::server

@@ -27,6 +27,9 @@ class ReplicatorTest : public ::testing::Test {
     options.partitioning.num_shards = kShards;
     options.partitioning.max_partition_elements = 4;
     options.replicas = 2;
+    options.mode = ConsistencyMode::kAsync;
+    options.num_workers = 1;
+    options.optimizer.name = "sgd";
     shard_metrics_ = std::make_unique<ShardMetrics>(registry_);
     ASSERT_OK_AND_ASSIGN(shard_, Shard::Create(options, shard_metrics_.get()));
     metrics_ = std::make_unique<ReplicationMetrics>(registry_, 2);
@@ -71,6 +74,45 @@ class ReplicatorTest : public ::testing::Test {
                            [&](absl::Status status, const PushResponse&) { result = status; });
     return result;
   }
+
+  // Registers the tensor the pushes name ("w", one partition per shard).
+  void RegisterTensor() {
+    RegisterRequest request;
+    TensorSpec& spec = *request.add_tensors();
+    spec.set_name("w");
+    spec.add_shape(4 * kShards);
+    spec.set_dtype(DTYPE_F32);
+    RegisterResponse response;
+    ASSERT_OK(shard_->Register(request, &response));
+  }
+
+  // The fixture's push at operation `op` of its partition.
+  PushRequest PushAt(int64_t op) const {
+    PushRequest push = push_;
+    push.mutable_replicated(0)->set_op(op);
+    push.mutable_replicated(0)->set_version_after(op + 1);
+    return push;
+  }
+
+  // A forward handed to Replicate, and how it ended.
+  struct Forwarded {
+    grpc::ByteBuffer bytes;  // alive until it ends, as a call's request is
+    absl::Notification ended;
+    absl::Status status = absl::InternalError("done not called");
+  };
+  void StartReplicate(const PushRequest& push, Forwarded* forwarded) {
+    bool own = false;
+    ASSERT_TRUE((grpc::GenericSerialize<grpc::ProtoBufferWriter, PushRequest>(
+                     push, &forwarded->bytes, &own))
+                    .ok());
+    replicator_->Replicate(forwarded->bytes, wire::ViewOf(push),
+                           [forwarded](absl::Status status, const PushResponse&) {
+                             forwarded->status = std::move(status);
+                             forwarded->ended.Notify();
+                           });
+  }
+
+  double EarlyForwards(bool waited) { return metrics_->early_forwards(waited).Value(); }
 
   // How a forward of group 0 ended (status valid once `ended` is notified).
   struct ForwardEnd {
@@ -149,6 +191,78 @@ TEST_F(ReplicatorTest, AFencedForwardFailsOnceTheChainDropsTheShard) {
   EXPECT_EQ(end.status.code(), absl::StatusCode::kUnavailable) << end.status;
   EXPECT_NE(end.status.message().find("left group 0's chain"), absl::string_view::npos)
       << end.status;
+}
+
+// Forwards may overtake each other on the way (two head threads send to
+// one successor). One that comes before an operation it follows must not
+// wait on the thread that received it, which may be the only reader of the
+// connection the missing one comes on: Replicate returns at once, and the
+// forward is applied, on a thread of its own, when the missing one is.
+TEST_F(ReplicatorTest, AForwardAheadOfItsTurnWaitsOffTheReceivingThread) {
+  RegisterTensor();
+  Forwarded second;
+  StartReplicate(PushAt(1), &second);  // returns: this thread goes on
+  EXPECT_FALSE(second.ended.WaitForNotificationWithTimeout(absl::Milliseconds(200)))
+      << second.status;
+  EXPECT_EQ(shard_->replica().Ops(kGroup), 0);
+  EXPECT_EQ(EarlyForwards(/*waited=*/true), 1);
+
+  Forwarded first;
+  StartReplicate(PushAt(0), &first);  // next: applied on this thread
+  EXPECT_GE(shard_->replica().Ops(kGroup), 1);
+  ASSERT_TRUE(first.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(first.status);
+  ASSERT_TRUE(second.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(second.status);
+  EXPECT_EQ(shard_->replica().Ops(kGroup), 2);
+  EXPECT_EQ(EarlyForwards(/*waited=*/true), 1);
+  EXPECT_EQ(EarlyForwards(/*waited=*/false), 0);
+}
+
+// With --max_waiting_forwards forwards waiting, one more is refused at once
+// as retryable (the predecessor sends it again) and changes nothing.
+TEST_F(ReplicatorTest, AForwardAheadOfItsTurnIsRefusedWhenTheMostWaitAlready) {
+  RegisterTensor();
+  replicator_.reset();
+  replicator_ = std::make_unique<Replicator>(shard_.get(), table_.get(), forwarder_.get(),
+                                             metrics_.get(), absl::Seconds(5),
+                                             /*max_waiting_forwards=*/1);
+  Forwarded waiting;
+  StartReplicate(PushAt(1), &waiting);
+  Forwarded refused;
+  StartReplicate(PushAt(2), &refused);
+  ASSERT_TRUE(refused.ended.HasBeenNotified());
+  EXPECT_EQ(refused.status.code(), absl::StatusCode::kUnavailable) << refused.status;
+  EXPECT_NE(refused.status.message().find("--max_waiting_forwards"), absl::string_view::npos)
+      << refused.status;
+  EXPECT_EQ(EarlyForwards(/*waited=*/false), 1);
+
+  Forwarded first;
+  StartReplicate(PushAt(0), &first);
+  ASSERT_TRUE(first.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(first.status);
+  ASSERT_TRUE(waiting.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(waiting.status);
+  // The refused forward, sent again, is next now.
+  Forwarded again;
+  StartReplicate(PushAt(2), &again);
+  ASSERT_TRUE(again.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_OK(again.status);
+  EXPECT_EQ(shard_->replica().Ops(kGroup), 3);
+}
+
+// Shutdown: a forward waiting for its turn gives up at once, not after
+// forward_timeout/2.
+TEST_F(ReplicatorTest, StopEndsTheForwardsWaiting) {
+  RegisterTensor();
+  Forwarded waiting;
+  StartReplicate(PushAt(1), &waiting);
+  const absl::Time stopped = absl::Now();
+  replicator_->Stop();
+  ASSERT_TRUE(waiting.ended.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(1));
+  EXPECT_EQ(waiting.status.code(), absl::StatusCode::kUnavailable) << waiting.status;
+  EXPECT_EQ(shard_->replica().Ops(kGroup), 0);
 }
 
 TEST_F(ReplicatorTest, AGroupThisShardNeverHoldsIsABadRequest) {
