@@ -1,6 +1,8 @@
 #include "client/shard_channel.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include <glog/logging.h>
@@ -120,16 +122,10 @@ ShardChannel::ShardChannel(int index, std::string address,
 }
 
 void ShardChannel::EnableFrames(uint64_t max_message_bytes) {
-  std::string host;
-  int port = 0;
-  // An address that is not host:port (a unix socket, a resolver's URI)
-  // keeps the data path on gRPC.
-  if (!wire::SplitHostPort(address_, &host, &port).ok() ||
-      host.find('/') != std::string::npos) {
-    return;
-  }
+  const std::optional<std::string> host = wire::DataPortHost(address_);
+  if (!host) return;  // the data path stays on gRPC
   for (size_t c = 0; c < connections_.size(); ++c) {
-    frames_.push_back(std::make_unique<wire::FrameChannel>(host, 0, max_message_bytes));
+    frames_.push_back(std::make_unique<wire::FrameChannel>(*host, 0, max_message_bytes));
   }
 }
 

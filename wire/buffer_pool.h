@@ -1,9 +1,11 @@
-// BufferPool: recycled memory blocks for the payloads of outgoing messages.
+// BufferPool: recycled memory blocks for the payloads of outgoing messages
+// and for the bodies of large frames read from a data connection
+// (wire/frame_socket.h).
 //
-// A server answering a steady stream of large pulls would otherwise
-// allocate, fault in and free the same tens of megabytes on every call
-// (glibc serves large allocations with fresh mmaps; see
-// app/malloc_tuning.h). Blocks come in power-of-two size classes and go
+// A server answering a steady stream of large pulls, or reading large
+// pushes, would otherwise allocate, fault in and free the same tens of
+// megabytes on every call (glibc serves large allocations with fresh mmaps;
+// see app/malloc_tuning.h). Blocks come in power-of-two size classes and go
 // back to a free list of their class when released, while the pool keeps at
 // most a bounded number of bytes; past that, released blocks are freed.
 //

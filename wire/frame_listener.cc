@@ -30,6 +30,15 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
   return absl::OkStatus();
 }
 
+std::optional<std::string> DataPortHost(const std::string& grpc_address) {
+  std::string host;
+  int port = 0;
+  if (!SplitHostPort(grpc_address, &host, &port).ok() || host.find('/') != std::string::npos) {
+    return std::nullopt;
+  }
+  return host;
+}
+
 absl::StatusOr<std::unique_ptr<FrameListener>> FrameListener::Listen(
     const std::string& address) {
   std::string host;

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,11 @@ class FrameListener {
 // Splits "host:port" or "[v6]:port" into its host and port.
 // INVALID_ARGUMENT when it does not.
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
+
+// The host of a gRPC address that is host:port, where that server's data
+// port is reached; none for an address that is not (a Unix socket, a
+// resolver's URI), whose server is reached over gRPC only.
+std::optional<std::string> DataPortHost(const std::string& grpc_address);
 
 }  // namespace shardtrain::wire
 

@@ -20,9 +20,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "wire/buffer_pool.h"
 
 namespace shardtrain::wire {
 namespace {
+
+// Bodies this large come from BufferPool::Default(), whose blocks are
+// reused: malloc gives them fresh pages from the kernel on every frame
+// (its mmap threshold is at most 32 MiB, app/malloc_tuning.h), and on a
+// virtual machine faulting in 64 MiB of 4 KiB pages cost a 64 MiB push ten
+// times the CPU of a 16 MiB one per MB (bench/results/wire_large_frames_cpu.txt).
+constexpr size_t kPooledBodyBytes = size_t{32} << 20;
+
+void ReleaseBody(void* block) { BufferPool::Release(static_cast<char*>(block)); }
 
 absl::Status Failed(const char* what, int err) {
   return absl::UnavailableError(absl::StrCat("frame socket: ", what, ": ", std::strerror(err)));
@@ -220,7 +230,10 @@ absl::Status FrameSocket::Read(uint64_t max_body_bytes, uint32_t max_message_byt
   body->Clear();
   if (header->body_bytes == 0) return absl::OkStatus();
   // Uninitialised, and filled by the socket: the one copy, out of the kernel.
-  grpc::Slice slice(static_cast<size_t>(header->body_bytes));
+  const size_t bytes = static_cast<size_t>(header->body_bytes);
+  grpc::Slice slice = bytes >= kPooledBodyBytes
+                          ? grpc::Slice(BufferPool::Default().Allocate(bytes), bytes, ReleaseBody)
+                          : grpc::Slice(bytes);
   if (absl::Status read = ReadExactly(reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin())),
                                       slice.size(), deadline, true);
       !read.ok()) {

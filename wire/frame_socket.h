@@ -1,9 +1,10 @@
 // FrameSocket: one end of a framed TCP connection, the data path's way
 // around HTTP/2. A frame is a FrameHeader (wire/frame_header.h), an optional
 // status message and a body written with one sendmsg from the caller's
-// slices (no copy in user space) and read into one slice of its own, which
-// the caller gets as a grpc::ByteBuffer without a copy, so that the
-// zero-copy views of wire/ parse it as they parse what gRPC received.
+// slices (no copy in user space) and read into one slice of its own (a
+// BufferPool block from 32 MiB up, wire/buffer_pool.h), which the caller
+// gets as a grpc::ByteBuffer without a copy, so that the zero-copy views of
+// wire/ parse it as they parse what gRPC received.
 // Whoever reads and whoever writes run the call themselves: no thread
 // hands a frame to another.
 //

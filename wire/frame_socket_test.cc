@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,7 +14,9 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "wire/buffer_pool.h"
 #include "wire/frame_header.h"
+#include "wire/frame_listener.h"
 #include "wire/interrupter.h"
 #include "wire/testing/hanging_port.h"
 
@@ -164,6 +167,59 @@ TEST(FrameSocketTest, LargeFramesCrossAFullSocket) {
   writer.join();
 }
 
+TEST(FrameSocketTest, BodiesFrom32MiBUpReuseThePoolsBlocks) {
+  // malloc maps such a body fresh from the kernel on every frame, and its
+  // page faults cost ten times the rest of the frame's CPU: the reader takes
+  // it from BufferPool::Default(), where the next frame finds it again.
+  Pair pair;
+  std::string payload((32 << 20) + 100, '\0');
+  for (size_t i = 0; i < payload.size(); i += 4096) payload[i] = static_cast<char>(i / 4096 + 1);
+  const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer body(&slice, 1);
+  std::thread writer([&] {
+    FrameHeader header;
+    header.method = 1;
+    for (uint64_t call = 0; call < 3; ++call) {
+      header.call_id = call;
+      ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
+    }
+  });
+  const BufferPool::Stats before = BufferPool::Default().stats();
+  for (uint64_t call = 0; call < 3; ++call) {
+    FrameHeader header;
+    std::string message;
+    grpc::ByteBuffer read;
+    ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+    EXPECT_TRUE(Flatten(read) == payload) << "call " << call;
+  }  // each body goes back to the pool here
+  writer.join();
+  const BufferPool::Stats after = BufferPool::Default().stats();
+  EXPECT_EQ(after.allocated - before.allocated + after.reused - before.reused, 3);
+  EXPECT_GE(after.reused - before.reused, 2);
+}
+
+TEST(FrameSocketTest, SmallerBodiesStayOffThePool) {
+  Pair pair;
+  const std::string payload(1 << 20, 'x');
+  const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer body(&slice, 1);
+  const BufferPool::Stats before = BufferPool::Default().stats();
+  std::thread writer([&] {
+    FrameHeader header;
+    header.method = 1;
+    ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
+  });
+  FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer read;
+  ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+  writer.join();
+  EXPECT_TRUE(Flatten(read) == payload);
+  const BufferPool::Stats after = BufferPool::Default().stats();
+  EXPECT_EQ(after.allocated, before.allocated);
+  EXPECT_EQ(after.reused, before.reused);
+}
+
 TEST(FrameSocketTest, LimitsDeadlinesAndEndsAreTold) {
   FrameHeader header;
   std::string message;
@@ -235,6 +291,29 @@ TEST(FrameSocketTest, LimitsDeadlinesAndEndsAreTold) {
     request.method = 1;
     EXPECT_EQ(pair.a->Write(request, "", &body, Soon()).code(), absl::StatusCode::kUnavailable);
   }
+}
+
+TEST(FrameListenerTest, AddressesSplitAndDataPortHostsAreOnlyTcpOnes) {
+  std::string host;
+  int port = -1;
+  ASSERT_TRUE(SplitHostPort("127.0.0.1:8470", &host, &port).ok());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 8470);
+  ASSERT_TRUE(SplitHostPort("[::1]:0", &host, &port).ok());
+  EXPECT_EQ(host, "::1");
+  EXPECT_EQ(port, 0);
+  EXPECT_EQ(SplitHostPort("localhost", &host, &port).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitHostPort("h:70000", &host, &port).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitHostPort("h:-1", &host, &port).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(DataPortHost("ps-0.ps:8470"), "ps-0.ps");
+  EXPECT_EQ(DataPortHost("[::1]:8470"), "::1");
+  // A Unix socket and an address without a port have no data port.
+  EXPECT_EQ(DataPortHost("unix:/tmp/ps.sock"), std::nullopt);
+  EXPECT_EQ(DataPortHost("unix:///run/ps.sock"), std::nullopt);
+  EXPECT_EQ(DataPortHost("localhost"), std::nullopt);
+  // Nor has a resolver's URI, whose addresses gRPC finds.
+  EXPECT_EQ(DataPortHost("dns:///ps-0.ps:8470"), std::nullopt);
 }
 
 TEST(FrameSocketTest, ConnectsOverTcpAndTellsARefusal) {

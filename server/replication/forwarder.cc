@@ -1,6 +1,8 @@
 #include "server/replication/forwarder.h"
 
 #include <memory>
+#include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -165,15 +167,6 @@ void Forwarder::Attempt(Call* call) {
     End(call, absl::OkStatus());
     return;
   }
-  bool stopped;
-  {
-    absl::MutexLock lock(&mu_);
-    stopped = stopped_;
-  }
-  if (stopped) {
-    End(call, absl::UnavailableError("shard is shutting down"));
-    return;
-  }
   ++call->attempts;
   call->target = next->address;
   call->context = std::make_shared<grpc::ClientContext>();
@@ -181,13 +174,24 @@ void Forwarder::Attempt(Call* call) {
   call->sent = Stamped(call->request, epoch);
   call->epoch = epoch;
   call->response.Clear();
-  if (metrics_ != nullptr) {
-    metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
-  }
-  wire::FrameChannel* frames = FramesTo(*next);
+  wire::FrameChannel* frames = nullptr;
+  bool ask = false;
+  bool stopped;
   {
     absl::MutexLock lock(&mu_);
-    attempts_.insert(call);
+    stopped = stopped_;
+    if (!stopped) {
+      frames = FramesToLocked(*next, &ask);
+      attempts_.insert(call);
+    }
+  }
+  if (stopped) {
+    End(call, absl::UnavailableError("shard is shutting down"));
+    return;
+  }
+  if (ask) AskDataPort(next->address, next->incarnation);
+  if (metrics_ != nullptr) {
+    metrics_->forwarded_bytes().Increment(static_cast<double>(call->sent.Length()));
   }
   if (frames != nullptr) {
     SendFrame(call, frames);
@@ -249,37 +253,29 @@ void Forwarder::Attempted(Call* call, const grpc::Status& status) {
   }
 }
 
-wire::FrameChannel* Forwarder::FramesTo(const chain::ChainConfig::Member& member) {
+wire::FrameChannel* Forwarder::FramesToLocked(const chain::ChainConfig::Member& member,
+                                              bool* ask) {
+  *ask = false;
   if (!data_ports_) return nullptr;
-  bool ask = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopped_) return nullptr;
-    DataPeer& peer = data_peers_[member.address];
-    if (peer.frames == nullptr && peer.incarnation == 0) {
-      std::string host;
-      int port = 0;
-      // A Unix socket address has no data port.
-      if (wire::SplitHostPort(member.address, &host, &port).ok() &&
-          host.find('/') == std::string::npos) {
-        peer.frames = std::make_unique<wire::FrameChannel>(host, 0, kMaxAnswerBytes);
-      }
-    }
-    if (peer.frames == nullptr) return nullptr;
-    if (peer.incarnation != member.incarnation) {
-      // A new process at that address: its port is asked for anew.
-      peer.incarnation = member.incarnation;
-      peer.known = false;
-      peer.ask_after = absl::InfinitePast();
-    }
-    if (peer.known) return peer.frames.get();
-    if (!peer.asking && absl::Now() >= peer.ask_after) {
-      peer.asking = true;
-      ++in_flight_;
-      ask = true;
+  DataPeer& peer = data_peers_[member.address];
+  if (peer.frames == nullptr && peer.incarnation == 0) {
+    if (const std::optional<std::string> host = wire::DataPortHost(member.address)) {
+      peer.frames = std::make_unique<wire::FrameChannel>(*host, 0, kMaxAnswerBytes);
     }
   }
-  if (ask) AskDataPort(member.address, member.incarnation);
+  if (peer.frames == nullptr) return nullptr;
+  if (peer.incarnation != member.incarnation) {
+    // A new process at that address: its port is asked for anew.
+    peer.incarnation = member.incarnation;
+    peer.known = false;
+    peer.ask_after = absl::InfinitePast();
+  }
+  if (peer.known) return peer.frames.get();
+  if (!peer.asking && absl::Now() >= peer.ask_after) {
+    peer.asking = true;
+    ++in_flight_;
+    *ask = true;
+  }
   return nullptr;
 }
 

@@ -115,9 +115,10 @@ class Forwarder {
   // An attempt ended with `status`: done, retried or failed.
   void Attempted(Call* call, const grpc::Status& status);
   // The data port channel to `member`, or null (then gRPC: the port is not
-  // known yet, and is asked for in the background, or there is none).
-  wire::FrameChannel* FramesTo(const chain::ChainConfig::Member& member)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // known yet, or there is none). *ask: the caller is to ask for the port
+  // (AskDataPort, after releasing mu_).
+  wire::FrameChannel* FramesToLocked(const chain::ChainConfig::Member& member, bool* ask)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks `address` for its data port (a Status call), for `incarnation`.
   void AskDataPort(const std::string& address, uint64_t incarnation) ABSL_LOCKS_EXCLUDED(mu_);
   // `address`'s data port did not take a call: gRPC for a while, then ask again.
