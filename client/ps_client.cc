@@ -289,6 +289,7 @@ absl::Status PsClient::TakeShardState(int shard, const RegisterResponse& respons
   const uint64_t before = channel.incarnation();
   channel.set_incarnation(response.incarnation());
   channel.set_data_port(static_cast<int>(response.data_port()));
+  channel.set_counts_clock_parts(response.counts_clock_parts());
   if (restarted) {
     LOG(WARNING) << absl::StrFormat(
         "shard %d (%s) restarted: incarnation %016x -> %016x, %d updates lost "
@@ -394,10 +395,23 @@ bool PsClient::DefersClock(int shard) const {
 
 void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads) {
   const VersionTable& computed_at = computed_at_.empty() ? versions_ : computed_at_;
+  // See DefersClock: how many calls the shard counts, or the clock before
+  // this step and a Heartbeat after.
+  std::vector<uint32_t> clock_parts(channels_.size(), 0);
+  advance_shards_.clear();
+  for (int s = 0; s < num_shards(); ++s) {
+    if (!DefersClock(s)) continue;
+    if (channels_[s]->counts_clock_parts()) {
+      clock_parts[s] = static_cast<uint32_t>(batches_per_shard_[s]);
+    } else {
+      advance_shards_.push_back(s);
+    }
+  }
   for (const std::unique_ptr<BatchCall>& batch : shard_batches_) {
-    // See DefersClock: the parts carry the clock before this step.
+    const int s = batch->shard();
     const int64_t sent_clock =
-        DefersClock(batch->shard()) ? std::max<int64_t>(0, clock - 1) : clock;
+        DefersClock(s) && clock_parts[s] == 0 ? std::max<int64_t>(0, clock - 1) : clock;
+    batch->requests().set_clock_parts(clock_parts[s]);
     batch->requests().SetPush(
         sent_clock, batch->NextSequence(), [grads](int t) { return grads[t]; }, computed_at);
   }
@@ -405,10 +419,7 @@ void PsClient::SetPushes(int64_t clock, absl::Span<const absl::Span<const float>
 }
 
 absl::Status PsClient::AdvanceClock(int64_t clock) {
-  std::vector<int> shards;
-  for (int s = 0; s < num_shards(); ++s) {
-    if (DefersClock(s)) shards.push_back(s);
-  }
+  const std::vector<int>& shards = advance_shards_;
   if (shards.empty()) return absl::OkStatus();
   HeartbeatRequest request;
   request.set_worker(options_.worker_index);

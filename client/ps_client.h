@@ -188,8 +188,11 @@ class PsClient final : public ParameterClient {
   // versions. `restarted`: count and log the updates lost.
   absl::Status TakeShardState(int shard, const RegisterResponse& response,
                               bool restarted);
-  // Async, a blocking push to `shard` over several connections: its parts
-  // carry the clock before this step, and AdvanceClock sends the new one.
+  // Async, a blocking push to `shard` over several connections: the shard
+  // may move this worker's clock only once every part is in. A shard that
+  // counts a push's calls (ShardChannel::counts_clock_parts) is told how
+  // many there are; to any other the parts carry the clock before this step,
+  // and AdvanceClock sends the new one with a Heartbeat after them.
   bool DefersClock(int shard) const;
   absl::Status AdvanceClock(int64_t clock);
   void SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads);
@@ -239,6 +242,8 @@ class PsClient final : public ParameterClient {
   // exchange's (by tensor, shard, connection).
   std::vector<std::unique_ptr<BatchCall>> shard_batches_;
   std::vector<int> batches_per_shard_;  // of shard_batches_
+  // The shards the last SetPushes left for AdvanceClock.
+  std::vector<int> advance_shards_;
   std::vector<std::unique_ptr<BatchCall>> tensor_batches_;
   std::unique_ptr<TensorExchange> exchange_;
 };

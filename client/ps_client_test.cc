@@ -352,6 +352,43 @@ TEST_F(PsClientTest, PushPullIsOneCallPerShardConnection) {
   EXPECT_EQ(client->referenced_slices(), 0);
 }
 
+// Async, a push split over two connections to one shard: a shard that
+// counts the calls is told how many there are and gets this step's clock in
+// each, with no Heartbeat after; an older shard gets the clock before the
+// step in each part and the new one in a Heartbeat once both are applied.
+TEST_F(PsClientTest, AnAsyncPushSplitOverConnectionsTellsTheShardHowManyCallsItIs) {
+  constexpr int64_t kPartition = 64 * 1024;  // 4 partitions: 2 per connection
+  for (const bool counts : {true, false}) {
+    SCOPED_TRACE(counts ? "a shard that counts the calls" : "an older shard");
+    shards_.clear();
+    shards_.push_back(std::make_unique<FakeShard>(0, 1, kPartition));
+    shards_[0]->set_counts_clock_parts(counts);
+    PsClientOptions options = Options();
+    options.max_partition_elements = kPartition;
+    options.channels_per_shard = 2;
+    std::unique_ptr<PsClient> client = Client(options);
+    ASSERT_NE(client, nullptr);
+    ASSERT_OK(client->Register({Spec("w", 4 * kPartition)}));
+    const std::vector<float> w(4 * kPartition, 1.0f);
+    std::vector<float> out(4 * kPartition, 0.0f);
+    PushStats push_stats;
+    PullStats pull_stats;
+    ASSERT_OK(client->Push(3, {absl::MakeConstSpan(w)}, &push_stats));
+    ASSERT_OK(client->PushPull(4, 0, {absl::MakeConstSpan(w)}, {absl::MakeSpan(out)},
+                               &push_stats, &pull_stats));
+    const std::vector<PushRequest> pushes = shards_[0]->pushes();
+    ASSERT_EQ(pushes.size(), 4u);
+    for (size_t p = 0; p < pushes.size(); ++p) {
+      const int64_t step = p < 2 ? 3 : 4;
+      EXPECT_EQ(pushes[p].parts_size(), 2) << "push " << p;
+      EXPECT_EQ(pushes[p].clock(), counts ? step : step - 1) << "push " << p;
+      EXPECT_EQ(pushes[p].clock_parts(), counts ? 2u : 0u) << "push " << p;
+    }
+    EXPECT_EQ(shards_[0]->calls("Heartbeat"), counts ? 0 : 2);
+    EXPECT_THAT(out, Each(-2.0f));
+  }
+}
+
 TEST_F(PsClientTest, ExchangesSendEachTensorAndFillItsParameters) {
   StartShards(2);
   std::unique_ptr<PsClient> client = Client(Options());

@@ -257,6 +257,10 @@ class ShardChannel {
   void FramesUnreachable();
   static constexpr absl::Duration kFramesPause = absl::Seconds(5);
   int num_connections() const { return static_cast<int>(connections_.size()); }
+  // Whether the shard moves a worker's clock once every call of a split
+  // push is in (its Register answer's counts_clock_parts).
+  bool counts_clock_parts() const { return counts_clock_parts_.load(); }
+  void set_counts_clock_parts(bool counts) { counts_clock_parts_.store(counts); }
   const RetryPolicy& policy() const { return policy_; }
 
  private:
@@ -303,6 +307,7 @@ class ShardChannel {
   // Frames (EnableFrames): one channel per connection, made at once.
   std::vector<std::unique_ptr<wire::FrameChannel>> frames_;
   std::atomic<int> data_port_{0};
+  std::atomic<bool> counts_clock_parts_{false};
   std::atomic<int64_t> frames_paused_until_ns_{0};
   std::atomic<uint64_t> next_sequence_{0};
   std::atomic<uint64_t> next_sparse_sequence_{0};

@@ -124,6 +124,9 @@ class WireRequests {
   // Replicated shards: the chain epoch the next encoded requests carry
   // (PushRequest/PullRequest.chain_epoch); 0, the default, is not sent.
   void set_chain_epoch(uint64_t epoch);
+  // An async push split over several calls: how many (PushRequest.clock_parts);
+  // 0, the default, is not sent.
+  void set_clock_parts(uint32_t parts) { header_.clock_parts = parts; }
 
   // One attempt's request. `clamp` (async mode) lowers each part's version
   // to the version now in it, if smaller (a shard that restarted and lost

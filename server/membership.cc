@@ -106,6 +106,25 @@ Membership::UpdateResult Membership::Update(int worker, uint64_t incarnation,
   return result;
 }
 
+Membership::UpdateResult Membership::UpdateFromPush(int worker, uint64_t incarnation,
+                                                    int64_t clock, uint32_t clock_parts,
+                                                    absl::Time now, int64_t rejoin_step) {
+  if (clock_parts > 1) {
+    absl::MutexLock lock(&mu_);
+    Worker& w = workers_[worker];
+    if (incarnation != w.parts_incarnation || clock > w.parts_clock) {
+      w.parts_clock = clock;
+      w.parts_incarnation = incarnation;
+      w.parts_counted = 0;
+    }
+    const bool last = clock == w.parts_clock && ++w.parts_counted >= clock_parts;
+    if (!last) clock = clock - 1;
+  }
+  // Clocks only grow within an incarnation, so two calls' updates may land
+  // in either order.
+  return Update(worker, incarnation, clock, /*done=*/false, now, rejoin_step);
+}
+
 int64_t Membership::Register(int worker, uint64_t incarnation, absl::Time now,
                              Join* join, int64_t rejoin_step) {
   absl::MutexLock lock(&mu_);

@@ -35,6 +35,9 @@ namespace shardtrain::server {
 // Largest clock (or step) a worker may report; larger ones are refused, so
 // sums like `clock + staleness bound` cannot overflow.
 inline constexpr int64_t kMaxClock = int64_t{1} << 40;
+// Most calls a push may be split into (PushRequest.clock_parts): a worker's
+// connections per shard are at most 64.
+inline constexpr uint32_t kMaxClockParts = 64;
 
 class Membership {
  public:
@@ -73,6 +76,13 @@ class Membership {
   UpdateResult Update(int worker, int64_t clock, bool done, absl::Time now) {
     return Update(worker, 0, clock, done, now);
   }
+  // A push's sign of life: as Update (not done). A push split over
+  // `clock_parts` > 1 calls (PushRequest.clock_parts) moves the clock to
+  // `clock` only with the last of its calls to arrive (counted per clock and
+  // incarnation; a call of a later clock starts a new count, one of an
+  // earlier clock is not counted), and to clock - 1 with the others.
+  UpdateResult UpdateFromPush(int worker, uint64_t incarnation, int64_t clock,
+                              uint32_t clock_parts, absl::Time now, int64_t rejoin_step = 0);
   // A registration: a sign of life that keeps the recorded clock. A new
   // incarnation replaces the record with that clock and done = false, so a
   // restarted worker resumes where its predecessor was. Returns the clock.
@@ -147,6 +157,11 @@ class Membership {
     // being dropped; 0 for one never dropped).
     int64_t clock_offset = 0;
     absl::Time last_seen;
+    // The split push being counted (UpdateFromPush): its clock, the
+    // incarnation that sent it and the calls of it counted so far.
+    int64_t parts_clock = -1;
+    uint64_t parts_incarnation = 0;
+    uint32_t parts_counted = 0;
   };
 
   static bool Counts(const Worker& w, int64_t step) {

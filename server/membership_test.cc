@@ -27,6 +27,33 @@ TEST(MembershipTest, ClocksNeverGoBackwards) {
   EXPECT_EQ(members.SlowestActiveClock(), 5);
 }
 
+TEST(MembershipTest, ASplitPushMovesTheClockWithItsLastCall) {
+  Membership members(1, absl::Seconds(10));
+  const absl::Time t0 = absl::UnixEpoch();
+  members.UpdateFromPush(0, 7, 4, 3, t0);
+  members.UpdateFromPush(0, 7, 4, 3, t0);
+  EXPECT_EQ(members.Clock(0), 3);
+  EXPECT_TRUE(members.UpdateFromPush(0, 7, 4, 3, t0).changed);
+  EXPECT_EQ(members.Clock(0), 4);
+  // A call of step 6 starts a new count; one of step 5 arriving after it
+  // is not counted (step 5 may then never complete: step 6's last call
+  // moves the clock past it).
+  members.UpdateFromPush(0, 7, 6, 2, t0);
+  members.UpdateFromPush(0, 7, 5, 2, t0);
+  members.UpdateFromPush(0, 7, 5, 2, t0);
+  EXPECT_EQ(members.Clock(0), 5);
+  members.UpdateFromPush(0, 7, 6, 2, t0);
+  EXPECT_EQ(members.Clock(0), 6);
+  // A new incarnation counts afresh, from the clock it starts with.
+  members.UpdateFromPush(0, 8, 6, 2, t0);
+  EXPECT_EQ(members.Clock(0), 5);
+  members.UpdateFromPush(0, 8, 6, 2, t0);
+  EXPECT_EQ(members.Clock(0), 6);
+  // Not split: at once.
+  members.UpdateFromPush(0, 8, 9, 0, t0);
+  EXPECT_EQ(members.Clock(0), 9);
+}
+
 TEST(MembershipTest, SilentWorkersExpireAndComeBack) {
   Membership members(2, absl::Seconds(10));
   const absl::Time t0 = absl::UnixEpoch();

@@ -33,6 +33,14 @@ absl::Status CheckClock(int64_t clock, absl::string_view what) {
   return absl::OkStatus();
 }
 
+absl::Status CheckClockParts(uint32_t clock_parts) {
+  if (clock_parts > kMaxClockParts) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "clock_parts %d: a push is split into at most %d calls", clock_parts, kMaxClockParts));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Refuse(ShardMetrics* metrics, absl::string_view limit, absl::Status status) {
   if (metrics != nullptr) metrics->requests_refused(std::string(limit)).Increment();
   return status;

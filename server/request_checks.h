@@ -34,6 +34,10 @@ absl::Status CheckIncarnation(const ShardOptions& options, uint64_t incarnation,
 // `what` names it in the message ("clock", "heartbeat clock").
 absl::Status CheckClock(int64_t clock, absl::string_view what);
 
+// INVALID_ARGUMENT unless `clock_parts` (PushRequest.clock_parts) is at most
+// kMaxClockParts (server/membership.h).
+absl::Status CheckClockParts(uint32_t clock_parts);
+
 // Counts a refusal for going over `limit` (a ResourceLimits field, or
 // "max_dims") in `metrics` (if not null) and returns `status`.
 absl::Status Refuse(ShardMetrics* metrics, absl::string_view limit, absl::Status status);

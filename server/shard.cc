@@ -275,6 +275,8 @@ absl::Status Shard::Register(const RegisterRequest& request,
   } else {
     response->set_worker_clock(membership_.Clock(static_cast<int>(request.worker())));
   }
+  // Replicas apply a push's clock as the head forwards it, without counting.
+  response->set_counts_clock_parts(options_.replicas <= 1);
   return absl::OkStatus();
 }
 
@@ -297,6 +299,7 @@ absl::Status Shard::Push(const wire::PushView& request, int group, PushResponse*
   RETURN_IF_ERROR(CheckWorker(options_, request.worker));
   RETURN_IF_ERROR(CheckIncarnation(options_, incarnation_, request.shard_incarnation));
   RETURN_IF_ERROR(CheckClock(request.clock, "clock"));
+  RETURN_IF_ERROR(CheckClockParts(request.clock_parts));
   const uint64_t sequence = request.sequence;
   if (sequence == 0) {
     RETURN_IF_ERROR(ApplyPush(request, response, applied));
@@ -408,8 +411,9 @@ absl::Status Shard::ApplyPush(const wire::PushView& request, PushResponse* respo
   }
   response->set_max_staleness(max_staleness);
   const Membership::UpdateResult update =
-      membership_.Update(static_cast<int>(worker), request.worker_incarnation,
-                         request.clock, false, absl::Now(), updater_.RejoinStep());
+      membership_.UpdateFromPush(static_cast<int>(worker), request.worker_incarnation,
+                                 request.clock, request.clock_parts, absl::Now(),
+                                 updater_.RejoinStep());
   metrics_->RecordMembership(membership_, update.join);
   return absl::OkStatus();
 }

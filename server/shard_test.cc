@@ -609,6 +609,47 @@ TEST_F(ShardTest, RegisterChecksTheJobSizeAndReturnsTheWorkersClock) {
   EXPECT_EQ((*restored)->WorkerClocks(), (std::vector<int64_t>{3, 7}));
 }
 
+TEST_F(ShardTest, ASplitPushMovesTheWorkersClockWithItsLastCall) {
+  Start(ConsistencyMode::kAsync, 2);
+  RegisterRequest request;
+  *request.add_tensors() = Spec("w", 1.0f);
+  request.set_worker(1);
+  request.set_num_workers(2);
+  request.set_worker_incarnation(41);
+  RegisterResponse response;
+  ASSERT_TRUE(shard_->Register(request, &response).ok());
+  EXPECT_TRUE(response.counts_clock_parts());
+
+  // Step 5 in two calls: the clock is 4 until the second is applied.
+  PushRequest push = Push(1, 4, 0.0f);
+  push.mutable_parts(0)->set_version(0);
+  push.set_worker_incarnation(41);
+  push.set_clock_parts(2);
+  ASSERT_TRUE(DoPush(push).ok());
+  EXPECT_EQ(shard_->WorkerClocks(), (std::vector<int64_t>{0, 4}));
+  ASSERT_TRUE(DoPush(push).ok());
+  EXPECT_EQ(shard_->WorkerClocks(), (std::vector<int64_t>{0, 5}));
+  // A late call of an earlier step counts for nothing; the first call of
+  // step 7 (in three) moves the clock to 6 only.
+  push.set_clock(4);
+  ASSERT_TRUE(DoPush(push).ok());
+  push.set_clock(7);
+  push.set_clock_parts(3);
+  ASSERT_TRUE(DoPush(push).ok());
+  EXPECT_EQ(shard_->WorkerClocks(), (std::vector<int64_t>{0, 6}));
+  // More calls than a worker has connections: refused, nothing changes.
+  push.set_clock(9);
+  push.set_clock_parts(kMaxClockParts + 1);
+  const absl::Status refused = DoPush(push);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.message(), HasSubstr("clock_parts 65"));
+  EXPECT_EQ(shard_->WorkerClocks(), (std::vector<int64_t>{0, 6}));
+  // An unsplit push moves it at once.
+  push.set_clock_parts(1);
+  ASSERT_TRUE(DoPush(push).ok());
+  EXPECT_EQ(shard_->WorkerClocks(), (std::vector<int64_t>{0, 9}));
+}
+
 TEST_F(ShardTest, StatusIsBoundedButSummarisesEverything) {
   Start(ConsistencyMode::kAsync, 1);
   RegisterRequest request;

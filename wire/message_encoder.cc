@@ -62,7 +62,7 @@ size_t PushSize(const PushHeader& header, absl::Span<const GradientPartOut> part
                 VarintFieldSize(static_cast<uint64_t>(header.clock)) +
                 VarintFieldSize(header.worker_incarnation) + VarintFieldSize(header.sequence) +
                 VarintFieldSize(header.shard_incarnation) +
-                VarintFieldSize(header.chain_epoch);
+                VarintFieldSize(header.chain_epoch) + VarintFieldSize(header.clock_parts);
   for (const GradientPartOut& part : parts) size += MessageFieldSize(GradientPartSize(part));
   return size;
 }
@@ -264,6 +264,7 @@ void WritePush(const PushHeader& header, absl::Span<const GradientPartOut> parts
   writer.VarintField(5, header.sequence);
   writer.VarintField(6, header.shard_incarnation);
   writer.VarintField(7, header.chain_epoch);
+  writer.VarintField(9, header.clock_parts);
 }
 
 }  // namespace

@@ -82,6 +82,7 @@ struct PushHeader {
   uint64_t sequence = 0;
   uint64_t shard_incarnation = 0;
   uint64_t chain_epoch = 0;  // replicated shards; 0 is not sent
+  uint32_t clock_parts = 0;  // a push split over several calls; 0 is not sent
 };
 
 // One GradientPart with its payload. `data` and `indices` are referenced,

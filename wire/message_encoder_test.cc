@@ -63,6 +63,7 @@ PushHeader HeaderOf(const PushRequest& push) {
   header.worker_incarnation = push.worker_incarnation();
   header.sequence = push.sequence();
   header.shard_incarnation = push.shard_incarnation();
+  header.clock_parts = push.clock_parts();
   return header;
 }
 

@@ -232,6 +232,9 @@ bool ParsePushFields(WireReader& reader, size_t max_parts, size_t* too_many, Pus
           return false;
         }
         break;
+      case MakeTag(9, kVarint):
+        if (!ReadVarintField(reader, "clock_parts", &view->clock_parts)) return false;
+        break;
       default:
         if (!reader.SkipField(tag)) return false;
     }
@@ -284,6 +287,7 @@ void Reset(PushView* view) {
   view->sequence = 0;
   view->shard_incarnation = 0;
   view->chain_epoch = 0;
+  view->clock_parts = 0;
   view->parts.clear();
   view->replicated.clear();
 }

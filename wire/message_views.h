@@ -102,6 +102,7 @@ struct PushView {
   uint64_t sequence = 0;
   uint64_t shard_incarnation = 0;
   uint64_t chain_epoch = 0;
+  uint32_t clock_parts = 0;
   std::vector<GradientPartView> parts;
   // Set on a push forwarded down a replica chain (PushRequest.replicated).
   std::vector<ReplicatedOp> replicated;

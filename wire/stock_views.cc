@@ -25,6 +25,7 @@ PushView ViewOf(const PushRequest& message) {
   view.sequence = message.sequence();
   view.shard_incarnation = message.shard_incarnation();
   view.chain_epoch = message.chain_epoch();
+  view.clock_parts = message.clock_parts();
   view.replicated.assign(message.replicated().begin(), message.replicated().end());
   view.parts.reserve(message.parts_size());
   for (const GradientPart& part : message.parts()) {

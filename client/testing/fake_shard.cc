@@ -128,7 +128,13 @@ grpc::ServerUnaryReactor* FakeShard::Register(grpc::CallbackServerContext* conte
     }
   }
   response->set_incarnation(incarnation_);
+  response->set_counts_clock_parts(counts_clock_parts_);
   return Answer(context, grpc::Status::OK);
+}
+
+void FakeShard::set_counts_clock_parts(bool counts) {
+  absl::MutexLock lock(&mu_);
+  counts_clock_parts_ = counts;
 }
 
 grpc::Status FakeShard::ApplyPush(const PushRequest& request, PushResponse* response) {

@@ -62,6 +62,11 @@ class FakeShard final : public ParameterServer::CallbackService {
   // incarnation, and the values, versions and push log as they were then.
   void Restart(int lost);
 
+  // Whether Register answers counts_clock_parts (a shard that moves a
+  // worker's clock once every call of a split push is in); false, as an
+  // older shard, until set.
+  void set_counts_clock_parts(bool counts) ABSL_LOCKS_EXCLUDED(mu_);
+
   uint64_t incarnation() const;
   // Calls of `method` that reached this shard, refused ones included.
   int calls(const std::string& method) const;
@@ -119,6 +124,7 @@ class FakeShard final : public ParameterServer::CallbackService {
 
   mutable absl::Mutex mu_;
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
+  bool counts_clock_parts_ ABSL_GUARDED_BY(mu_) = false;
   State state_ ABSL_GUARDED_BY(mu_);
   // The state before each applied push, oldest first (for Restart).
   std::vector<State> history_ ABSL_GUARDED_BY(mu_);

@@ -84,6 +84,7 @@ std::string DiffViews(const PushView& a, const PushView& b) {
   if (diff.empty()) {
     diff = DiffValue("shard_incarnation", a.shard_incarnation, b.shard_incarnation);
   }
+  if (diff.empty()) diff = DiffValue("clock_parts", a.clock_parts, b.clock_parts);
   if (diff.empty()) {
     diff = DiffParts(a.parts, b.parts, &GradientPartView::has_grad, &GradientPartView::grad,
                      "grad");

@@ -60,6 +60,7 @@ PushRequest SamplePush(DType dtype, Encoding encoding, uint32_t seed, bool with_
   push.set_worker_incarnation(0xfedcba9876543210ull ^ seed);
   push.set_sequence(77 + seed);
   push.set_shard_incarnation(uint64_t{1} << 63);
+  push.set_clock_parts(seed % 4);
   uint32_t part_seed = seed * 31;
   for (const PartSpec& spec : kParts) {
     if (spec.elements < 0 && !with_bare_part) continue;
