@@ -72,6 +72,7 @@ void CheckPushReencodes(const wire::PushView& view) {
   }
   wire::PushHeader header{view.worker, view.clock, view.worker_incarnation, view.sequence,
                           view.shard_incarnation};
+  header.clock_parts = view.clock_parts;
   wire::SendRefs refs;
   std::string bytes;
   {
