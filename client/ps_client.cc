@@ -520,13 +520,26 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
   // Replicated shards: one RPC too, to the chain's head, which answers the
   // pull half once the tail has the push and what it read.
   SetPushes(clock, grads);
+  if (!advance_shards_.empty()) {
+    // A shard that does not count a split push's calls (replicated, or an
+    // older one) reaches this step's clock only with the Heartbeat after
+    // them, which a pull half held by a staleness bound would wait for:
+    // push, move the clock, then pull.
+    RETURN_IF_ERROR(RunBatches(
+        [](BatchCall* batch, std::function<void(absl::Status)> done) {
+          batch->StartPush(std::move(done));
+        },
+        /*pushed=*/true));
+    RETURN_IF_ERROR(AdvanceClock(clock));
+    CollectPush(push_stats);
+    return Pull(clock, min_version, params, pull_stats);
+  }
   SetPulls(clock, min_version, params);
   RETURN_IF_ERROR(RunBatches(
       [](BatchCall* batch, std::function<void(absl::Status)> done) {
         batch->StartPushPull(std::move(done));
       },
       /*pushed=*/true));
-  RETURN_IF_ERROR(AdvanceClock(clock));
   CollectPush(push_stats);
   CollectPull(pull_stats);
   return absl::OkStatus();

@@ -104,7 +104,9 @@ class PsClient final : public ParameterClient {
                     absl::Span<const absl::Span<float>> params, PullStats* stats) override;
 
   // One RPC per shard connection: each shard applies the gradient and
-  // answers with the parameters that include it. REQUIRES: as for Push.
+  // answers with the parameters that include it. Async, to a shard that
+  // needs a Heartbeat after a split push (see DefersClock): a push, the
+  // Heartbeat, then a pull. REQUIRES: as for Push.
   absl::Status PushPull(int64_t clock, int64_t min_version,
                         absl::Span<const absl::Span<const float>> grads,
                         absl::Span<const absl::Span<float>> params,

@@ -385,6 +385,10 @@ TEST_F(PsClientTest, AnAsyncPushSplitOverConnectionsTellsTheShardHowManyCallsItI
       EXPECT_EQ(pushes[p].clock_parts(), counts ? 2u : 0u) << "push " << p;
     }
     EXPECT_EQ(shards_[0]->calls("Heartbeat"), counts ? 0 : 2);
+    // To an older shard the PushPull goes as a push, the Heartbeat and a
+    // pull: a pull half sent with the push would wait for that Heartbeat.
+    EXPECT_EQ(shards_[0]->calls("PushPull"), counts ? 2 : 0);
+    EXPECT_EQ(shards_[0]->calls("Pull"), counts ? 0 : 2);
     EXPECT_THAT(out, Each(-2.0f));
   }
 }

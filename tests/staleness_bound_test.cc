@@ -6,6 +6,7 @@
 // computed, each other worker can push at most 2S+1 gradients. A sparse
 // table's training lookups obey the same bound (TableLookupsWaitLikePulls).
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -129,6 +130,46 @@ TEST(StalenessBound, APushSplitOverConnectionsKeepsTheBound) {
   EXPECT_LE(outcome.max_gap, 1);
   EXPECT_LE(outcome.max_staleness, kWorkers - 1);
   EXPECT_GT(outcome.fast_wait_seconds, 0.15);
+}
+
+// A PushPull split over a shard's connections at bound 0: its pull halves
+// carry the step's clock, which the shard reaches once every part's push
+// half is in. When the parts carried the clock before the step and a
+// Heartbeat after the call moved it on, the pull halves waited for a
+// Heartbeat that only came after them: every step waited out the pull
+// timeout (2 min by default).
+TEST(StalenessBound, ASplitPushPullAtBoundZeroIsNotHeldByItsOwnStep) {
+  constexpr int64_t kPartition = 128 * 1024;  // 4 per shard: 4 calls each
+  server::ShardOptions options;
+  options.partitioning.max_partition_elements = kPartition;
+  options.mode = server::ConsistencyMode::kAsync;
+  options.num_workers = 1;
+  options.max_staleness = 0;
+  ASSERT_OK_AND_ASSIGN(testutil::InProcessShards cluster,
+                       testutil::StartInProcessShards(options, 2));
+  TensorSpec spec;
+  spec.set_name("w");
+  spec.add_shape(8 * kPartition);
+  spec.set_dtype(DTYPE_F32);
+  client::PsClientOptions client_options;
+  client_options.servers = cluster.addresses;
+  client_options.max_partition_elements = kPartition;
+  client_options.pull_timeout = absl::Seconds(5);
+  client_options.reconnect_timeout = absl::Seconds(5);
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<client::PsClient> client,
+                       client::PsClient::Create(client_options, nullptr));
+  ASSERT_OK(client->Register({spec}));
+  std::vector<float> params(8 * kPartition), grads(8 * kPartition, 1e-3f);
+  const absl::Time start = absl::Now();
+  for (int64_t clock = 0; clock < 5; ++clock) {
+    client::PushStats push;
+    client::PullStats pull;
+    const absl::Status status = client->PushPull(clock + 1, 0, {absl::MakeConstSpan(grads)},
+                                                 {absl::MakeSpan(params)}, &push, &pull);
+    ASSERT_TRUE(status.ok()) << "step " << clock + 1 << ": " << status;
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_EQ(cluster.shards[0]->shard().WorkerClocks(), std::vector<int64_t>{5});
 }
 
 TEST(StalenessBound, WithoutABoundTheFastWorkerRunsAhead) {
