@@ -50,6 +50,32 @@ struct Pair {
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
+// Writes `count` frames of `body` (calls 0 .. count - 1) on a thread of
+// their own, so that the reader can drain a socket they overfill.
+std::thread WriteFrames(FrameSocket* socket, const grpc::ByteBuffer* body, uint64_t count) {
+  return std::thread([socket, body, count] {
+    FrameHeader header;
+    header.method = 1;
+    for (uint64_t call = 0; call < count; ++call) {
+      header.call_id = call;
+      ASSERT_TRUE(socket->Write(header, "", body, Soon()).ok());
+    }
+  });
+}
+
+// Reads the `count` frames WriteFrames sends and checks each one's call and
+// body; each body is released before the next is read.
+void ReadFrames(FrameSocket* socket, const std::string& payload, uint64_t count) {
+  for (uint64_t call = 0; call < count; ++call) {
+    FrameHeader header;
+    std::string message;
+    grpc::ByteBuffer read;
+    ASSERT_TRUE(socket->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+    EXPECT_EQ(header.call_id, call);
+    EXPECT_TRUE(Flatten(read) == payload) << "call " << call;
+  }
+}
+
 TEST(FrameHeaderTest, EncodesEveryFieldAndRefusesWhatNoPeerSends) {
   FrameHeader header;
   header.response = true;
@@ -148,22 +174,8 @@ TEST(FrameSocketTest, LargeFramesCrossAFullSocket) {
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 131 + 7);
   const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer body(&slice, 1);
-  std::thread writer([&] {
-    FrameHeader header;
-    header.method = 1;
-    for (uint64_t call = 0; call < 3; ++call) {
-      header.call_id = call;
-      ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
-    }
-  });
-  for (uint64_t call = 0; call < 3; ++call) {
-    FrameHeader header;
-    std::string message;
-    grpc::ByteBuffer read;
-    ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
-    EXPECT_EQ(header.call_id, call);
-    EXPECT_TRUE(Flatten(read) == payload) << "call " << call;
-  }
+  std::thread writer = WriteFrames(pair.a.get(), &body, 3);
+  ReadFrames(pair.b.get(), payload, 3);
   writer.join();
 }
 
@@ -176,22 +188,9 @@ TEST(FrameSocketTest, BodiesFrom32MiBUpReuseThePoolsBlocks) {
   for (size_t i = 0; i < payload.size(); i += 4096) payload[i] = static_cast<char>(i / 4096 + 1);
   const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer body(&slice, 1);
-  std::thread writer([&] {
-    FrameHeader header;
-    header.method = 1;
-    for (uint64_t call = 0; call < 3; ++call) {
-      header.call_id = call;
-      ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
-    }
-  });
   const BufferPool::Stats before = BufferPool::Default().stats();
-  for (uint64_t call = 0; call < 3; ++call) {
-    FrameHeader header;
-    std::string message;
-    grpc::ByteBuffer read;
-    ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
-    EXPECT_TRUE(Flatten(read) == payload) << "call " << call;
-  }  // each body goes back to the pool here
+  std::thread writer = WriteFrames(pair.a.get(), &body, 3);
+  ReadFrames(pair.b.get(), payload, 3);  // each body goes back to the pool as the next is read
   writer.join();
   const BufferPool::Stats after = BufferPool::Default().stats();
   EXPECT_EQ(after.allocated - before.allocated + after.reused - before.reused, 3);
@@ -204,17 +203,9 @@ TEST(FrameSocketTest, SmallerBodiesStayOffThePool) {
   const grpc::Slice slice(payload.data(), payload.size(), grpc::Slice::STATIC_SLICE);
   const grpc::ByteBuffer body(&slice, 1);
   const BufferPool::Stats before = BufferPool::Default().stats();
-  std::thread writer([&] {
-    FrameHeader header;
-    header.method = 1;
-    ASSERT_TRUE(pair.a->Write(header, "", &body, Soon()).ok());
-  });
-  FrameHeader header;
-  std::string message;
-  grpc::ByteBuffer read;
-  ASSERT_TRUE(pair.b->Read(kMaxBody, kMaxMessage, Soon(), &header, &message, &read).ok());
+  std::thread writer = WriteFrames(pair.a.get(), &body, 1);
+  ReadFrames(pair.b.get(), payload, 1);
   writer.join();
-  EXPECT_TRUE(Flatten(read) == payload);
   const BufferPool::Stats after = BufferPool::Default().stats();
   EXPECT_EQ(after.allocated, before.allocated);
   EXPECT_EQ(after.reused, before.reused);
