@@ -29,8 +29,9 @@ LAYERS = {
     "chain": ["etcd", "common", "proto"],
     # Sparse embedding tables' rows: no RPC, no proto.
     "sparse": [],
-    # What binaries' main files link: flags, process set-up.
-    "app": ["common"],
+    # What binaries' main files link: flags, process set-up (such as the
+    # bound of the wire's buffer pool).
+    "app": ["wire", "common"],
     "server": ["chain", "etcd", "wire", "sparse", "common", "proto", "app"],
     "client": ["chain", "etcd", "wire", "sparse", "common", "proto"],
     "worker": ["client", "chain", "wire", "common", "proto", "app"],

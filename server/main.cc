@@ -13,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "app/buffer_pool_flag.h"
 #include "app/deadlock_detection.h"
 #include "app/etcd_flags.h"
 #include "app/flags_usage.h"
@@ -362,6 +363,10 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (const absl::Status pool = shardtrain::app::ApplyBufferPoolFlag(); !pool.ok()) {
+    LOG(ERROR) << pool;
+    return 2;
+  }
   absl::StatusOr<shardtrain::server::PsServerOptions> options = OptionsFromFlags();
   if (!options.ok()) {
     LOG(ERROR) << options.status();

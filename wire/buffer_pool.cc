@@ -87,6 +87,30 @@ void BufferPool::Put(char* block, int size_class) {
   FreeRaw(block);
 }
 
+void BufferPool::set_max_kept_bytes(size_t bytes) {
+  std::vector<char*> over;
+  {
+    absl::MutexLock lock(&mu_);
+    max_kept_bytes_ = bytes;
+    for (int size_class = kMaxClass; size_class >= kMinClass && stats_.kept_bytes > bytes;
+         --size_class) {
+      std::vector<char*>& blocks = free_[size_class];
+      while (!blocks.empty() && stats_.kept_bytes > bytes) {
+        over.push_back(blocks.back());
+        blocks.pop_back();
+        stats_.kept_bytes -= ClassBytes(size_class);
+        ++stats_.freed;
+      }
+    }
+  }
+  for (char* block : over) FreeRaw(block);
+}
+
+size_t BufferPool::max_kept_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return max_kept_bytes_;
+}
+
 BufferPool::Stats BufferPool::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;

@@ -28,7 +28,8 @@ namespace shardtrain::wire {
 
 class BufferPool {
  public:
-  // Bytes the process-wide pool keeps at most.
+  // Bytes the process-wide pool keeps at most, unless a binary's
+  // --buffer_pool_mb (app/buffer_pool_flag.h) says otherwise.
   static constexpr size_t kDefaultMaxKeptBytes = size_t{512} << 20;
 
   // Keeps at most `max_kept_bytes` of released blocks for reuse.
@@ -38,8 +39,14 @@ class BufferPool {
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
-  // The process-wide pool (kDefaultMaxKeptBytes); never destroyed.
+  // The process-wide pool (kDefaultMaxKeptBytes until set_max_kept_bytes);
+  // never destroyed.
   static BufferPool& Default();
+
+  // Keeps at most `bytes` from now on; kept blocks past it are freed now,
+  // the largest first. 0 keeps nothing.
+  void set_max_kept_bytes(size_t bytes);
+  size_t max_kept_bytes() const;
 
   // A block of at least `bytes` bytes (its size class), 64-byte aligned;
   // owned by the caller until Release.
@@ -63,8 +70,8 @@ class BufferPool {
 
   void Put(char* block, int size_class);
 
-  const size_t max_kept_bytes_;
   mutable absl::Mutex mu_;
+  size_t max_kept_bytes_ ABSL_GUARDED_BY(mu_);
   std::vector<char*> free_[kMaxClass + 1] ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 };

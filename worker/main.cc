@@ -26,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "app/buffer_pool_flag.h"
 #include "app/client_security_flags.h"
 #include "app/deadlock_detection.h"
 #include "app/etcd_flags.h"
@@ -440,6 +441,10 @@ int main(int argc, char** argv) {
   shardtrain::app::KeepLargeBuffersInHeap();
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (const absl::Status pool = shardtrain::app::ApplyBufferPoolFlag(); !pool.ok()) {
+    LOG(ERROR) << pool;
+    return 2;
+  }
   const absl::Status status = RunWorker();
   if (!status.ok()) {
     LOG(ERROR) << "worker failed: " << status;
