@@ -69,6 +69,9 @@ class BatchCall {
   // The shard index of the batch's channel; with replicated shards, the
   // replica group (the shard each attempt went to may differ).
   int shard() const { return channel_->index(); }
+  // Whether that shard counts a split push's calls (ShardChannel::
+  // counts_clock_parts).
+  bool ShardCountsClockParts() const { return channel_->counts_clock_parts(); }
   int connection() const { return connection_; }
   // The next push sequence number of this batch's shard (replica group:
   // numbered per group, so that a new head recognises a retried push).

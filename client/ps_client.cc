@@ -256,8 +256,14 @@ void PsClient::BuildCalls(const PartitionLayout& layout) {
       }
     }
   }
+  // Async: see PsClientOptions::exchanges_cover_every_tensor.
+  std::vector<uint32_t> step_calls;
+  if (options_.exchanges_cover_every_tensor && !sync_) {
+    step_calls.assign(channels_.size(), 0);
+    for (const std::unique_ptr<BatchCall>& batch : tensor_batches_) ++step_calls[batch->shard()];
+  }
   exchange_ = std::make_unique<TensorExchange>(std::move(by_tensor), &versions_,
-                                               options_.rpc_timeout);
+                                               options_.rpc_timeout, std::move(step_calls));
 }
 
 absl::StatusOr<std::vector<std::pair<size_t, int64_t>>> PsClient::MatchShard(

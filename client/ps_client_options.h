@@ -87,6 +87,12 @@ struct PsClientOptions {
   // Copies of every partition, on a chain of shards (1..3, at most the
   // number of shards). 1: no replication, no etcd.
   int replicas = 1;
+  // Every step calls StartExchange for every registered tensor (ps-worker's
+  // trainer does; a PyTorch script may exchange a subset). Async shards
+  // that count a split push's calls are then told the step's calls to
+  // them, and move this worker's clock with the step's last tensor instead
+  // of its first, so that the staleness bound holds within a step too.
+  bool exchanges_cover_every_tensor = false;
   // With replicas > 1: the etcd endpoints (host:port,...) holding the
   // chains, and the job's namespace there (/shardtrain/<job>/).
   std::string etcd_endpoints;

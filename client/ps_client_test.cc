@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "client/ps_client_metrics.h"
@@ -418,6 +419,46 @@ TEST_F(PsClientTest, ExchangesSendEachTensorAndFillItsParameters) {
   EXPECT_THAT(b_out, Each(-5.0f));
   EXPECT_THAT(Held("w", 24), Each(-1.0f));
   EXPECT_EQ(client->referenced_slices(), 0);
+}
+
+// Async, overlapped exchanges that cover every tensor every step: a shard
+// that counts a split push's calls is told the step's calls to it, over all
+// tensors, so that it moves the worker's clock with the last. Without the
+// promise, or to a shard that does not count, each call moves it at once.
+TEST_F(PsClientTest, ExchangesCoveringEveryTensorTellTheShardTheStepsCalls) {
+  constexpr int64_t kPartition = 64 * 1024;  // w: 4 partitions, 2 per connection
+  for (const bool counts : {true, false}) {
+    for (const bool every_tensor : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(counts ? "counting shard" : "older shard",
+                                every_tensor ? ", every tensor" : ", a subset allowed"));
+      shards_.clear();
+      shards_.push_back(std::make_unique<FakeShard>(0, 1, kPartition));
+      shards_[0]->set_counts_clock_parts(counts);
+      PsClientOptions options = Options();
+      options.max_partition_elements = kPartition;
+      options.channels_per_shard = 2;
+      options.exchanges_cover_every_tensor = every_tensor;
+      std::unique_ptr<PsClient> client = Client(options);
+      ASSERT_NE(client, nullptr);
+      ASSERT_OK(client->Register({Spec("w", 4 * kPartition), Spec("b", 3)}));
+      const std::vector<float> w(4 * kPartition, 1.0f), b(3, 5.0f);
+      std::vector<float> w_out(4 * kPartition), b_out(3);
+      client->StartExchange(1, 7, 0, b, nullptr, absl::MakeSpan(b_out));
+      client->StartExchange(0, 7, 0, w, nullptr, absl::MakeSpan(w_out));
+      PushStats push_stats;
+      PullStats pull_stats;
+      ASSERT_OK(client->FinishExchanges(&push_stats, &pull_stats));
+      const std::vector<PushRequest> pushes = shards_[0]->pushes();
+      ASSERT_EQ(pushes.size(), 3u);  // b's one call, w's two
+      for (size_t p = 0; p < pushes.size(); ++p) {
+        EXPECT_EQ(pushes[p].clock(), 7) << "push " << p;
+        EXPECT_EQ(pushes[p].clock_parts(), counts && every_tensor ? 3u : 0u) << "push " << p;
+      }
+      EXPECT_EQ(shards_[0]->calls("Heartbeat"), 0);
+      EXPECT_THAT(w_out, Each(-1.0f));
+      EXPECT_THAT(b_out, Each(-5.0f));
+    }
+  }
 }
 
 TEST_F(PsClientTest, HeartbeatReachesEveryShardAndAnswersShardZerosView) {

@@ -4,14 +4,17 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "common/partition.h"
 
 namespace shardtrain::client {
 
 TensorExchange::TensorExchange(std::vector<std::vector<BatchCall*>> batches,
-                               VersionTable* versions, absl::Duration release_timeout)
+                               VersionTable* versions, absl::Duration release_timeout,
+                               std::vector<uint32_t> step_calls_by_shard)
     : batches_(std::move(batches)),
       versions_(versions),
-      release_timeout_(release_timeout) {
+      release_timeout_(release_timeout),
+      step_calls_by_shard_(std::move(step_calls_by_shard)) {
   sender_ = std::thread([this] { SendLoop(); });
 }
 
@@ -69,10 +72,17 @@ void TensorExchange::Send(Task& task) {
   const auto params_of = [&task](int) { return task.params; };
   for (BatchCall* call : batches_[task.tensor]) {
     // One sequence number per push, kept by its retries.
+    call->requests().set_clock_parts(ClockParts(*call));
     call->requests().SetPush(task.clock, call->NextSequence(), grad_of, *versions_);
     call->requests().SetPull(task.clock, task.min_version, params_of);
     call->StartPushPull([this, call](absl::Status status) { OnPushPulled(call, status); });
   }
+}
+
+uint32_t TensorExchange::ClockParts(const BatchCall& call) const {
+  if (step_calls_by_shard_.empty() || !call.ShardCountsClockParts()) return 0;
+  const uint32_t calls = step_calls_by_shard_[call.shard()];
+  return calls <= common::kMaxClockParts ? calls : 0;
 }
 
 void TensorExchange::OnPushPulled(BatchCall* call, const absl::Status& status) {

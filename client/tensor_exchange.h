@@ -54,9 +54,13 @@ class TensorExchange {
  public:
   // batches[t] are tensor t's calls (not owned; they and `versions` must
   // outlive this). `release_timeout` bounds Finish's wait for gRPC to let go
-  // of the gradients.
+  // of the gradients. `step_calls_by_shard`, when not empty, is how many of
+  // those calls go to each shard: every step starts every tensor, and a
+  // shard that counts a split push's calls is told so (clock_parts), so
+  // that it moves the worker's clock with the step's last call.
   TensorExchange(std::vector<std::vector<BatchCall*>> batches, VersionTable* versions,
-                 absl::Duration release_timeout);
+                 absl::Duration release_timeout,
+                 std::vector<uint32_t> step_calls_by_shard = {});
   ~TensorExchange();
 
   // Sends `grad` once `grad_ready` (if not empty) has returned OK, then
@@ -87,12 +91,15 @@ class TensorExchange {
   // SendLoop's wake-up condition: a task is queued or Finish is stopping.
   bool HasWorkOrStopping() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Task& task);
+  // The clock_parts of `call`'s push (0: the shard moves the clock at once).
+  uint32_t ClockParts(const BatchCall& call) const;
   void OnPushPulled(BatchCall* call, const absl::Status& status);
   void Complete(const absl::Status& status);
 
   const std::vector<std::vector<BatchCall*>> batches_;  // by tensor
   VersionTable* const versions_;
   const absl::Duration release_timeout_;
+  const std::vector<uint32_t> step_calls_by_shard_;
 
   absl::Mutex mu_;
   // Started and not yet finished (queued, pushing or pulling).

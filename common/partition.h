@@ -32,6 +32,11 @@ namespace shardtrain::common {
 // configured: small enough that a 784x256 layer spreads over the shards.
 inline constexpr int64_t kDefaultMaxPartitionElements = 1 << 14;
 
+// Most calls one step's push to one shard may be split into
+// (PushRequest.clock_parts): one per connection (at most 64) and, in an
+// overlapped exchange, per tensor.
+inline constexpr uint32_t kMaxClockParts = 1 << 16;
+
 struct PartitionRange {
   int64_t offset = 0;  // first element of the tensor in this partition
   int64_t size = 0;    // number of elements

@@ -28,6 +28,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/partition.h"
 #include "proto/shardtrain.pb.h"
 
 namespace shardtrain::server {
@@ -35,9 +36,7 @@ namespace shardtrain::server {
 // Largest clock (or step) a worker may report; larger ones are refused, so
 // sums like `clock + staleness bound` cannot overflow.
 inline constexpr int64_t kMaxClock = int64_t{1} << 40;
-// Most calls a push may be split into (PushRequest.clock_parts): a worker's
-// connections per shard are at most 64.
-inline constexpr uint32_t kMaxClockParts = 64;
+using common::kMaxClockParts;
 
 class Membership {
  public:

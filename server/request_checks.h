@@ -35,7 +35,7 @@ absl::Status CheckIncarnation(const ShardOptions& options, uint64_t incarnation,
 absl::Status CheckClock(int64_t clock, absl::string_view what);
 
 // INVALID_ARGUMENT unless `clock_parts` (PushRequest.clock_parts) is at most
-// kMaxClockParts (server/membership.h).
+// kMaxClockParts (common/partition.h).
 absl::Status CheckClockParts(uint32_t clock_parts);
 
 // Counts a refusal for going over `limit` (a ResourceLimits field, or

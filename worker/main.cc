@@ -227,6 +227,8 @@ absl::StatusOr<client::PsClientOptions> ClientOptionsFromFlags() {
   client_options.channels_per_shard = absl::GetFlag(FLAGS_channels_per_shard);
   client_options.use_data_port = absl::GetFlag(FLAGS_use_data_port);
   client_options.replicas = absl::GetFlag(FLAGS_replicas);
+  // The trainer's overlapped backward exchanges every tensor every step.
+  client_options.exchanges_cover_every_tensor = true;
   const app::EtcdFlags etcd = app::EtcdFromFlags();
   client_options.etcd_endpoints = etcd.endpoints;
   client_options.job = etcd.job;

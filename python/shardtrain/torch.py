@@ -273,6 +273,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._heartbeat_thread = None
 
         kwargs = self.settings.client_kwargs()
+        # step() starts every tensor's exchange, with a zero gradient for
+        # those backward left out.
+        kwargs["exchanges_cover_every_tensor"] = True
         kwargs.update(client_overrides)
         self.client = shardtrain.Client(**kwargs)
         try:

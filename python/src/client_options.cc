@@ -67,6 +67,7 @@ client::PsClientOptions MakeClientOptions(const ClientArgs& args) {
   options.job = args.job;
   options.max_partition_elements = args.max_partition_elements;
   options.channels_per_shard = Cast<int32_t>("channels_per_shard", args.channels_per_shard);
+  options.exchanges_cover_every_tensor = args.exchanges_cover_every_tensor;
   if (args.max_message_mb < 1 || args.max_message_mb > client::kMaxMessageMb) {
     throw py::value_error(absl::StrCat("max_message_mb must be in [1, ", client::kMaxMessageMb,
                                        "], got ", args.max_message_mb));

@@ -38,6 +38,8 @@ struct ClientArgs {
   int64_t channels_per_shard = 4;
   int64_t max_message_mb = 256;
   double keepalive = 10;  // seconds; 0 turns keepalive pings off
+  // PsClientOptions::exchanges_cover_every_tensor.
+  bool exchanges_cover_every_tensor = false;
 };
 
 // ValueError for a setting out of range (client::ValidatePsClientOptions,

@@ -32,7 +32,7 @@ Client(servers, worker=0, num_workers=0, *, sync=False, wire_dtype="f32",
        replicas=1, etcd_endpoints="", job="shardtrain", metrics_port=-1,
        max_partition_elements=16384, channels_per_shard=4, max_message_mb=256,
        keepalive=10.0, tls_server_name="", token_file="", etcd_ca="",
-       etcd_cert="", etcd_key="")
+       etcd_cert="", etcd_key="", exchanges_cover_every_tensor=False)
 
 servers are the shard addresses in shard order; worker is this worker's
 index, num_workers the job's size (0: not checked). The settings are
@@ -43,7 +43,12 @@ it needs TLS), timeouts in seconds, top-k compression, the wire dtype
 etcd_cert, etcd_key as --etcd_ca/--etcd_cert/--etcd_key for an etcd with TLS), and
 max_partition_elements, which must match the shards'. metrics_port >= 0
 serves ps-worker's Prometheus metrics on 0.0.0.0:metrics_port (0: a free
-port, see .metrics_port).
+port, see .metrics_port). exchanges_cover_every_tensor=True promises that
+every step calls start_exchange for every registered tensor (the
+optimizer's step() does): async shards then move this worker's clock with
+a step's last tensor instead of its first, so the staleness bound holds
+within a step too; a step that leaves a tensor out would hold this
+worker's clock a step behind.
 
 Buffers are float32, C-contiguous objects with the buffer protocol (numpy
 arrays, memoryviews) or torch CPU tensors, with exactly the tensor's
@@ -97,7 +102,8 @@ PYBIND11_MODULE(_core, m) {
                        int64_t max_partition_elements, int64_t channels_per_shard,
                        int64_t max_message_mb, double keepalive,
                        std::string tls_server_name, std::string token_file,
-                       std::string etcd_ca, std::string etcd_cert, std::string etcd_key) {
+                       std::string etcd_ca, std::string etcd_cert, std::string etcd_key,
+                       bool exchanges_cover_every_tensor) {
              ClientArgs args;
              args.servers = std::move(servers);
              args.worker = worker;
@@ -125,6 +131,7 @@ PYBIND11_MODULE(_core, m) {
              args.etcd_ca = std::move(etcd_ca);
              args.etcd_cert = std::move(etcd_cert);
              args.etcd_key = std::move(etcd_key);
+             args.exchanges_cover_every_tensor = exchanges_cover_every_tensor;
              return std::make_unique<PyClient>(args);
            }),
            py::arg("servers"), py::arg("worker") = 0, py::arg("num_workers") = 0,
@@ -138,7 +145,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("channels_per_shard") = 4, py::arg("max_message_mb") = 256,
            py::arg("keepalive") = 10.0, py::arg("tls_server_name") = "",
            py::arg("token_file") = "", py::arg("etcd_ca") = "", py::arg("etcd_cert") = "",
-           py::arg("etcd_key") = "")
+           py::arg("etcd_key") = "", py::arg("exchanges_cover_every_tensor") = false)
       .def_property_readonly("metrics_port", &PyClient::metrics_port,
                              "The port /metrics is served on, or -1.")
       .def_property_readonly("worker", &PyClient::worker, "This worker's index.")
