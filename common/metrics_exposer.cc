@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,6 +54,12 @@ MetricsExposer::~MetricsExposer() {
   });
   while (!stopped.WaitForNotificationWithTimeout(absl::Milliseconds(20))) Knock(port_);
   stopper.join();
+}
+
+void MetricsExposer::AddCollectable(std::shared_ptr<prometheus::Collectable> collectable) {
+  if (exposer_ != nullptr) exposer_->RegisterCollectable(collectable);
+  absl::MutexLock lock(&mu_);
+  collectables_.push_back(std::move(collectable));
 }
 
 absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Create(

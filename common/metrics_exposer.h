@@ -11,11 +11,15 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include <prometheus/collectable.h>
 #include <prometheus/exposer.h>
 #include <prometheus/registry.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 
 namespace shardtrain::common {
 
@@ -33,6 +37,9 @@ class MetricsExposer {
   // The port actually bound; 0 when not serving.
   int port() const { return port_; }
   prometheus::Registry& registry() { return *registry_; }
+  // Serves `collectable` beside the registry (read at every scrape) and
+  // keeps it alive as long as this.
+  void AddCollectable(std::shared_ptr<prometheus::Collectable> collectable);
 
  private:
   MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer,
@@ -41,6 +48,8 @@ class MetricsExposer {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Registry> registry_;
   const int port_;
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardtrain::common

@@ -17,6 +17,7 @@
 #include "server/local_push_path.h"
 #include "server/replication/peer_tls_check.h"
 #include "server/replication/replicated_push_path.h"
+#include "wire/buffer_pool_metrics.h"
 
 namespace shardtrain::server {
 namespace {
@@ -40,6 +41,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   prometheus::Registry& registry = server->exposer_->registry();
   server->rpc_metrics_ = std::make_unique<common::RpcMetrics>(registry, "server");
   server->shard_metrics_ = std::make_unique<ShardMetrics>(registry);
+  server->exposer_->AddCollectable(
+      std::make_shared<wire::BufferPoolMetrics>(&wire::BufferPool::Default()));
   ShardOptions shard_options = options.shard;
   // A pull must fit in one response message.
   shard_options.limits.max_response_bytes = std::min<int64_t>(

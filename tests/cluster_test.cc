@@ -106,7 +106,8 @@ TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
                    "shardtrain_updates_applied_total",
                    "shardtrain_gradient_staleness_count",
                    "shardtrain_partition_version",
-                   "shardtrain_shard_parameters"},
+                   "shardtrain_shard_parameters",
+                   "shardtrain_buffer_pool_max_kept_bytes"},
                   absl::StrCat("shard ", s));
     EXPECT_NE(body->find("shardtrain_dropped_gradients_total"), std::string::npos);
     // Async workers without overlap push with PushPull.
@@ -120,7 +121,8 @@ TEST_F(ClusterTest, AsyncClusterTrainsAndExportsMetrics) {
     std::vector<std::string> names = {
         "shardtrain_worker_phase_seconds_count", "shardtrain_worker_step_seconds_count",
         "shardtrain_worker_samples_per_second", "shardtrain_worker_loss",
-        "shardtrain_worker_steps_total", "shardtrain_rpc_requests_total"};
+        "shardtrain_worker_steps_total", "shardtrain_rpc_requests_total",
+        "shardtrain_buffer_pool_max_kept_bytes"};
     if (w == 0) names.push_back("shardtrain_worker_test_accuracy");
     ExpectNonZero(testutil::SumByName(*body), names, absl::StrCat("worker ", w));
     for (const char* phase : {"compute", "push", "pull", "wait"}) {

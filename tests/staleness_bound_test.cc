@@ -94,7 +94,9 @@ absl::StatusOr<Outcome> RunTwoWorkers(int64_t bound, Calls calls = Calls::kWhole
       } else {
         // The last layer's gradient first; each tensor's pull half brings
         // its parameters for the next step.
-        if (clock == 0) ASSERT_TRUE(client->Pull(0, 0, param_spans, &pull).ok());
+        if (clock == 0) {
+          ASSERT_TRUE(client->Pull(0, 0, param_spans, &pull).ok());
+        }
         for (int t = tensors - 1; t >= 0; --t) {
           absl::SleepFor(step_time / tensors);
           client->StartExchange(t, clock + 1, 0, grads, nullptr, param_spans[t]);

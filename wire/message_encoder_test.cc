@@ -515,22 +515,5 @@ TEST(PullResponseBuilderTest, ReusesPoolBlocks) {
   EXPECT_EQ(pool.stats().reused, 5);
 }
 
-TEST(BufferPoolTest, KeepsAtMostItsBound) {
-  BufferPool pool(3 * 4096);
-  std::vector<char*> blocks;
-  for (int i = 0; i < 5; ++i) blocks.push_back(pool.Allocate(3000 + i));
-  for (char* block : blocks) BufferPool::Release(block);
-  BufferPool::Stats stats = pool.stats();
-  EXPECT_EQ(stats.allocated, 5);
-  EXPECT_EQ(stats.kept_bytes, 3u * 4096);
-  EXPECT_EQ(stats.freed, 2);
-  // Another class is allocated fresh; the same class is reused.
-  BufferPool::Release(pool.Allocate(100));
-  BufferPool::Release(pool.Allocate(4096));
-  stats = pool.stats();
-  EXPECT_EQ(stats.allocated, 6);
-  EXPECT_EQ(stats.reused, 1);
-}
-
 }  // namespace
 }  // namespace shardtrain::wire

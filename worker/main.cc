@@ -41,6 +41,7 @@
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "wire/buffer_pool_metrics.h"
 #include "worker/data/dataset.h"
 #include "worker/device/device_options.h"
 #include "worker/model/model_factory.h"
@@ -168,6 +169,8 @@ absl::StatusOr<worker::ModelOptions> ModelOptionsFromFlags() {
 absl::StatusOr<std::unique_ptr<common::MetricsExposer>> StartMetrics() {
   ASSIGN_OR_RETURN(auto exposer, common::MetricsExposer::Create(
                                      absl::GetFlag(FLAGS_metrics_listen)));
+  exposer->AddCollectable(
+      std::make_shared<wire::BufferPoolMetrics>(&wire::BufferPool::Default()));
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
     RETURN_IF_ERROR(common::WriteFileAtomically(

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "wire/buffer_pool_metrics.h"
 
 namespace shardtrain::python {
 
@@ -14,6 +15,8 @@ absl::StatusOr<std::unique_ptr<ClientMetrics>> ClientMetrics::Create(int port) {
   const std::string address = port < 0 ? "" : absl::StrCat("0.0.0.0:", port);
   ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsExposer> exposer,
                    common::MetricsExposer::Create(address));
+  exposer->AddCollectable(
+      std::make_shared<wire::BufferPoolMetrics>(&wire::BufferPool::Default()));
   const int bound = port < 0 ? -1 : exposer->port();
   return std::unique_ptr<ClientMetrics>(new ClientMetrics(std::move(exposer), bound));
 }
