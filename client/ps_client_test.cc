@@ -66,6 +66,19 @@ class PsClientTest : public ::testing::Test {
     return options;
   }
 
+  // Replaces the shards with one of `partition`-element partitions that
+  // counts a split push's calls or not (an older shard), and returns the
+  // options of a client reaching it over two connections.
+  PsClientOptions OneShardOverTwoConnections(int64_t partition, bool counts_clock_parts) {
+    shards_.clear();
+    shards_.push_back(std::make_unique<FakeShard>(0, 1, partition));
+    shards_[0]->set_counts_clock_parts(counts_clock_parts);
+    PsClientOptions options = Options();
+    options.max_partition_elements = partition;
+    options.channels_per_shard = 2;
+    return options;
+  }
+
   std::unique_ptr<PsClient> Client(const PsClientOptions& options) {
     absl::StatusOr<std::unique_ptr<PsClient>> client =
         PsClient::Create(options, /*rpc_metrics=*/nullptr, &metrics_);
@@ -361,13 +374,7 @@ TEST_F(PsClientTest, AnAsyncPushSplitOverConnectionsTellsTheShardHowManyCallsItI
   constexpr int64_t kPartition = 64 * 1024;  // 4 partitions: 2 per connection
   for (const bool counts : {true, false}) {
     SCOPED_TRACE(counts ? "a shard that counts the calls" : "an older shard");
-    shards_.clear();
-    shards_.push_back(std::make_unique<FakeShard>(0, 1, kPartition));
-    shards_[0]->set_counts_clock_parts(counts);
-    PsClientOptions options = Options();
-    options.max_partition_elements = kPartition;
-    options.channels_per_shard = 2;
-    std::unique_ptr<PsClient> client = Client(options);
+    std::unique_ptr<PsClient> client = Client(OneShardOverTwoConnections(kPartition, counts));
     ASSERT_NE(client, nullptr);
     ASSERT_OK(client->Register({Spec("w", 4 * kPartition)}));
     const std::vector<float> w(4 * kPartition, 1.0f);
@@ -431,12 +438,7 @@ TEST_F(PsClientTest, ExchangesCoveringEveryTensorTellTheShardTheStepsCalls) {
     for (const bool every_tensor : {true, false}) {
       SCOPED_TRACE(absl::StrCat(counts ? "counting shard" : "older shard",
                                 every_tensor ? ", every tensor" : ", a subset allowed"));
-      shards_.clear();
-      shards_.push_back(std::make_unique<FakeShard>(0, 1, kPartition));
-      shards_[0]->set_counts_clock_parts(counts);
-      PsClientOptions options = Options();
-      options.max_partition_elements = kPartition;
-      options.channels_per_shard = 2;
+      PsClientOptions options = OneShardOverTwoConnections(kPartition, counts);
       options.exchanges_cover_every_tensor = every_tensor;
       std::unique_ptr<PsClient> client = Client(options);
       ASSERT_NE(client, nullptr);
