@@ -490,6 +490,10 @@ absl::Status PsClient::Push(int64_t clock,
   RETURN_IF_ERROR(
       CheckSpans(grads, "push of", "gradient", "has", tensors_, layout_.tensor_sizes));
   SetPushes(clock, grads);
+  return SendPushes(clock, stats);
+}
+
+absl::Status PsClient::SendPushes(int64_t clock, PushStats* stats) {
   RETURN_IF_ERROR(RunBatches(
       [](BatchCall* batch, std::function<void(absl::Status)> done) {
         batch->StartPush(std::move(done));
@@ -531,13 +535,7 @@ absl::Status PsClient::PushPull(int64_t clock, int64_t min_version,
     // older one) reaches this step's clock only with the Heartbeat after
     // them, which a pull half held by a staleness bound would wait for:
     // push, move the clock, then pull.
-    RETURN_IF_ERROR(RunBatches(
-        [](BatchCall* batch, std::function<void(absl::Status)> done) {
-          batch->StartPush(std::move(done));
-        },
-        /*pushed=*/true));
-    RETURN_IF_ERROR(AdvanceClock(clock));
-    CollectPush(push_stats);
+    RETURN_IF_ERROR(SendPushes(clock, push_stats));
     return Pull(clock, min_version, params, pull_stats);
   }
   SetPulls(clock, min_version, params);

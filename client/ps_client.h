@@ -197,6 +197,9 @@ class PsClient final : public ParameterClient {
   // and AdvanceClock sends the new one with a Heartbeat after them.
   bool DefersClock(int shard) const;
   absl::Status AdvanceClock(int64_t clock);
+  // Sends the pushes SetPushes set, then AdvanceClock, and adds them to
+  // `stats`.
+  absl::Status SendPushes(int64_t clock, PushStats* stats);
   void SetPushes(int64_t clock, absl::Span<const absl::Span<const float>> grads);
   void SetPulls(int64_t clock, int64_t min_version,
                 absl::Span<const absl::Span<float>> params);
