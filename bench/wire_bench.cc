@@ -147,6 +147,10 @@ ABSL_FLAG(std::string, client, "",
 ABSL_FLAG(std::string, variants, "",
           "More st 1x1 systems timed in the same rounds, name:settings;name:settings "
           "(settings as --client), e.g. \"c2:channels=2;c4:channels=4\"");
+ABSL_FLAG(std::string, certs, "",
+          "A directory made by scripts/make-certs.sh: the ps-servers serve mutual TLS with "
+          "its certificates and token, on gRPC and on their data ports, and every PsClient "
+          "uses them (the st 1x1 data port in TLS against a frames=0 variant: gRPC in TLS)");
 ABSL_FLAG(double, start_timeout_s, 30, "Wait this long for a server to start");
 ABSL_FLAG(bool, serve_echo, false,
           "Run the Echo baseline server instead (until SIGTERM), writing its "
@@ -365,6 +369,8 @@ struct BenchOptions {
   std::vector<ClientVariant> variants;
   // Scaling mode: (shards, workers) per configuration; empty: the systems.
   std::vector<std::pair<int, int>> scaling;
+  // make-certs.sh's directory: everything in mutual TLS with the token.
+  std::string certs;
 };
 
 // Systems timed: the four above, then one st 1x1 per client variant.
@@ -380,6 +386,7 @@ std::string SystemName(const BenchOptions& options, int s) {
 struct Shards {
   std::vector<pid_t> pids;
   std::vector<std::string> addresses;
+  std::string certs;  // make-certs.sh's directory when they serve TLS
 };
 
 absl::StatusOr<Shards> StartShards(ProcessGroup& group, const BenchOptions& options,
@@ -395,13 +402,21 @@ absl::StatusOr<Shards> StartShards(ProcessGroup& group, const BenchOptions& opti
   cluster_options.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
                                   "--max_message_mb=256", "--heartbeat_timeout_s=600",
                                   "--data_listen=127.0.0.1:0"};
+  if (!options.certs.empty()) {
+    for (const std::string& flag :
+         {"--tls_cert=" + options.certs + "/server.pem", "--tls_key=" + options.certs + "/server.key",
+          "--tls_client_ca=" + options.certs + "/ca.pem",
+          "--auth_token_file=" + options.certs + "/token"}) {
+      cluster_options.server_flags.push_back(flag);
+    }
+  }
   std::error_code error;
   if (!std::filesystem::create_directory(cluster_options.dir, error)) {
     return absl::InternalError(absl::StrCat("cannot make ", cluster_options.dir));
   }
   ASSIGN_OR_RETURN(testutil::LocalCluster cluster,
                    testutil::StartLocalCluster(group, cluster_options));
-  return Shards{cluster.shards, cluster.servers};
+  return Shards{cluster.shards, cluster.servers, options.certs};
 }
 
 // A wire_bench --serve_echo process with the server of system `s` (an echo).
@@ -442,6 +457,12 @@ absl::StatusOr<std::unique_ptr<client::PsClient>> Connect(const Shards& shards,
   options.worker_index = static_cast<uint32_t>(worker_index);
   options.num_workers = static_cast<uint32_t>(num_workers);
   options.max_message_bytes = kMaxMessageBytes;
+  if (!shards.certs.empty()) {
+    options.security.ca_file = shards.certs + "/ca.pem";
+    options.security.cert_file = shards.certs + "/client.pem";
+    options.security.key_file = shards.certs + "/client.key";
+    options.security.token_file = shards.certs + "/token";
+  }
   RETURN_IF_ERROR(ApplyClientSettings(settings, &options));
   return client::PsClient::Create(options, nullptr);
 }
@@ -591,6 +612,11 @@ absl::Status Run(const BenchOptions& options, const std::string& self,
       absl::StrCat("# client settings of st 1x1 and st 2x2: ",
                    options.client_settings.empty() ? "defaults" : options.client_settings,
                    "\n"),
+      options.certs.empty()
+          ? std::string()
+          : "# TLS: the ps-servers serve mutual TLS with an auth token (--certs) on gRPC and "
+            "their data ports, and every PsClient uses it; the echoes and iperf3 stay "
+            "plaintext\n",
       [&] {
         std::string variants;
         for (const ClientVariant& variant : options.variants) {
@@ -879,6 +905,7 @@ int main(int argc, char** argv) {
   options.start_timeout = absl::Seconds(absl::GetFlag(FLAGS_start_timeout_s));
   options.out_path = absl::GetFlag(FLAGS_out);
   options.client_settings = absl::GetFlag(FLAGS_client);
+  options.certs = absl::GetFlag(FLAGS_certs);
   options.echo_cq_threads = absl::GetFlag(FLAGS_echo_cq_threads);
   if (options.echo_cq_threads < 1) {
     LOG(ERROR) << "--echo_cq_threads must be at least 1";

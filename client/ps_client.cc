@@ -21,6 +21,7 @@
 #include "common/partition.h"
 #include "common/payload.h"
 #include "common/status_macros.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::client {
 namespace {
@@ -80,6 +81,9 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   channel_options.security = options.security;
   channel_options.transport = options.transport;
   ASSIGN_OR_RETURN(const ChannelFactory factory, ChannelFactory::Create(channel_options));
+  // The data port's connections use the gRPC channels' TLS, if any.
+  ASSIGN_OR_RETURN(const std::shared_ptr<const wire::TlsContext> data_tls,
+                   wire::TlsContext::ForClient(options.security));
   std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics, fault_metrics));
   RetryPolicy policy;
   policy.initial_backoff = options.initial_backoff;
@@ -105,7 +109,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     // one (replicated: a routed call, to its member's); tests that connect
     // or intercept gRPC themselves keep it on gRPC.
     if (options.use_data_port && !options.connect && !options.interceptors) {
-      shard->EnableFrames(static_cast<uint64_t>(options.max_message_bytes));
+      shard->EnableFrames(static_cast<uint64_t>(options.max_message_bytes), data_tls);
     }
     PsClient* self = client.get();
     // Replicated shards keep no per-shard state to resynchronise.

@@ -76,8 +76,9 @@ struct PsClientOptions {
   // the same CPU per MB (bench/results/channels_count_cpu.txt).
   int channels_per_shard = 4;
   // Send Push, Pull and PushPull to a shard's data port (server/data_port.h:
-  // frames on plain TCP, no HTTP/2) when the shard names one (replicas > 1:
-  // the member a call is routed to); false, or a shard without one: gRPC.
+  // frames on TCP, no HTTP/2; in TLS with `security`'s settings when it has
+  // a CA) when the shard names one (replicas > 1: the member a call is
+  // routed to); false, or a shard without one: gRPC.
   bool use_data_port = true;
   // HTTP/2 and TCP settings of every connection (client/channel_factory.h).
   TransportTuning transport;

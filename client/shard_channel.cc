@@ -121,11 +121,13 @@ ShardChannel::ShardChannel(int index, std::string address,
   }
 }
 
-void ShardChannel::EnableFrames(uint64_t max_message_bytes) {
+void ShardChannel::EnableFrames(uint64_t max_message_bytes,
+                                std::shared_ptr<const wire::TlsContext> tls) {
   const std::optional<std::string> host = wire::DataPortHost(address_);
   if (!host) return;  // the data path stays on gRPC
   for (size_t c = 0; c < connections_.size(); ++c) {
-    frames_.push_back(std::make_unique<wire::FrameChannel>(*host, 0, max_message_bytes));
+    frames_.push_back(std::make_unique<wire::FrameChannel>(*host, 0, max_message_bytes,
+                                                           absl::Seconds(5), tls));
   }
 }
 

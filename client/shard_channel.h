@@ -76,6 +76,7 @@
 #include "absl/time/time.h"
 #include "wire/attempt_cancel.h"
 #include "wire/frame_channel.h"
+#include "wire/tls_context.h"
 #include "client/ps_client_metrics.h"
 #include "proto/shardtrain.grpc.pb.h"
 
@@ -249,8 +250,10 @@ class ShardChannel {
   // (replicated shards) take the data port of the member they go to; an
   // attempt sent there registers its cancellation (ShardAttempt::cancel),
   // so AbandonDeparted reaches it as it reaches a gRPC attempt. Enable
-  // before the first call.
-  void EnableFrames(uint64_t max_message_bytes);
+  // before the first call. `tls` (a client context; null: plaintext)
+  // secures those connections.
+  void EnableFrames(uint64_t max_message_bytes,
+                    std::shared_ptr<const wire::TlsContext> tls = nullptr);
   void set_data_port(int port);
   // Connection `connection`'s frames channel, or null: use gRPC.
   wire::FrameChannel* frames(int connection);

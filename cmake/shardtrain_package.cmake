@@ -62,7 +62,7 @@ set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_SECTION libdevel)
 # Static libraries: nothing for dpkg-shlibdeps; what shardtrainConfig.cmake finds.
 set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_SHLIBDEPS OFF)
 set(CPACK_DEBIAN_DEVELOPMENT_PACKAGE_DEPENDS
-    "libgrpc++-dev, protobuf-compiler-grpc, libprotobuf-dev, libabsl-dev, prometheus-cpp-dev, libgoogle-glog-dev, pkg-config")
+    "libgrpc++-dev, protobuf-compiler-grpc, libprotobuf-dev, libabsl-dev, prometheus-cpp-dev, libgoogle-glog-dev, libssl-dev, pkg-config")
 
 set(CPACK_DEBIAN_CUDA_PACKAGE_NAME shardtrain-cuda)
 set(CPACK_DEBIAN_CUDA_PACKAGE_SECTION science)

@@ -60,17 +60,6 @@ absl::StatusOr<std::string> ReadToken(const std::string& path) {
   return CheckToken(std::move(token), absl::StrCat("in ", path));
 }
 
-// Compares in time that depends only on the lengths, so a wrong token does
-// not reveal how much of it was right.
-bool ConstantTimeEquals(grpc::string_ref a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    diff |= static_cast<unsigned char>(a.data()[i] ^ b[i]);
-  }
-  return diff == 0;
-}
-
 // Refuses every call whose "authorization" header is not the bearer token.
 class TokenChecker final : public grpc::AuthMetadataProcessor {
  public:
@@ -83,7 +72,7 @@ class TokenChecker final : public grpc::AuthMetadataProcessor {
   grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* /*context*/,
                        OutputMetadata* consumed, OutputMetadata* /*response*/) override {
     const auto it = metadata.find(kAuthorization);
-    if (it == metadata.end() || !ConstantTimeEquals(it->second, expected_)) {
+    if (it == metadata.end() || !TokensEqual(absl::string_view(it->second.data(), it->second.size()), expected_)) {
       if (failures_ != nullptr) failures_->Increment();
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                           it == metadata.end() ? "no auth token" : "wrong auth token");
@@ -118,7 +107,9 @@ class TokenSender final : public grpc::MetadataCredentialsPlugin {
   const std::string header_;
 };
 
-absl::Status CheckServer(const ServerSecurity& s) {
+}  // namespace
+
+absl::Status CheckServerSecurity(const ServerSecurity& s) {
   if (s.cert_file.empty() != s.key_file.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
@@ -134,7 +125,7 @@ absl::Status CheckServer(const ServerSecurity& s) {
   return absl::OkStatus();
 }
 
-absl::Status CheckClient(const ClientSecurity& s) {
+absl::Status CheckClientSecurity(const ClientSecurity& s) {
   if (s.cert_file.empty() != s.key_file.empty()) {
     return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
   }
@@ -159,11 +150,31 @@ absl::Status CheckClient(const ClientSecurity& s) {
   return absl::OkStatus();
 }
 
-}  // namespace
+bool TokensEqual(absl::string_view given, absl::string_view expected) {
+  if (given.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
+  }
+  return diff == 0;
+}
+
+absl::StatusOr<std::string> ServerToken(const ServerSecurity& security) {
+  RETURN_IF_ERROR(CheckServerSecurity(security));
+  if (security.token_file.empty()) return std::string();
+  return ReadToken(security.token_file);
+}
+
+absl::StatusOr<std::string> ClientToken(const ClientSecurity& security) {
+  RETURN_IF_ERROR(CheckClientSecurity(security));
+  if (!security.token.empty()) return CheckToken(security.token, "given");
+  if (security.token_file.empty()) return std::string();
+  return ReadToken(security.token_file);
+}
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerSecurity& security, prometheus::Counter* auth_failures) {
-  RETURN_IF_ERROR(CheckServer(security));
+  RETURN_IF_ERROR(CheckServerSecurity(security));
   if (!security.tls()) return grpc::InsecureServerCredentials();
   grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
@@ -187,7 +198,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const ClientSecurity& security, grpc::ChannelArguments* args) {
-  RETURN_IF_ERROR(CheckClient(security));
+  RETURN_IF_ERROR(CheckClientSecurity(security));
   if (!security.tls()) return grpc::InsecureChannelCredentials();
   grpc::SslCredentialsOptions options;
   ASSIGN_OR_RETURN(options.pem_root_certs, ReadWholeFile(security.ca_file, "TLS CA"));
@@ -203,10 +214,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     args->SetSslTargetNameOverride(security.server_name);
   }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::SslCredentials(options);
-  if (security.token_file.empty() && security.token.empty()) return credentials;
-  ASSIGN_OR_RETURN(const std::string token,
-                   security.token.empty() ? ReadToken(security.token_file)
-                                          : CheckToken(security.token, "given"));
+  ASSIGN_OR_RETURN(const std::string token, ClientToken(security));
+  if (token.empty()) return credentials;
   return grpc::CompositeChannelCredentials(
       credentials, grpc::MetadataCredentialsFromPlugin(std::make_unique<TokenSender>(token)));
 }

@@ -31,6 +31,7 @@
 #include <prometheus/counter.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardtrain::common {
 
@@ -83,6 +84,21 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // PERMISSION_DENIED for unreadable files.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeEtcdCredentials(
     const ClientSecurity& security);
+
+// For the data path's own TLS connections (wire/tls_context.h), which take
+// the same settings with the same checks:
+//
+// The errors of MakeServerCredentials / MakeChannelCredentials for
+// inconsistent settings, without reading any file.
+absl::Status CheckServerSecurity(const ServerSecurity& security);
+absl::Status CheckClientSecurity(const ClientSecurity& security);
+// The token every call must carry (server) or carries (client); empty when
+// there is none. Errors as above.
+absl::StatusOr<std::string> ServerToken(const ServerSecurity& security);
+absl::StatusOr<std::string> ClientToken(const ClientSecurity& security);
+// Whether `given` is `expected`, in time that depends only on the lengths,
+// so that a wrong token does not reveal how much of it was right.
+bool TokensEqual(absl::string_view given, absl::string_view expected);
 
 }  // namespace shardtrain::common
 

@@ -8,7 +8,7 @@ SHARDTRAIN_PACKAGES=(
   build-essential cmake pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgoogle-glog-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev libssl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist vim-runtime
   etcd-server

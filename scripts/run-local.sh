@@ -147,16 +147,16 @@ steps_per_worker=$(( epochs * (train_examples / workers / batch) ))
 total_updates=$steps_per_worker
 [ "$mode" = async ] && total_updates=$(( steps_per_worker * workers ))
 
+# The data path (Push, Pull, PushPull, Lookup, PushSparse) goes to each
+# shard's data port: frames on TCP, no HTTP/2.
 # --secure: a private CA, certificates and a token made for this run; every
-# gRPC connection is mutual TLS and every call carries the token (the
+# gRPC and data-port connection is mutual TLS and carries the token (the
 # /metrics endpoints stay plain HTTP).
-# Without --secure the data path (Push, Pull, PushPull, Lookup, PushSparse)
-# goes to each shard's data port: frames on plain TCP, no HTTP/2.
 server_security=(--data_listen=127.0.0.1:0) client_security=()
 if [ "$secure" = 1 ]; then
   certs="$run_dir/certs"
   "$SHARDTRAIN_ROOT/scripts/make-certs.sh" "$certs" >/dev/null
-  server_security=(--tls_cert="$certs/server.pem" --tls_key="$certs/server.key"
+  server_security+=(--tls_cert="$certs/server.pem" --tls_key="$certs/server.key"
                    --tls_client_ca="$certs/ca.pem" --auth_token_file="$certs/token")
   client_security=(--tls_ca="$certs/ca.pem" --tls_cert="$certs/client.pem"
                    --tls_key="$certs/client.key" --auth_token_file="$certs/token")

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <glog/logging.h>
+#include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/credentials.h"
 #include "server/server_call.h"
 #include "wire/frame_header.h"
 
@@ -17,6 +20,8 @@ namespace {
 
 // The longest status message sent back: the client takes up to 64 KiB.
 constexpr size_t kMaxStatusMessage = 16 << 10;
+// The largest hello read: a token is a line of printable ASCII.
+constexpr uint64_t kMaxHelloBytes = 4 << 10;
 
 }  // namespace
 
@@ -58,8 +63,14 @@ class DataConnection::Call final : public ServerCall {
 
 DataConnection::DataConnection(std::unique_ptr<wire::FrameSocket> socket,
                                ParameterServerService* service,
-                               const DataConnectionLimits& limits)
-    : socket_(std::move(socket)), service_(service), limits_(limits) {}
+                               const DataConnectionLimits& limits,
+                               std::shared_ptr<const wire::TlsContext> tls,
+                               prometheus::Counter* auth_failures)
+    : socket_(std::move(socket)),
+      service_(service),
+      limits_(limits),
+      tls_(std::move(tls)),
+      auth_failures_(auth_failures) {}
 
 DataConnection::~DataConnection() {
   if (writer_.joinable()) writer_.join();
@@ -73,9 +84,50 @@ void DataConnection::Shutdown() {
   socket_->Shutdown();
 }
 
+bool DataConnection::Secure() {
+  if (tls_ == nullptr) return true;
+  const absl::Time deadline = absl::Now() + limits_.write_timeout;
+  if (absl::Status shook = socket_->StartTls(*tls_, "", deadline); !shook.ok()) {
+    VLOG(1) << "data connection ends: " << shook;
+    return false;
+  }
+  if (tls_->token().empty()) return true;
+  wire::FrameHeader header;
+  std::string message;
+  grpc::ByteBuffer body;
+  const absl::Status read = socket_->Read(kMaxHelloBytes, /*max_message_bytes=*/0, deadline,
+                                          &header, &message, &body);
+  std::string token;
+  if (read.ok() && body.Valid()) {
+    std::vector<grpc::Slice> slices;
+    if (body.Dump(&slices).ok()) {
+      for (const grpc::Slice& slice : slices) {
+        token.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+    }
+  }
+  const bool hello =
+      read.ok() && !header.response && header.method == static_cast<uint8_t>(wire::DataMethod::kHello);
+  if (hello && common::TokensEqual(token, tls_->token())) return true;
+  if (read.ok() || absl::IsResourceExhausted(read)) {
+    // A client that got through TLS and then sent no token, or the wrong
+    // one.
+    if (auth_failures_ != nullptr) auth_failures_->Increment();
+    LOG_EVERY_N(WARNING, 100) << "data port: a connection without the auth token is closed";
+  } else {
+    VLOG(1) << "data connection ends before its hello: " << read;
+  }
+  return false;
+}
+
 void DataConnection::Serve() {
   reader_ = std::this_thread::get_id();
+  if (!Secure()) {
+    socket_->Shutdown();
+    return;
+  }
   writer_ = std::thread([this] { WriteQueued(); });
+  bool first = true;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -98,6 +150,14 @@ void DataConnection::Serve() {
     }
     if (header.response) {
       VLOG(1) << "data connection ends: the client sent a response frame";
+      break;
+    }
+    const bool was_first = std::exchange(first, false);
+    if (header.method == static_cast<uint8_t>(wire::DataMethod::kHello)) {
+      // A client's token that this shard does not ask for (it has none,
+      // or it took the hello in Secure) is let pass once, first.
+      if (was_first && (tls_ == nullptr || tls_->token().empty())) continue;
+      VLOG(1) << "data connection ends: a hello after its start";
       break;
     }
     const absl::Time deadline = header.timeout_ms == 0
@@ -163,6 +223,8 @@ void DataConnection::Dispatch(Call* call) {
       // (Replicator::Replicate).
       service_->HandleReplicate(call, request);
       return;
+    case wire::DataMethod::kHello:
+      break;  // not a call (Serve takes it before Dispatch)
   }
   call->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
                             absl::StrCat("method ", call->method(),

@@ -9,6 +9,12 @@
 // written by the connection's writer thread, so a client that stops
 // reading stalls only its own connection.
 //
+// On a shard serving TLS the connection's thread first runs the handshake
+// and, when the shard has a shared token, reads the client's hello
+// (wire::DataMethod::kHello) and checks its token, all within
+// write_timeout; a connection that fails either ends before any call is
+// read (a wrong or missing token is counted, as a gRPC call's is).
+//
 // Calls on one connection may overlap (each frame names its call id);
 // at most max_calls_in_flight are unanswered at a time, after which the
 // connection stops reading until one is answered. A frame that is not a
@@ -32,6 +38,7 @@
 #include <utility>
 
 #include <grpcpp/support/status.h>
+#include <prometheus/counter.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -39,6 +46,7 @@
 #include "absl/time/time.h"
 #include "server/parameter_server_service.h"
 #include "wire/frame_socket.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::server {
 
@@ -48,16 +56,21 @@ struct DataConnectionLimits {
   // Unanswered calls per connection before it stops reading
   // (--max_data_calls_per_connection).
   int max_calls_in_flight = 64;
-  // An answer not taken by the client within this ends the connection
+  // An answer not taken by the client within this ends the connection, as
+  // does a TLS handshake with its hello not done within it
   // (--data_write_timeout_s).
   absl::Duration write_timeout = absl::Seconds(30);
 };
 
 class DataConnection {
  public:
-  // `service` is not owned and must outlive the connection.
+  // `service` is not owned and must outlive the connection. `tls` (a server
+  // context; null: plaintext) secures it; `auth_failures` (optional, must
+  // outlive it) counts hellos refused for their token.
   DataConnection(std::unique_ptr<wire::FrameSocket> socket, ParameterServerService* service,
-                 const DataConnectionLimits& limits);
+                 const DataConnectionLimits& limits,
+                 std::shared_ptr<const wire::TlsContext> tls = nullptr,
+                 prometheus::Counter* auth_failures = nullptr);
   ~DataConnection();
   DataConnection(const DataConnection&) = delete;
   DataConnection& operator=(const DataConnection&) = delete;
@@ -70,6 +83,9 @@ class DataConnection {
  private:
   class Call;
 
+  // The TLS handshake and, with a token, the hello: whether the
+  // connection may carry calls.
+  bool Secure();
   // Runs `call` through the service's handler of its method.
   void Dispatch(Call* call);
   // Call::Finish: writes the answer now (on the reading thread) or hands
@@ -86,6 +102,8 @@ class DataConnection {
   const std::unique_ptr<wire::FrameSocket> socket_;
   ParameterServerService* const service_;
   const DataConnectionLimits limits_;
+  const std::shared_ptr<const wire::TlsContext> tls_;
+  prometheus::Counter* const auth_failures_;
   std::thread::id reader_;
   std::thread writer_;
   std::atomic<bool> broken_{false};

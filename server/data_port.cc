@@ -66,8 +66,8 @@ void DataPort::AcceptLoop() {
     connections_gauge_.Set(open_);
     served_.emplace_back();
     Served& served = served_.back();
-    served.connection = std::make_unique<DataConnection>(*std::move(socket), service_,
-                                                         options_.limits);
+    served.connection = std::make_unique<DataConnection>(
+        *std::move(socket), service_, options_.limits, options_.tls, options_.auth_failures);
     served.thread = std::thread([this, &served] {
       served.connection->Serve();
       absl::MutexLock lock(&mu_);

@@ -14,9 +14,11 @@
 // parked pulls and metrics), then writes the answer itself
 // (server/data_connection.h).
 //
-// The port is plaintext: a shard started with TLS does not open one, and
-// its workers and predecessors stay on gRPC. At most max_connections connections are served
-// at a time; more are closed at once (the client then uses gRPC).
+// A shard serving TLS serves its data port in TLS too, with the same
+// certificate, client CA and token (wire/tls_context.h): its workers and
+// predecessors reach it there as they reach its gRPC port. At most
+// max_connections connections are served at a time; more are closed at
+// once (the client then uses gRPC).
 //
 //   ASSIGN_OR_RETURN(auto port, DataPort::Start(options, service, registry));
 //   ... port->port() ...
@@ -41,6 +43,7 @@
 #include "server/data_connection.h"
 #include "server/parameter_server_service.h"
 #include "wire/frame_listener.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::server {
 
@@ -50,6 +53,11 @@ struct DataPortOptions {
   // Connections served at a time (--max_data_connections).
   int max_connections = 256;
   DataConnectionLimits limits;
+  // The shard's TLS (a server context); null: plaintext.
+  std::shared_ptr<const wire::TlsContext> tls;
+  // Counts connections refused for their token (optional; must outlive
+  // the port): the shard's shardtrain_rpc_unauthenticated_total.
+  prometheus::Counter* auth_failures = nullptr;
 };
 
 class DataPort {

@@ -28,9 +28,9 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics address host:port; port 0 picks a free port");
 ABSL_FLAG(std::string, data_listen, "",
           "The data port's address host:port (port 0 picks a free port): workers send "
-          "Push, Pull, PushPull, Lookup and PushSparse there as frames on plain TCP, "
-          "without HTTP/2; empty opens none and the data path stays on gRPC. Plaintext: "
-          "not with --tls_cert");
+          "Push, Pull, PushPull, Lookup and PushSparse there as frames on TCP, without "
+          "HTTP/2 (in TLS with --tls_cert, its client CA and token); empty opens none "
+          "and the data path stays on gRPC");
 ABSL_FLAG(int, max_data_connections, 256,
           "Data-port connections served at a time; more are closed (their workers use gRPC)");
 ABSL_FLAG(int, max_data_calls_per_connection, 64,

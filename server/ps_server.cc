@@ -18,6 +18,7 @@
 #include "server/replication/peer_tls_check.h"
 #include "server/replication/replicated_push_path.h"
 #include "wire/buffer_pool_metrics.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::server {
 namespace {
@@ -158,12 +159,10 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
                                         server->replication_metrics_.get()));
   }
   if (!options.data_listen.empty()) {
-    if (options.security.tls()) {
-      return absl::InvalidArgumentError(
-          "--data_listen opens a plaintext port: a shard started with TLS keeps its data "
-          "path on gRPC (leave --data_listen empty)");
-    }
     DataPortOptions data;
+    // With TLS, the data port is served in TLS too, with the same files.
+    ASSIGN_OR_RETURN(data.tls, wire::TlsContext::ForServer(options.security));
+    data.auth_failures = &auth_failures;
     data.listen_address = options.data_listen;
     data.max_connections = options.max_data_connections;
     data.limits = options.data_limits;
@@ -197,11 +196,13 @@ absl::Status PsServer::StartReplication(const PsServerOptions& options,
   common::SetQuickReconnect(args);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    common::MakeChannelCredentials(options.peer_security, &args));
-  // Pushes go down the chain as frames to the successors' data ports,
-  // which only plaintext shards open.
+  // Pushes go down the chain as frames to the successors' data ports, in
+  // TLS when the shards serve it.
+  ASSIGN_OR_RETURN(std::shared_ptr<const wire::TlsContext> peer_tls,
+                   wire::TlsContext::ForClient(options.peer_security));
   forwarder_ = std::make_unique<Forwarder>(chain_table_.get(), std::move(credentials),
                                            std::move(args), replication_metrics_.get(),
-                                           /*data_ports=*/!options.peer_security.tls());
+                                           /*data_ports=*/true, std::move(peer_tls));
   replicator_ = std::make_unique<Replicator>(shard_.get(), chain_table_.get(),
                                              forwarder_.get(), replication_metrics_.get(),
                                              options.forward_timeout,

@@ -476,9 +476,9 @@ TEST_F(ReplicationTest, SyncDepartedWorkerReplicasAgree) {
               static_cast<long long>(alone), compared);
 }
 
-// Async, R=2 over mutual TLS with an auth token: the shards forward to each
-// other with their own certificates (scripts/make-certs.sh's shard
-// certificate), the workers with theirs, and etcd serves https and takes
+// Async, R=2 over mutual TLS with an auth token, on the data ports: the
+// shards forward to each other with their own certificates
+// (scripts/make-certs.sh's shard certificate), the workers with theirs, and etcd serves https and takes
 // only clients with a certificate of the same CA; a shard is SIGKILLed and
 // nothing is lost.
 TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
@@ -495,8 +495,9 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   absl::StatusOr<std::unique_ptr<etcd::EtcdClient>> client =
       etcd::EtcdClient::Create(etcd_options);
   ASSERT_TRUE(client.ok()) << client.status();
+  // The data ports serve TLS too: the workers' calls and the forwards go
+  // there, with the same certificates and token.
   LocalClusterOptions options = Job("async", "mtls", (*etcd)->endpoint(), 1);
-  options.data_port = false;  // plaintext: a shard with TLS refuses one
   for (const std::string& flag :
        {"--tls_cert=" + certs + "/server.pem", "--tls_key=" + certs + "/server.key",
         "--tls_client_ca=" + certs + "/ca.pem", "--auth_token_file=" + certs + "/token",
@@ -515,6 +516,7 @@ TEST_F(ReplicationTest, MutualTlsChainLosesNothing) {
   absl::StatusOr<LocalCluster> cluster = testutil::StartLocalCluster(group, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   WaitForSteps(*cluster, 0, kStepsPerEpoch / 3);
+  ExpectTheDataPortsInUse(*cluster);
   ASSERT_TRUE(group.Signal(cluster->shards[1], SIGKILL).ok());
   (void)group.Wait(cluster->shards[1], absl::Seconds(10));
   Finish(group, *cluster);

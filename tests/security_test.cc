@@ -3,7 +3,10 @@
 // CA, certificate and token trains against it; every other client is
 // refused with the right code (UNAVAILABLE for a failed handshake,
 // UNAUTHENTICATED for a missing or wrong token), is counted, and changes
-// nothing. Certificates come from scripts/make-certs.sh, run here twice: the
+// nothing. The shard's data port (frames without HTTP/2) is served in TLS
+// with the same certificates and token: the worker's data path goes there,
+// and a connection without the token is closed before any call is read.
+// Certificates come from scripts/make-certs.sh, run here twice: the
 // cluster's CA and a stranger's.
 #include <chrono>
 #include <cstdlib>
@@ -14,7 +17,9 @@
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/slice.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/ps_client.h"
 #include "common/credentials.h"
@@ -24,6 +29,9 @@
 #include "server/ps_server.h"
 #include "testing/files.h"
 #include "testing/metrics_scrape.h"
+#include "wire/frame_header.h"
+#include "wire/frame_socket.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain {
 namespace {
@@ -66,6 +74,7 @@ class Security : public ::testing::Test {
     options.security.key_file = File("cluster", "server.key");
     options.security.client_ca_file = File("cluster", "ca.pem");
     options.security.token_file = File("cluster", "token");
+    options.data_listen = "127.0.0.1:0";
     auto server = server::PsServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -144,7 +153,71 @@ TEST_F(Security, AWorkerWithTheRightCredentialsTrains) {
   ASSERT_TRUE(client->Pull(1, 1, {absl::MakeSpan(params)}, &pull).ok());
   EXPECT_EQ(pull.min_version, 1);
   EXPECT_FLOAT_EQ(params[0], -0.01f);  // sgd, lr 0.01, from zeros
+  // The push and the pull went to the data port, in TLS.
+  EXPECT_GE(server_->data_connections(), 1);
   EXPECT_EQ(UnauthenticatedCount(), 0);
+}
+
+// Raw frames to the data port: only a TLS connection whose hello carries
+// the token has its calls read and answered.
+TEST_F(Security, TheDataPortAnswersOnlyTlsConnectionsWithTheToken) {
+  ASSERT_NE(server_->data_port(), 0);
+  PushRequest push;
+  push.set_worker(0);
+  push.set_clock(1);
+  const std::string bytes = push.SerializeAsString();
+  grpc::Slice slice(bytes);
+  const grpc::ByteBuffer body(&slice, 1);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  // Connects (in TLS with `security`, unless null), sends the hello with
+  // `token` (unless empty) and a Push; whether an answer to it came back.
+  auto answered = [&](const common::ClientSecurity* security, const std::string& token) {
+    auto socket = wire::FrameSocket::Connect("127.0.0.1", server_->data_port(), absl::Seconds(5));
+    EXPECT_TRUE(socket.ok()) << socket.status();
+    if (!socket.ok()) return false;
+    if (security != nullptr) {
+      absl::StatusOr<std::shared_ptr<const wire::TlsContext>> tls =
+          wire::TlsContext::ForClient(*security);
+      EXPECT_TRUE(tls.ok()) << tls.status();
+      if (!tls.ok() || !(*socket)->StartTls(**tls, "127.0.0.1", deadline).ok()) return false;
+    }
+    if (!token.empty()) {
+      wire::FrameHeader hello;
+      hello.method = static_cast<uint8_t>(wire::DataMethod::kHello);
+      grpc::Slice token_slice(token);
+      const grpc::ByteBuffer token_body(&token_slice, 1);
+      if (!(*socket)->Write(hello, "", &token_body, deadline).ok()) return false;
+    }
+    wire::FrameHeader header;
+    header.method = static_cast<uint8_t>(wire::DataMethod::kPush);
+    header.call_id = 1;
+    if (!(*socket)->Write(header, "", &body, deadline).ok()) return false;
+    wire::FrameHeader reply;
+    std::string message;
+    grpc::ByteBuffer answer;
+    return (*socket)->Read(1 << 20, 1 << 16, deadline, &reply, &message, &answer).ok() &&
+           reply.response && reply.call_id == 1;
+  };
+  auto token_of = [](const std::string& path) {
+    return std::string(absl::StripAsciiWhitespace(testutil::ReadFile(path)));
+  };
+  const std::string token = token_of(File("cluster", "token"));
+  common::ClientSecurity tls = GoodClient();
+  tls.token_file.clear();
+  EXPECT_FALSE(answered(nullptr, ""));  // plaintext
+  EXPECT_FALSE(answered(&tls, ""));     // no hello
+  EXPECT_FALSE(answered(&tls, token_of(File("stranger", "token"))));
+  common::ClientSecurity stranger_cert = tls;
+  stranger_cert.cert_file = File("stranger", "client.pem");
+  stranger_cert.key_file = File("stranger", "client.key");
+  EXPECT_FALSE(answered(&stranger_cert, token));
+  EXPECT_EQ(UnauthenticatedCount(), 2);
+  StatusResponse status;
+  server_->shard().FillStatus(StatusRequest(), &status);
+  EXPECT_EQ(status.partitions_size(), 0);
+  // The same frames with the token are read and answered.
+  EXPECT_TRUE(answered(&tls, token));
+  EXPECT_EQ(UnauthenticatedCount(), 2);
 }
 
 TEST_F(Security, TheServerNameIsChecked) {

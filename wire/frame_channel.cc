@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <glog/logging.h>
+#include <grpcpp/support/slice.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -31,10 +32,12 @@ grpc::Status ToGrpc(const absl::Status& status) {
 }  // namespace
 
 FrameChannel::FrameChannel(std::string host, int port, uint64_t max_message_bytes,
-                           absl::Duration connect_timeout)
+                           absl::Duration connect_timeout,
+                           std::shared_ptr<const TlsContext> tls)
     : host_(std::move(host)),
       max_message_bytes_(max_message_bytes),
       connect_timeout_(connect_timeout),
+      tls_(std::move(tls)),
       port_(port) {}
 
 FrameChannel::~FrameChannel() {
@@ -136,8 +139,21 @@ absl::StatusOr<std::shared_ptr<FrameChannel::Connection>> FrameChannel::Open(
   // connect_timeout_, and meanwhile Cancel, set_port and the readers'
   // ends must not wait for it.
   const absl::Duration timeout = std::min(connect_timeout_, deadline - absl::Now());
+  const absl::Time connect_deadline = absl::Now() + std::max(timeout, absl::ZeroDuration());
   absl::StatusOr<std::unique_ptr<FrameSocket>> socket = FrameSocket::Connect(
       host_, port, std::max(timeout, absl::ZeroDuration()), interrupter.get());
+  if (socket.ok() && tls_ != nullptr) {
+    absl::Status secured = (*socket)->StartTls(*tls_, host_, connect_deadline, interrupter.get());
+    if (secured.ok() && !tls_->token().empty()) {
+      // The shard takes no call before the token; it answers none either.
+      FrameHeader hello;
+      hello.method = static_cast<uint8_t>(DataMethod::kHello);
+      grpc::Slice token(tls_->token());
+      const grpc::ByteBuffer body(&token, 1);
+      secured = (*socket)->Write(hello, "", &body, connect_deadline);
+    }
+    if (!secured.ok()) socket = std::move(secured);
+  }
   absl::MutexLock lock(&mu_);
   connecting_ = false;
   wait->connecting = false;

@@ -9,7 +9,10 @@
 // connection, matched by call id.
 //
 // The connection opens on the first call and again on the first call after
-// it failed. The connect holds no lock: a host that does not answer holds
+// it failed. With a TlsContext (wire/tls_context.h) it is a TLS
+// connection, verified as the gRPC channel to the same shard is, whose
+// first frame carries the shared token (DataMethod::kHello) when there is
+// one. The connect and the handshake hold no lock: a host that does not answer holds
 // up only the calls that need the connection, each no longer than its
 // deadline or the connect timeout, and not past its cancel (a call
 // cancelled while it connects, or waits for another call's connect, ends
@@ -54,6 +57,7 @@
 #include "wire/frame_header.h"
 #include "wire/frame_socket.h"
 #include "wire/interrupter.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::wire {
 
@@ -62,9 +66,11 @@ class FrameChannel {
   using Done = std::function<void(grpc::Status status, bool reached)>;
 
   // Calls go to `host`:`port` (set_port may change it); answers over
-  // `max_message_bytes` end the connection with RESOURCE_EXHAUSTED.
+  // `max_message_bytes` end the connection with RESOURCE_EXHAUSTED. `tls`
+  // (a client context; null: plaintext) secures each connection.
   FrameChannel(std::string host, int port, uint64_t max_message_bytes,
-               absl::Duration connect_timeout = absl::Seconds(5));
+               absl::Duration connect_timeout = absl::Seconds(5),
+               std::shared_ptr<const TlsContext> tls = nullptr);
   // Ends the calls in flight with CANCELLED (their `done` runs) and joins
   // the reader.
   ~FrameChannel();
@@ -151,6 +157,7 @@ class FrameChannel {
   const std::string host_;
   const uint64_t max_message_bytes_;
   const absl::Duration connect_timeout_;
+  const std::shared_ptr<const TlsContext> tls_;
 
   mutable absl::Mutex mu_;
   int port_ ABSL_GUARDED_BY(mu_);

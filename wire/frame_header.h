@@ -36,6 +36,9 @@ enum class DataMethod : uint8_t {
   // Shard to shard: a push forwarded down a replica chain
   // (server/replication/forwarder.h).
   kReplicate = 6,
+  // A TLS connection's first frame when its client has the shared token:
+  // the body is the token; never answered (server/data_connection.h).
+  kHello = 7,
 };
 
 struct FrameHeader {

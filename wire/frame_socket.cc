@@ -1,5 +1,6 @@
 #include "wire/frame_socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
@@ -17,9 +18,13 @@
 #include <vector>
 
 #include <grpcpp/support/slice.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
 #include "wire/buffer_pool.h"
 
 namespace shardtrain::wire {
@@ -58,6 +63,22 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, int interrupt = 
     if (errno != EINTR) return Failed("poll", errno);
   }
 }
+
+// OpenSSL's last error on this thread, or `fallback`; clears the queue.
+std::string OpenSslReason(const char* fallback) {
+  const unsigned long error = ERR_get_error();
+  ERR_clear_error();
+  if (error == 0) return fallback;
+  char text[256];
+  ERR_error_string_n(error, text, sizeof(text));
+  return text;
+}
+
+// TLS records carry at most 16 KiB: pieces smaller than this are copied
+// into one buffer and written together rather than each in its own record.
+constexpr size_t kTlsStageBytes = 16 << 10;
+// Encrypted records are gathered up to this before they are written.
+constexpr int kTlsWriteBufferBytes = 256 << 10;
 
 void SetNonBlocking(int fd) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
@@ -130,10 +151,156 @@ FrameSocket::FrameSocket(int fd) : fd_(fd) {
   SetNoDelay(fd_);
 }
 
-FrameSocket::~FrameSocket() { ::close(fd_); }
+FrameSocket::~FrameSocket() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+  ::close(fd_);
+}
+
+template <typename Op>
+absl::Status FrameSocket::RunTls(const char* what, Op op, absl::Time deadline, int interrupt,
+                                 bool* closed) {
+  while (true) {
+    int error = SSL_ERROR_NONE;
+    int saved_errno = 0;
+    std::string reason;
+    {
+      absl::MutexLock lock(&ssl_mu_);
+      ERR_clear_error();
+      errno = 0;
+      const int result = op(ssl_);
+      if (result == 1) return absl::OkStatus();
+      error = SSL_get_error(ssl_, result);
+      saved_errno = errno;
+      if (error == SSL_ERROR_SSL) {
+        reason = OpenSslReason("protocol error");
+        if (const long verified = SSL_get_verify_result(ssl_); verified != X509_V_OK) {
+          absl::StrAppend(&reason, " (", X509_verify_cert_error_string(verified), ")");
+        }
+      } else {
+        ERR_clear_error();
+      }
+    }
+    switch (error) {
+      case SSL_ERROR_WANT_READ:
+        if (absl::Status ready = WaitFor(fd_, POLLIN, deadline, interrupt); !ready.ok()) {
+          return ready;
+        }
+        continue;
+      case SSL_ERROR_WANT_WRITE:
+        if (absl::Status ready = WaitFor(fd_, POLLOUT, deadline, interrupt); !ready.ok()) {
+          return ready;
+        }
+        continue;
+      case SSL_ERROR_ZERO_RETURN:
+        if (closed != nullptr) *closed = true;
+        return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": closed by the peer"));
+      case SSL_ERROR_SYSCALL:
+        if (saved_errno == EINTR) continue;
+        if (saved_errno == 0) {
+          if (closed != nullptr) *closed = true;
+          return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": closed by the peer"));
+        }
+        return Failed(what, saved_errno);
+      default:
+        return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": ", reason));
+    }
+  }
+}
+
+absl::Status FrameSocket::StartTls(const TlsContext& tls, const std::string& peer_host,
+                                   absl::Time deadline, const Interrupter* interrupter) {
+  if (ssl_ != nullptr) return absl::FailedPreconditionError("frame socket: TLS already started");
+  SSL* ssl = SSL_new(tls.native());
+  // Reads straight from the socket (OpenSSL reads ahead, many records at
+  // a time); writes through a buffer that Write flushes at the end of each
+  // frame, so that a frame's records go out in large writes, not one
+  // syscall per 16 KiB record.
+  BIO* reads = BIO_new_socket(fd_, BIO_NOCLOSE);
+  BIO* buffer = BIO_new(BIO_f_buffer());
+  BIO* writes = BIO_new_socket(fd_, BIO_NOCLOSE);
+  if (ssl == nullptr || reads == nullptr || buffer == nullptr || writes == nullptr ||
+      BIO_set_write_buffer_size(buffer, kTlsWriteBufferBytes) != 1) {
+    for (BIO* bio : {reads, buffer, writes}) {
+      if (bio != nullptr) BIO_free(bio);
+    }
+    if (ssl != nullptr) SSL_free(ssl);
+    return absl::InternalError(
+        absl::StrCat("frame socket: SSL_new: ", OpenSslReason("out of memory")));
+  }
+  SSL_set_bio(ssl, reads, BIO_push(buffer, writes));  // the SSL owns them
+  if (tls.server()) {
+    SSL_set_accept_state(ssl);
+  } else {
+    // The shard's certificate must name what it was reached by, as gRPC
+    // checks it: an address (IP SAN) or a host name (DNS SAN).
+    const std::string& name = tls.server_name().empty() ? peer_host : tls.server_name();
+    in6_addr address;
+    const bool ip = ::inet_pton(AF_INET, name.c_str(), &address) == 1 ||
+                    ::inet_pton(AF_INET6, name.c_str(), &address) == 1;
+    const bool named =
+        ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), name.c_str()) == 1
+           : SSL_set1_host(ssl, name.c_str()) == 1 &&
+                 SSL_set_tlsext_host_name(ssl, const_cast<char*>(name.c_str())) == 1;
+    if (!named) {
+      SSL_free(ssl);
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame socket: cannot verify the shard as '", name, "'"));
+    }
+    SSL_set_connect_state(ssl);
+  }
+  {
+    absl::MutexLock lock(&ssl_mu_);
+    ssl_ = ssl;
+  }
+  const absl::Status shook =
+      RunTls("handshake", [](SSL* s) { return SSL_do_handshake(s); }, deadline,
+             interrupter != nullptr ? interrupter->fd() : -1);
+  if (!shook.ok() && absl::IsDeadlineExceeded(shook)) {
+    return absl::DeadlineExceededError("frame socket: TLS handshake not finished in time");
+  }
+  return shook;
+}
 
 absl::Status FrameSocket::WaitReadable(absl::Time deadline) {
-  return WaitFor(fd_, POLLIN, deadline);
+  if (ssl_ == nullptr) return WaitFor(fd_, POLLIN, deadline);
+  // What the socket holds may be TLS records other than data: only a
+  // record that carries data (or the end) makes the next Read return.
+  char byte;
+  size_t peeked = 0;
+  bool closed = false;
+  const absl::Status peek = RunTls(
+      "read", [&](SSL* s) { return SSL_peek_ex(s, &byte, 1, &peeked); }, deadline, -1, &closed);
+  if (absl::IsDeadlineExceeded(peek)) return peek;
+  return absl::OkStatus();  // data, or an end that the next Read reports
+}
+
+absl::Status FrameSocket::FlushTls(absl::Time deadline) {
+  while (true) {
+    bool retry = false;
+    int saved_errno = 0;
+    {
+      absl::MutexLock lock(&ssl_mu_);
+      BIO* out = SSL_get_wbio(ssl_);
+      errno = 0;
+      if (BIO_flush(out) == 1) return absl::OkStatus();
+      retry = BIO_should_retry(out);
+      saved_errno = errno;
+    }
+    if (!retry) return Failed("write", saved_errno != 0 ? saved_errno : EPIPE);
+    RETURN_IF_ERROR(WaitFor(fd_, POLLOUT, deadline));
+  }
+}
+
+absl::Status FrameSocket::WriteTls(const char* data, size_t bytes, absl::Time deadline) {
+  size_t done = 0;
+  while (done < bytes) {
+    size_t written = 0;
+    RETURN_IF_ERROR(RunTls(
+        "write",
+        [&](SSL* s) { return SSL_write_ex(s, data + done, bytes - done, &written); }, deadline));
+    done += written;
+  }
+  return absl::OkStatus();
 }
 
 void FrameSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
@@ -159,6 +326,26 @@ absl::Status FrameSocket::Write(FrameHeader header, absl::string_view message,
     if (slice.size() > 0) {
       pieces.push_back({const_cast<uint8_t*>(slice.begin()), slice.size()});
     }
+  }
+  if (ssl_ != nullptr) {
+    // Small pieces (the header, a message, small bodies) share records;
+    // large ones are encrypted from where they are.
+    std::string staged;
+    for (const iovec& piece : pieces) {
+      const char* data = static_cast<const char*>(piece.iov_base);
+      if (staged.size() + piece.iov_len <= kTlsStageBytes) {
+        staged.append(data, piece.iov_len);
+        continue;
+      }
+      if (!staged.empty()) {
+        RETURN_IF_ERROR(WriteTls(staged.data(), staged.size(), deadline));
+        staged.clear();
+      }
+      RETURN_IF_ERROR(WriteTls(data, piece.iov_len, deadline));
+    }
+    if (!staged.empty()) RETURN_IF_ERROR(WriteTls(staged.data(), staged.size(), deadline));
+    // What the write buffer still holds goes out now: the frame is whole.
+    return FlushTls(deadline);
   }
   size_t next = 0;
   while (next < pieces.size()) {
@@ -190,6 +377,22 @@ absl::Status FrameSocket::Write(FrameHeader header, absl::string_view message,
 absl::Status FrameSocket::ReadExactly(char* out, size_t bytes, absl::Time deadline,
                                       bool started) {
   size_t done = 0;
+  if (ssl_ != nullptr) {
+    while (done < bytes) {
+      size_t got = 0;
+      bool closed = false;
+      const absl::Status read = RunTls(
+          "read", [&](SSL* s) { return SSL_read_ex(s, out + done, bytes - done, &got); },
+          deadline, -1, &closed);
+      if (closed && !started && done == 0) {
+        return absl::OutOfRangeError("frame socket: closed by the peer");
+      }
+      if (closed) return absl::UnavailableError("frame socket: closed by the peer within a frame");
+      if (!read.ok()) return read;
+      done += got;
+    }
+    return absl::OkStatus();
+  }
   while (done < bytes) {
     const ssize_t got = ::recv(fd_, out + done, bytes - done, 0);
     if (got > 0) {

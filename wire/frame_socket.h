@@ -19,14 +19,20 @@
 //   grpc::ByteBuffer answer;
 //   RETURN_IF_ERROR(socket->Read(max_body, max_message, deadline, &reply, &message, &answer));
 //
+// StartTls makes it a TLS connection (wire/tls_context.h) before its
+// first frame; frames then travel encrypted, the same way. OpenSSL copies
+// what it encrypts and decrypts, so a TLS frame costs a copy each way that
+// the plaintext one does not.
+//
 // Errors: DEADLINE_EXCEEDED past the deadline, UNAVAILABLE when the
 // connection fails or the peer closes within a frame, OUT_OF_RANGE when the
 // peer closed it between frames (a clean end), and FrameHeader::Decode's
 // for a bad header. After any of them the connection is unusable (a frame
 // may be half written or read): close it.
 //
-// One thread may read while another writes; Shutdown may be called from
-// any thread. Otherwise thread-compatible.
+// One thread may read while another writes (with TLS, their OpenSSL calls
+// take turns on one lock, never held while they wait for the socket);
+// Shutdown may be called from any thread. Otherwise thread-compatible.
 #ifndef SHARDTRAIN_WIRE_FRAME_SOCKET_H_
 #define SHARDTRAIN_WIRE_FRAME_SOCKET_H_
 
@@ -39,9 +45,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "wire/frame_header.h"
 #include "wire/interrupter.h"
+#include "wire/tls_context.h"
+
+struct ssl_st;  // OpenSSL's SSL
 
 namespace shardtrain::wire {
 
@@ -62,6 +72,16 @@ class FrameSocket {
   ~FrameSocket();  // closes it
   FrameSocket(const FrameSocket&) = delete;
   FrameSocket& operator=(const FrameSocket&) = delete;
+
+  // Runs the TLS handshake of `tls`'s side (the client's verifies the
+  // shard's certificate for tls.server_name(), or else `peer_host`, the
+  // name or address it was reached by), until `deadline`. UNAVAILABLE when
+  // it fails (the message says why: a certificate not trusted, a name it
+  // does not carry, no client certificate), DEADLINE_EXCEEDED, CANCELLED as
+  // soon as `interrupter` (optional) is triggered. Once, before any frame.
+  absl::Status StartTls(const TlsContext& tls, const std::string& peer_host, absl::Time deadline,
+                        const Interrupter* interrupter = nullptr);
+  bool tls() const { return ssl_ != nullptr; }
 
   // Writes one frame: `header` with its message_bytes and body_bytes set
   // from `message` and `body` (may be null: no body).
@@ -87,7 +107,23 @@ class FrameSocket {
   // this frame has been read already (a close is then UNAVAILABLE).
   absl::Status ReadExactly(char* out, size_t bytes, absl::Time deadline, bool started);
 
+  // Runs `op` (an OpenSSL call on ssl_ that returns 1 when it is done)
+  // under ssl_mu_ until it is done, waiting for the socket outside the
+  // lock. *closed (optional): set when the peer closed the connection.
+  template <typename Op>
+  absl::Status RunTls(const char* what, Op op, absl::Time deadline, int interrupt = -1,
+                      bool* closed = nullptr);
+  // Writes `bytes` bytes in TLS records (into the write buffer).
+  absl::Status WriteTls(const char* data, size_t bytes, absl::Time deadline);
+  // Writes out what the write buffer holds.
+  absl::Status FlushTls(absl::Time deadline);
+
   const int fd_;
+  // Set once by StartTls, before the socket is shared.
+  ssl_st* ssl_ = nullptr;
+  // SSL objects are not safe for concurrent calls: the reader's and the
+  // writer's take turns.
+  absl::Mutex ssl_mu_;
 };
 
 }  // namespace shardtrain::wire

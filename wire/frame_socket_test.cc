@@ -18,6 +18,7 @@
 #include "wire/frame_header.h"
 #include "wire/frame_listener.h"
 #include "wire/interrupter.h"
+#include "wire/testing/flatten.h"
 #include "wire/testing/hanging_port.h"
 
 namespace shardtrain::wire {
@@ -25,16 +26,6 @@ namespace {
 
 constexpr uint64_t kMaxBody = 64 << 20;
 constexpr uint32_t kMaxMessage = 4096;
-
-std::string Flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Valid() || !buffer.Dump(&slices).ok()) return out;
-  for (const grpc::Slice& slice : slices) {
-    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  return out;
-}
 
 // Two connected frame sockets.
 struct Pair {

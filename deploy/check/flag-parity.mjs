@@ -16,9 +16,8 @@
 // shorter TTL to that). The replicated setups run the unreplicated flags
 // plus the replication flags only; the secured overlays (cpu-tls,
 // replicated-tls), when given, their plain overlay's flags plus TLS flags.
-// The shards of the plaintext setups open a data port (--data_listen, a
-// declared container port in k8s); the secured ones open none (no flag,
-// or an empty one).
+// The shards of every setup open a data port (--data_listen, a declared
+// container port in k8s); the secured ones serve it in TLS.
 // With SHARDTRAIN_BIN_DIR set, every flag of every setup must also be one
 // that the built ps-server / ps-worker / psctl list in --helpfull, and etcd's
 // and etcdctl's flags ones their --help lists (when they are on PATH).
@@ -41,8 +40,6 @@ const REPLICATION = ['replicas', 'etcd_endpoints', 'job', 'lease_ttl_s', 'advert
 // ... and those only the secured overlays have (k8s-refs.mjs checks their files and etcd's TLS).
 const SECURITY = ['tls_cert', 'tls_key', 'tls_ca', 'tls_client_ca', 'tls_peer_ca', 'auth_token_file',
                   'etcd_ca', 'etcd_cert', 'etcd_key'];
-// ... and the one only the plaintext setups have.
-const DATA_PORT = ['data_listen'];
 const omit = (f, keys) => Object.fromEntries(Object.entries(f).filter(([k]) => !keys.includes(k)));
 const strip = f => omit(f, PER_PROCESS);
 const same = (a, b, what) => {
@@ -205,8 +202,8 @@ if (cpu && gpu && rep && kcpu && kgpu && krep) {
 for (const [secured, plain, file, plainFile] of [[cpuTlsK8s && k8s(cpuTlsK8s), kcpu, cpuTlsK8s, cpuK8s],
                                                   [repTlsK8s && k8s(repTlsK8s), krep, repTlsK8s, repK8s]]) {
   if (!secured || !plain) continue;
-  same(omit(secured.shard, SECURITY), omit(plain.shard, DATA_PORT), `shard flags: ${file} (without TLS flags) vs ${plainFile} (without --data_listen)`);
-  if (secured.shard.data_listen) errs.push(`${file}: --data_listen=${secured.shard.data_listen} with TLS (the data port is plaintext; the shard refuses it)`);
+  if (!secured.shard.data_listen) errs.push(`${file}: the secured setup's shards open no data port (--data_listen; with TLS they serve it in TLS)`);
+  same(omit(secured.shard, SECURITY), plain.shard, `shard flags: ${file} (without TLS flags) vs ${plainFile}`);
   same(omit(secured.worker, SECURITY), plain.worker, `worker flags: ${file} (without TLS flags) vs ${plainFile}`);
   if (!SECURITY.some(k => k in secured.shard)) errs.push(`${file}: the secured overlay's shards run no TLS flag`);
 }

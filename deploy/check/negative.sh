@@ -49,8 +49,9 @@ case $name in
     '        - {protocol: TCP, port: 7001}' '' "no NetworkPolicy admits Job/ps-worker pods to StatefulSet/ps-server's data port 7001") ;;
   k8s-data-port-not-declared) c=(k8s-cpu k8s/base/shards.yaml
     '            - {name: data, containerPort: 7001}' '' 'the data port 7001 \(--data_listen\) is not a container port of StatefulSet/ps-server') ;;
-  flag-parity-data-port-with-tls) c=(flag-parity k8s/components/tls/kustomization.yaml
-    '      - DATA_LISTEN=' '      - X_DATA_LISTEN=' 'data_listen=0.0.0.0:7001 with TLS') ;;
+  flag-parity-tls-without-data-port) c=(flag-parity k8s/components/tls/kustomization.yaml
+    $'\npatches:' $'\nconfigMapGenerator:\n  - name: shardtrain-training\n    behavior: merge\n    literals:\n      - DATA_LISTEN=\npatches:'
+    "the secured setup's shards open no data port") ;;
   flag-parity-compose-without-data-port) c=(flag-parity docker-compose.yml
     '      - --data_listen=0.0.0.0:7001' '      - --port_file=/tmp/p' "shard flags: compose vs .*--data_listen") ;;
   k8s-advertise-not-own-address) c=(k8s-replicated k8s/components/replicated/shards-replicated.yaml

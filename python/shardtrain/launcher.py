@@ -723,10 +723,10 @@ class Launcher:
         if o.replicas > 1:
             replication = [f"--replicas={o.replicas}", f"--etcd_endpoints={self.etcd_endpoint}",
                            f"--job={_JOB}", "--lease_ttl_s=1"]
-        # The data path goes to each shard's data port (frames on plain TCP);
-        # a shard with TLS keeps it on gRPC.
-        data_port = [] if any(f.startswith("--tls_cert") for f in o.server_flags) else \
-            ["--data_listen=127.0.0.1:0"]
+        # The data path goes to each shard's data port (frames on TCP; in
+        # TLS, with the gRPC port's certificates and token, when the shards
+        # serve TLS).
+        data_port = ["--data_listen=127.0.0.1:0"]
         for s in range(o.shards):
             port_file = os.path.join(run_dir, f"shard{s}.port")
             port_files.append(port_file)

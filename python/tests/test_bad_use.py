@@ -277,9 +277,11 @@ def test_unreachable_server_fails_within_the_reconnect_timeout():
 
 
 def test_wrong_token_is_refused_and_changes_nothing(start_shards, certs):
+    # The data port serves TLS with the same token: the pull below goes there.
     cluster = start_shards(1, [f"--tls_cert={certs / 'server.pem'}",
                                f"--tls_key={certs / 'server.key'}",
-                               f"--auth_token_file={certs / 'token'}"])
+                               f"--auth_token_file={certs / 'token'}",
+                               "--data_listen=127.0.0.1:0"])
     token = (certs / "token").read_text().strip()
     tls = {"tls_ca": str(certs / "ca.pem"), "reconnect_timeout": 5.0}
     wrong = shardtrain.Client(cluster.addresses, 0, 1, token="not-the-token", **tls)

@@ -83,12 +83,13 @@ struct Forwarder::Call {
 Forwarder::Forwarder(const ChainTable* table,
                      std::shared_ptr<grpc::ChannelCredentials> credentials,
                      grpc::ChannelArguments args, ReplicationMetrics* metrics,
-                     bool data_ports)
+                     bool data_ports, std::shared_ptr<const wire::TlsContext> data_tls)
     : table_(table),
       credentials_(std::move(credentials)),
       args_(std::move(args)),
       metrics_(metrics),
-      data_ports_(data_ports) {}
+      data_ports_(data_ports),
+      data_tls_(std::move(data_tls)) {}
 
 Forwarder::~Forwarder() {
   Stop();
@@ -260,7 +261,8 @@ wire::FrameChannel* Forwarder::FramesToLocked(const chain::ChainConfig::Member& 
   DataPeer& peer = data_peers_[member.address];
   if (peer.frames == nullptr && peer.incarnation == 0) {
     if (const std::optional<std::string> host = wire::DataPortHost(member.address)) {
-      peer.frames = std::make_unique<wire::FrameChannel>(*host, 0, kMaxAnswerBytes);
+      peer.frames = std::make_unique<wire::FrameChannel>(*host, 0, kMaxAnswerBytes,
+                                                         absl::Seconds(5), data_tls_);
     }
   }
   if (peer.frames == nullptr) return nullptr;

@@ -22,8 +22,10 @@
 // Replicate frame (wire/frame_channel.h: plain TCP, no HTTP/2) once the
 // forwarder has learned that port: it asks each successor (each
 // incarnation) for it with a Status call in the background, and sends by
-// gRPC meanwhile, to a successor without a data port (TLS, --data_listen
-// empty), and for a while after its port did not take a call.
+// gRPC meanwhile, to a successor without a data port (--data_listen
+// empty), and for a while after its port did not take a call. With
+// `data_tls` (the shard's peer TLS, a client context) those connections are
+// TLS, verified and with the token as the gRPC forwards are.
 //
 //   forwarder.Forward(group, std::move(request), absl::Seconds(30),
 //                     [reactor](absl::Status status) { ... });
@@ -49,6 +51,7 @@
 #include "absl/time/time.h"
 #include "wire/attempt_cancel.h"
 #include "wire/frame_channel.h"
+#include "wire/tls_context.h"
 #include "proto/shardtrain.grpc.pb.h"
 #include "server/replication/chain_table.h"
 #include "server/replication/replication_metrics.h"
@@ -57,10 +60,11 @@ namespace shardtrain::server {
 
 class Forwarder {
  public:
-  // `table` and `metrics` must outlive the forwarder. `data_ports`: see
-  // the file comment.
+  // `table` and `metrics` must outlive the forwarder. `data_ports` and
+  // `data_tls`: see the file comment.
   Forwarder(const ChainTable* table, std::shared_ptr<grpc::ChannelCredentials> credentials,
-            grpc::ChannelArguments args, ReplicationMetrics* metrics, bool data_ports = false);
+            grpc::ChannelArguments args, ReplicationMetrics* metrics, bool data_ports = false,
+            std::shared_ptr<const wire::TlsContext> data_tls = nullptr);
   // Waits (up to 5 s) for the forwards (and data port questions) in flight
   // to end.
   ~Forwarder();
@@ -135,6 +139,7 @@ class Forwarder {
   const grpc::ChannelArguments args_;
   ReplicationMetrics* const metrics_;
   const bool data_ports_;
+  const std::shared_ptr<const wire::TlsContext> data_tls_;
 
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
