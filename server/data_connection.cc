@@ -88,7 +88,10 @@ bool DataConnection::Secure() {
   if (tls_ == nullptr) return true;
   const absl::Time deadline = absl::Now() + limits_.write_timeout;
   if (absl::Status shook = socket_->StartTls(*tls_, "", deadline); !shook.ok()) {
-    VLOG(1) << "data connection ends: " << shook;
+    // As gRPC logs its failed handshakes: a worker or peer whose
+    // certificate this shard does not take shows here, not only in its
+    // own log.
+    LOG_EVERY_N(WARNING, 100) << "data port: a TLS handshake failed: " << shook;
     return false;
   }
   if (tls_->token().empty()) return true;

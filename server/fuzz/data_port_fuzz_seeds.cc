@@ -58,6 +58,13 @@ int WriteSeeds(const std::string& dir) {
       RequestFrame(DataMethod::kPull, 1, 5000, Pull(1000).SerializeAsString()) +
           RequestFrame(DataMethod::kPush, 2, 1000, Push(0).SerializeAsString()) +
           RequestFrame(DataMethod::kPull, 3, 1000, Pull(0).SerializeAsString()),
+      // A client's token that this (plaintext) shard does not ask for,
+      // first, then a call; and a hello after a call, which ends the
+      // connection.
+      RequestFrame(DataMethod::kHello, 0, 0, "a-token") +
+          RequestFrame(DataMethod::kPush, 1, 1000, Push(0).SerializeAsString()),
+      RequestFrame(DataMethod::kPush, 1, 1000, Push(0).SerializeAsString()) +
+          RequestFrame(DataMethod::kHello, 0, 0, "a-token"),
   };
   for (size_t i = 0; i < seeds.size(); ++i) {
     std::ofstream out(dir + "/seed_" + std::to_string(i), std::ios::binary);
