@@ -81,9 +81,15 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
   channel_options.security = options.security;
   channel_options.transport = options.transport;
   ASSIGN_OR_RETURN(const ChannelFactory factory, ChannelFactory::Create(channel_options));
-  // The data port's connections use the gRPC channels' TLS, if any.
-  ASSIGN_OR_RETURN(const std::shared_ptr<const wire::TlsContext> data_tls,
-                   wire::TlsContext::ForClient(options.security));
+  // The data path's frames go to the shard's data port when it names one
+  // (replicated: a routed call, to its member's), in the gRPC channels'
+  // TLS if any; tests that connect or intercept gRPC themselves keep it on
+  // gRPC.
+  const bool frames = options.use_data_port && !options.connect && !options.interceptors;
+  std::shared_ptr<const wire::TlsContext> data_tls;
+  if (frames) {
+    ASSIGN_OR_RETURN(data_tls, wire::TlsContext::ForClient(options.security));
+  }
   std::unique_ptr<PsClient> client(new PsClient(options, rpc_metrics, fault_metrics));
   RetryPolicy policy;
   policy.initial_backoff = options.initial_backoff;
@@ -105,10 +111,7 @@ absl::StatusOr<std::unique_ptr<PsClient>> PsClient::Create(
     auto shard = std::make_unique<ShardChannel>(static_cast<int>(s), server,
                                                 std::move(connections), policy,
                                                 fault_metrics);
-    // The data path's frames go to the shard's data port when it names
-    // one (replicated: a routed call, to its member's); tests that connect
-    // or intercept gRPC themselves keep it on gRPC.
-    if (options.use_data_port && !options.connect && !options.interceptors) {
+    if (frames) {
       shard->EnableFrames(static_cast<uint64_t>(options.max_message_bytes), data_tls);
     }
     PsClient* self = client.get();

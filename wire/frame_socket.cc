@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "wire/buffer_pool.h"
+#include "wire/internal/openssl_reason.h"
 
 namespace shardtrain::wire {
 namespace {
@@ -64,14 +65,13 @@ absl::Status WaitFor(int fd, short events, absl::Time deadline, int interrupt = 
   }
 }
 
-// OpenSSL's last error on this thread, or `fallback`; clears the queue.
-std::string OpenSslReason(const char* fallback) {
-  const unsigned long error = ERR_get_error();
-  ERR_clear_error();
-  if (error == 0) return fallback;
-  char text[256];
-  ERR_error_string_n(error, text, sizeof(text));
-  return text;
+using internal::OpenSslReason;
+
+// The peer closed the connection: between frames (nothing of this frame
+// read: `started` false, `done` 0) a clean end, else a frame cut short.
+absl::Status PeerClosed(bool started, size_t done) {
+  if (!started && done == 0) return absl::OutOfRangeError("frame socket: closed by the peer");
+  return absl::UnavailableError("frame socket: closed by the peer within a frame");
 }
 
 // TLS records carry at most 16 KiB: pieces smaller than this are copied
@@ -191,16 +191,13 @@ absl::Status FrameSocket::RunTls(const char* what, Op op, absl::Time deadline, i
           return ready;
         }
         continue;
+      case SSL_ERROR_SYSCALL:
+        if (saved_errno == EINTR) continue;
+        if (saved_errno != 0) return Failed(what, saved_errno);
+        [[fallthrough]];  // an end without close_notify
       case SSL_ERROR_ZERO_RETURN:
         if (closed != nullptr) *closed = true;
         return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": closed by the peer"));
-      case SSL_ERROR_SYSCALL:
-        if (saved_errno == EINTR) continue;
-        if (saved_errno == 0) {
-          if (closed != nullptr) *closed = true;
-          return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": closed by the peer"));
-        }
-        return Failed(what, saved_errno);
       default:
         return absl::UnavailableError(absl::StrCat("frame socket: TLS ", what, ": ", reason));
     }
@@ -248,10 +245,7 @@ absl::Status FrameSocket::StartTls(const TlsContext& tls, const std::string& pee
     }
     SSL_set_connect_state(ssl);
   }
-  {
-    absl::MutexLock lock(&ssl_mu_);
-    ssl_ = ssl;
-  }
+  ssl_ = ssl;  // before any other thread has the socket
   const absl::Status shook =
       RunTls("handshake", [](SSL* s) { return SSL_do_handshake(s); }, deadline,
              interrupter != nullptr ? interrupter->fd() : -1);
@@ -267,9 +261,8 @@ absl::Status FrameSocket::WaitReadable(absl::Time deadline) {
   // record that carries data (or the end) makes the next Read return.
   char byte;
   size_t peeked = 0;
-  bool closed = false;
-  const absl::Status peek = RunTls(
-      "read", [&](SSL* s) { return SSL_peek_ex(s, &byte, 1, &peeked); }, deadline, -1, &closed);
+  const absl::Status peek =
+      RunTls("read", [&](SSL* s) { return SSL_peek_ex(s, &byte, 1, &peeked); }, deadline);
   if (absl::IsDeadlineExceeded(peek)) return peek;
   return absl::OkStatus();  // data, or an end that the next Read reports
 }
@@ -384,10 +377,7 @@ absl::Status FrameSocket::ReadExactly(char* out, size_t bytes, absl::Time deadli
       const absl::Status read = RunTls(
           "read", [&](SSL* s) { return SSL_read_ex(s, out + done, bytes - done, &got); },
           deadline, -1, &closed);
-      if (closed && !started && done == 0) {
-        return absl::OutOfRangeError("frame socket: closed by the peer");
-      }
-      if (closed) return absl::UnavailableError("frame socket: closed by the peer within a frame");
+      if (closed) return PeerClosed(started, done);
       if (!read.ok()) return read;
       done += got;
     }
@@ -399,10 +389,7 @@ absl::Status FrameSocket::ReadExactly(char* out, size_t bytes, absl::Time deadli
       done += static_cast<size_t>(got);
       continue;
     }
-    if (got == 0) {
-      if (!started && done == 0) return absl::OutOfRangeError("frame socket: closed by the peer");
-      return absl::UnavailableError("frame socket: closed by the peer within a frame");
-    }
+    if (got == 0) return PeerClosed(started, done);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       if (absl::Status ready = WaitFor(fd_, POLLIN, deadline); !ready.ok()) return ready;

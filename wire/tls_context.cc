@@ -1,31 +1,23 @@
 #include "wire/tls_context.h"
 
-#include <openssl/err.h>
 #include <openssl/ssl.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "wire/internal/openssl_reason.h"
 
 namespace shardtrain::wire {
 namespace {
 
 constexpr size_t kReadBufferBytes = 256 << 10;
 
-// The reason of OpenSSL's last error on this thread, and clears the queue.
-std::string OpenSslReason() {
-  const unsigned long error = ERR_get_error();
-  ERR_clear_error();
-  if (error == 0) return "unknown error";
-  char text[256];
-  ERR_error_string_n(error, text, sizeof(text));
-  return text;
-}
+using internal::OpenSslReason;
 
 absl::Status Refused(const char* what, const std::string& file) {
   return absl::InvalidArgumentError(
-      absl::StrCat("data port TLS: cannot use the ", what, " ", file, ": ", OpenSslReason()));
+      absl::StrCat("data port TLS: cannot use the ", what, " ", file, ": ", OpenSslReason("unknown error")));
 }
 
 struct CtxDeleter {
@@ -36,7 +28,7 @@ using CtxPtr = std::unique_ptr<SSL_CTX, CtxDeleter>;
 absl::StatusOr<CtxPtr> NewContext(bool server) {
   CtxPtr ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()));
   if (ctx == nullptr) {
-    return absl::InternalError(absl::StrCat("data port TLS: SSL_CTX_new: ", OpenSslReason()));
+    return absl::InternalError(absl::StrCat("data port TLS: SSL_CTX_new: ", OpenSslReason("unknown error")));
   }
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   // A peer that closes its socket without close_notify ends the connection
