@@ -415,7 +415,7 @@ int main(int argc, char** argv) {
       auto per_step_ms = [&](double total) { return total / steps * 1e3; };
       const double step = bench::Median(arm.step_s);
       absl::StrAppendFormat(
-          &report, "%-7d %-20s %9.1f %9.1f | %9.1f %9.1f %9.1f %9.1f %9.1f | %8.2f\n", shards,
+          &report, "%-7d %-20s %9.2f %9.2f | %9.2f %9.2f %9.2f %9.2f %9.2f | %8.2f\n", shards,
           absl::StrCat(arm.overlap ? "overlap" : "sequential", arm.pinned ? "" : " pageable"),
           compute_alone * 1e3, comm_alone * 1e3,
           per_step_ms(after.compute_seconds - arm.before.compute_seconds),

@@ -5,7 +5,9 @@
 # and after a real run of scripts/run-local.sh (1 worker, 1 shard, ps-server
 # and ps-worker processes), and the ratio run-local samples/s / compute-only
 # samples/s. The compute-only figure is the mean of the two measurements, so
-# a machine whose speed drifts during the run affects both sides alike.
+# a machine whose speed drifts during the run affects both sides alike. The
+# epochs-only ratio leaves out the time between epochs (the chief evaluates
+# the test set after each), which the compute-only side does not spend.
 #
 #   bench/train_ratio.sh [--build DIR] [--batch N] [--epochs N] [--model SPEC]
 #                        [--steps N] [--out FILE] [--server_flag FLAG]...
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --server_flag) server_flags+=("$2"); shift 2 ;;
     --overlap) overlap=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -58,11 +60,20 @@ BUILD_DIR="$build" "$root/scripts/run-local.sh" --no-build --workers 1 --shards 
 end=$(date +%s.%N)
 after_ms=$(compute_ms)
 train_sps=$(sed -n 's/.*"samples_per_second": \([0-9.]*\).*/\1/p' "$tmp/results.json" | head -1)
-[ -n "$before_ms" ] && [ -n "$after_ms" ] && [ -n "$train_sps" ] || {
+# The epochs alone: the samples of all epochs over the sum of their seconds,
+# leaving out what the run does between them (the chief's evaluations).
+epoch_sps=$(awk -F'[:,]' '/"epoch": / {
+    for (i = 1; i < NF; ++i) {
+      if ($i ~ /"seconds"/) s = $(i + 1)
+      if ($i ~ /"samples_per_second"/) r = $(i + 1)
+    }
+    secs += s; samples += s * r
+  } END { if (secs > 0) printf "%.1f", samples / secs }' "$tmp/results.json")
+[ -n "$before_ms" ] && [ -n "$after_ms" ] && [ -n "$train_sps" ] && [ -n "$epoch_sps" ] || {
   echo "could not read the figures" >&2; cat "$tmp/step.txt" "$tmp/run.txt" >&2; exit 1; }
 
 report=$(awk -v b="$before_ms" -v a="$after_ms" -v s="$train_sps" -v n="$batch" \
-  -v model="$model" -v epochs="$epochs" -v overlap="$overlap" -v wall="$(awk -v s="$start" -v e="$end" 'BEGIN { print e - s }')" '
+  -v e="$epoch_sps" -v model="$model" -v epochs="$epochs" -v overlap="$overlap" -v wall="$(awk -v s="$start" -v e="$end" 'BEGIN { print e - s }')" '
 BEGIN {
   c1 = n * 1000 / b; c2 = n * 1000 / a; c = (c1 + c2) / 2
   printf "# train_ratio: run-local samples/s vs one worker'"'"'s compute-only samples/s\n"
@@ -71,6 +82,8 @@ BEGIN {
   printf "compute-only samples/s   %10.0f   (before %.0f, after %.0f; compute1 %.2f / %.2f ms)\n", c, c1, c2, b, a
   printf "run-local samples/s      %10.0f   (results JSON samples_per_second, all epochs)\n", s
   printf "ratio                    %10.2f\n", s / c
+  printf "epochs-only samples/s    %10.0f   (the epochs alone, without the evaluations between them)\n", e
+  printf "epochs-only ratio        %10.2f\n", e / c
 }')
 header="# date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')
 # machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"

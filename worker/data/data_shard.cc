@@ -135,10 +135,24 @@ absl::Status DataShard::NextBatch(const Dataset& dataset, int batch, float* x,
         absl::StrCat("DataShard: ", order_.size() - cursor_,
                      " examples left in this epoch, batch needs ", batch));
   }
+  // The examples are rows in random order, each a cache and TLB miss: the
+  // rows a few examples ahead are fetched while this one is copied (a batch
+  // of 128 Fashion-MNIST rows: 37 us alone, 20 us with this).
+  constexpr int kPrefetchAhead = 4;
+  const size_t row_bytes = dim * sizeof(float);
+  auto prefetch = [&](int b) {
+    if (b >= batch) return;
+    const char* row = reinterpret_cast<const char*>(dataset.features.data() +
+                                                    order_[cursor_ + b] * dim);
+    for (size_t offset = 0; offset < row_bytes; offset += 64) {
+      __builtin_prefetch(row + offset, /*rw=*/0, /*locality=*/0);
+    }
+  };
+  for (int b = 0; b < kPrefetchAhead; ++b) prefetch(b);
   for (int b = 0; b < batch; ++b) {
+    prefetch(b + kPrefetchAhead);
     const int example = order_[cursor_ + b];
-    std::memcpy(x + b * dim, dataset.features.data() + example * dim,
-                dim * sizeof(float));
+    std::memcpy(x + b * dim, dataset.features.data() + example * dim, row_bytes);
     labels[b] = dataset.labels[example];
   }
   cursor_ += batch;

@@ -58,14 +58,24 @@ void ReluOutOfPlace(int64_t n, const float* __restrict x, float* __restrict y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
+// The gradient is loaded whatever the sign: a load only where y > 0 is
+// one the compiler may not make unconditionally, so the loop stayed scalar,
+// with a branch per element that random signs mispredict half the time
+// (13 cycles an element).
 void ReluGradInPlace(int64_t n, const float* __restrict y,
                      float* __restrict d) {
-  for (int64_t i = 0; i < n; ++i) d[i] = y[i] > 0.0f ? d[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = d[i];
+    d[i] = y[i] > 0.0f ? g : 0.0f;
+  }
 }
 
 void ReluGradOutOfPlace(int64_t n, const float* __restrict y,
                         const float* __restrict dy, float* __restrict dx) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
 }
 
 // On the CPU, host memory for asynchronous copies is ordinary memory.

@@ -1,5 +1,6 @@
 #include "worker/device/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -248,6 +249,38 @@ TEST_F(CpuBackendTest, ReluForwardAndBackwardInAndOutOfPlace) {
           ->ReluBackward(grad.size(), dy->data(), dgrad->data(), dgrad->data())
           .ok());
   EXPECT_EQ(Download(*dgrad), want_grad);
+}
+
+// Long enough for the vectorized loop and its remainder, signs at random
+// (as real activations are), and gradients that are not finite: those of
+// inactive units are still 0, those of active ones pass through.
+TEST_F(CpuBackendTest, ReluBackwardMatchesTheDefinitionElementByElement) {
+  constexpr int kN = 1003;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  std::vector<float> y(kN), grad(kN), want(kN);
+  for (int i = 0; i < kN; ++i) {
+    y[i] = std::max(normal(rng), 0.0f);
+    grad[i] = i % 17 == 0 ? std::numeric_limits<float>::quiet_NaN()
+              : i % 19 == 0 ? std::numeric_limits<float>::infinity()
+                            : normal(rng);
+    want[i] = y[i] > 0.0f ? grad[i] : 0.0f;
+  }
+  auto expect_want = [&](const std::vector<float>& got) {
+    ASSERT_EQ(got.size(), want.size());
+    for (int i = 0; i < kN; ++i) {
+      if (std::isnan(want[i])) {
+        EXPECT_TRUE(std::isnan(got[i])) << i;
+      } else {
+        EXPECT_EQ(got[i], want[i]) << i;
+      }
+    }
+  };
+  auto dy = Upload(y), dgrad = Upload(grad), dout = Upload(std::vector<float>(kN));
+  ASSERT_TRUE(backend_->ReluBackward(kN, dy->data(), dgrad->data(), dout->data()).ok());
+  expect_want(Download(*dout));
+  ASSERT_TRUE(backend_->ReluBackward(kN, dy->data(), dgrad->data(), dgrad->data()).ok());
+  expect_want(Download(*dgrad));
 }
 
 // Reference softmax cross-entropy in double: returns the mean loss and fills
