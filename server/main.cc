@@ -19,8 +19,10 @@
 #include "app/flags_usage.h"
 #include "app/malloc_tuning.h"
 #include "common/atomic_file.h"
+#include "common/status_macros.h"
 #include "server/ps_server.h"
 #include "server/update_rule.h"
+#include "wire/tls_context.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC listen address host:port; port 0 picks a free port");
@@ -35,6 +37,10 @@ ABSL_FLAG(int, max_data_connections, 256,
           "Data-port connections served at a time; more are closed (their workers use gRPC)");
 ABSL_FLAG(int, max_data_calls_per_connection, 64,
           "Unanswered calls on one data-port connection before it stops being read");
+ABSL_FLAG(int, data_tls_buffer_kib, 256,
+          "With --tls_cert: each data-port connection reads ahead, and gathers its "
+          "writes, in buffers of this many KiB (up to twice this per connection; "
+          "17 to 65536)");
 ABSL_FLAG(double, data_write_timeout_s, 30,
           "A data-port answer the worker does not take within this ends its connection");
 ABSL_FLAG(std::string, port_file, "",
@@ -206,6 +212,9 @@ absl::StatusOr<shardtrain::server::PsServerOptions> OptionsFromFlags() {
   options.max_data_connections = absl::GetFlag(FLAGS_max_data_connections);
   options.data_limits.max_calls_in_flight = absl::GetFlag(FLAGS_max_data_calls_per_connection);
   options.data_limits.write_timeout = absl::Seconds(absl::GetFlag(FLAGS_data_write_timeout_s));
+  const int64_t tls_buffer_bytes = int64_t{absl::GetFlag(FLAGS_data_tls_buffer_kib)} * 1024;
+  RETURN_IF_ERROR(shardtrain::wire::TlsContext::CheckBufferBytes(tls_buffer_bytes));
+  options.data_tls_buffer_bytes = static_cast<size_t>(tls_buffer_bytes);
   options.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.security.cert_file = absl::GetFlag(FLAGS_tls_cert);
   options.security.key_file = absl::GetFlag(FLAGS_tls_key);

@@ -161,7 +161,8 @@ absl::StatusOr<std::unique_ptr<PsServer>> PsServer::Start(
   if (!options.data_listen.empty()) {
     DataPortOptions data;
     // With TLS, the data port is served in TLS too, with the same files.
-    ASSIGN_OR_RETURN(data.tls, wire::TlsContext::ForServer(options.security));
+    ASSIGN_OR_RETURN(data.tls,
+                     wire::TlsContext::ForServer(options.security, options.data_tls_buffer_bytes));
     data.auth_failures = &auth_failures;
     data.listen_address = options.data_listen;
     data.max_connections = options.max_data_connections;
@@ -199,7 +200,8 @@ absl::Status PsServer::StartReplication(const PsServerOptions& options,
   // Pushes go down the chain as frames to the successors' data ports, in
   // TLS when the shards serve it.
   ASSIGN_OR_RETURN(std::shared_ptr<const wire::TlsContext> peer_tls,
-                   wire::TlsContext::ForClient(options.peer_security));
+                   wire::TlsContext::ForClient(options.peer_security,
+                                               options.data_tls_buffer_bytes));
   forwarder_ = std::make_unique<Forwarder>(chain_table_.get(), std::move(credentials),
                                            std::move(args), replication_metrics_.get(),
                                            /*data_ports=*/true, std::move(peer_tls));

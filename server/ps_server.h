@@ -10,6 +10,7 @@
 #ifndef SHARDTRAIN_SERVER_PS_SERVER_H_
 #define SHARDTRAIN_SERVER_PS_SERVER_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,6 +35,7 @@
 #include "server/shard.h"
 #include "server/shard_metrics.h"
 #include "server/shard_options.h"
+#include "wire/tls_context.h"
 
 namespace shardtrain::server {
 
@@ -47,11 +49,14 @@ struct PsServerOptions {
   // Largest message accepted or sent; larger ones get RESOURCE_EXHAUSTED.
   int max_message_bytes = 256 << 20;
   // The data port (server/data_port.h): "host:port" (port 0 picks a free
-  // port); empty opens none. Plaintext: refused with TLS. Its body limit is
-  // max_message_bytes.
+  // port); empty opens none. In TLS with `security`'s files when it has a
+  // certificate. Its body limit is max_message_bytes.
   std::string data_listen;
   int max_data_connections = 256;
   DataConnectionLimits data_limits;
+  // TLS: each data-port connection's read-ahead and write buffers (each),
+  // and those of the chain's forwards to the successors' data ports.
+  size_t data_tls_buffer_bytes = wire::TlsContext::kDefaultBufferBytes;
   // Checkpoints go here; empty disables them. The newest good one is loaded
   // at start (server/checkpoint.h). async: one is written every
   // checkpoint_interval and at shutdown. sync: one at every

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # --help of every binary exits 0 and lists that binary's own flags, including
 # the ones it takes from shared files (the TLS flags of ps-worker and psctl);
-# an unknown flag still fails.
+# an unknown flag still fails, and so does a limit out of its range.
 set -euo pipefail
 bin=$1
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -28,6 +28,9 @@ expect_help psctl servers server timeout_s tls_ca tls_cert tls_key auth_token_fi
 rc=0
 "$bin/psctl" --no_such_flag status >/dev/null 2>&1 || rc=$?
 [ "$rc" != 0 ] || fail "psctl accepted an unknown flag"
+out=$("$bin/ps-server" --data_tls_buffer_kib=16 2>&1) && fail "ps-server took --data_tls_buffer_kib=16"
+grep -q -- "16384 bytes are not in .*(--data_tls_buffer_kib: 17 to 65536)" <<<"$out" ||
+  fail "ps-server --data_tls_buffer_kib=16: $out"
 rc=0
 "$bin/ps-server" --helpfull >/dev/null 2>&1 || rc=$?
 [ "$rc" = 0 ] || fail "ps-server --helpfull exited $rc"

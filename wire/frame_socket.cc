@@ -77,8 +77,6 @@ absl::Status PeerClosed(bool started, size_t done) {
 // TLS records carry at most 16 KiB: pieces smaller than this are copied
 // into one buffer and written together rather than each in its own record.
 constexpr size_t kTlsStageBytes = 16 << 10;
-// Encrypted records are gathered up to this before they are written.
-constexpr int kTlsWriteBufferBytes = 256 << 10;
 
 void SetNonBlocking(int fd) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
@@ -216,7 +214,8 @@ absl::Status FrameSocket::StartTls(const TlsContext& tls, const std::string& pee
   BIO* buffer = BIO_new(BIO_f_buffer());
   BIO* writes = BIO_new_socket(fd_, BIO_NOCLOSE);
   if (ssl == nullptr || reads == nullptr || buffer == nullptr || writes == nullptr ||
-      BIO_set_write_buffer_size(buffer, kTlsWriteBufferBytes) != 1) {
+      // Encrypted records are gathered up to this before they are written.
+      BIO_set_write_buffer_size(buffer, static_cast<long>(tls.buffer_bytes())) != 1) {
     for (BIO* bio : {reads, buffer, writes}) {
       if (bio != nullptr) BIO_free(bio);
     }

@@ -11,8 +11,6 @@
 namespace shardtrain::wire {
 namespace {
 
-constexpr size_t kReadBufferBytes = 256 << 10;
-
 using internal::OpenSslReason;
 
 absl::Status Refused(const char* what, const std::string& file) {
@@ -25,7 +23,8 @@ struct CtxDeleter {
 };
 using CtxPtr = std::unique_ptr<SSL_CTX, CtxDeleter>;
 
-absl::StatusOr<CtxPtr> NewContext(bool server) {
+absl::StatusOr<CtxPtr> NewContext(bool server, size_t buffer_bytes) {
+  RETURN_IF_ERROR(TlsContext::CheckBufferBytes(static_cast<int64_t>(buffer_bytes)));
   CtxPtr ctx(SSL_CTX_new(server ? TLS_server_method() : TLS_client_method()));
   if (ctx == nullptr) {
     return absl::InternalError(absl::StrCat("data port TLS: SSL_CTX_new: ", OpenSslReason("unknown error")));
@@ -37,12 +36,12 @@ absl::StatusOr<CtxPtr> NewContext(bool server) {
   SSL_CTX_set_options(ctx.get(), SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_TICKET |
                                      SSL_OP_NO_RENEGOTIATION);
   // One read takes as many records as the socket holds, up to
-  // kReadBufferBytes (FrameSocket buffers its writes likewise): a record
+  // buffer_bytes (FrameSocket buffers its writes likewise): a record
   // carries at most 16 KiB, and a syscall per record cost more than the
   // encryption.
   SSL_CTX_set_mode(ctx.get(), SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_read_ahead(ctx.get(), 1);
-  SSL_CTX_set_default_read_buffer_len(ctx.get(), kReadBufferBytes);
+  SSL_CTX_set_default_read_buffer_len(ctx.get(), buffer_bytes);
   if (server) SSL_CTX_set_num_tickets(ctx.get(), 0);
   return ctx;
 }
@@ -63,16 +62,32 @@ absl::Status UseCertificate(SSL_CTX* ctx, const std::string& cert_file,
 
 }  // namespace
 
-TlsContext::TlsContext(SSL_CTX* ctx, bool server, std::string token, std::string server_name)
-    : ctx_(ctx), server_(server), token_(std::move(token)), server_name_(std::move(server_name)) {}
+absl::Status TlsContext::CheckBufferBytes(int64_t bytes) {
+  if (bytes >= static_cast<int64_t>(kMinBufferBytes) &&
+      bytes <= static_cast<int64_t>(kMaxBufferBytes)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data port TLS: a connection's buffers of ", bytes, " bytes are not in [",
+      kMinBufferBytes, ", ", kMaxBufferBytes, "] (--data_tls_buffer_kib: ",
+      kMinBufferBytes >> 10, " to ", kMaxBufferBytes >> 10, ")"));
+}
+
+TlsContext::TlsContext(SSL_CTX* ctx, bool server, std::string token, std::string server_name,
+                       size_t buffer_bytes)
+    : ctx_(ctx),
+      server_(server),
+      token_(std::move(token)),
+      server_name_(std::move(server_name)),
+      buffer_bytes_(buffer_bytes) {}
 
 TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
 
 absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::ForServer(
-    const common::ServerSecurity& security) {
+    const common::ServerSecurity& security, size_t buffer_bytes) {
   ASSIGN_OR_RETURN(std::string token, common::ServerToken(security));
   if (!security.tls()) return nullptr;
-  ASSIGN_OR_RETURN(CtxPtr ctx, NewContext(/*server=*/true));
+  ASSIGN_OR_RETURN(CtxPtr ctx, NewContext(/*server=*/true, buffer_bytes));
   RETURN_IF_ERROR(UseCertificate(ctx.get(), security.cert_file, security.key_file));
   if (!security.client_ca_file.empty()) {
     if (SSL_CTX_load_verify_locations(ctx.get(), security.client_ca_file.c_str(), nullptr) != 1) {
@@ -84,14 +99,14 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::ForServer(
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   }
   return std::shared_ptr<const TlsContext>(
-      new TlsContext(ctx.release(), /*server=*/true, std::move(token), ""));
+      new TlsContext(ctx.release(), /*server=*/true, std::move(token), "", buffer_bytes));
 }
 
 absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::ForClient(
-    const common::ClientSecurity& security) {
+    const common::ClientSecurity& security, size_t buffer_bytes) {
   ASSIGN_OR_RETURN(std::string token, common::ClientToken(security));
   if (!security.tls()) return nullptr;
-  ASSIGN_OR_RETURN(CtxPtr ctx, NewContext(/*server=*/false));
+  ASSIGN_OR_RETURN(CtxPtr ctx, NewContext(/*server=*/false, buffer_bytes));
   if (SSL_CTX_load_verify_locations(ctx.get(), security.ca_file.c_str(), nullptr) != 1) {
     return Refused("CA", security.ca_file);
   }
@@ -100,7 +115,7 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::ForClient(
     RETURN_IF_ERROR(UseCertificate(ctx.get(), security.cert_file, security.key_file));
   }
   return std::shared_ptr<const TlsContext>(new TlsContext(
-      ctx.release(), /*server=*/false, std::move(token), security.server_name));
+      ctx.release(), /*server=*/false, std::move(token), security.server_name, buffer_bytes));
 }
 
 }  // namespace shardtrain::wire

@@ -83,13 +83,19 @@ class TlsContextTest : public ::testing::Test {
     security.key_file = File("cluster", "client.key");
     return security;
   }
-  static std::shared_ptr<const TlsContext> ForServer(const common::ServerSecurity& security) {
-    absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::ForServer(security);
+  static std::shared_ptr<const TlsContext> ForServer(
+      const common::ServerSecurity& security,
+      size_t buffer_bytes = TlsContext::kDefaultBufferBytes) {
+    absl::StatusOr<std::shared_ptr<const TlsContext>> tls =
+        TlsContext::ForServer(security, buffer_bytes);
     EXPECT_TRUE(tls.ok()) << tls.status();
     return tls.ok() ? *tls : nullptr;
   }
-  static std::shared_ptr<const TlsContext> ForClient(const common::ClientSecurity& security) {
-    absl::StatusOr<std::shared_ptr<const TlsContext>> tls = TlsContext::ForClient(security);
+  static std::shared_ptr<const TlsContext> ForClient(
+      const common::ClientSecurity& security,
+      size_t buffer_bytes = TlsContext::kDefaultBufferBytes) {
+    absl::StatusOr<std::shared_ptr<const TlsContext>> tls =
+        TlsContext::ForClient(security, buffer_bytes);
     EXPECT_TRUE(tls.ok()) << tls.status();
     return tls.ok() ? *tls : nullptr;
   }
@@ -119,14 +125,42 @@ class TlsContextTest : public ::testing::Test {
 
   // Connects a shard (with mutual TLS or not) and a client configured as a
   // worker is: both handshakes must pass.
-  void ConnectVerified(bool mutual) {
-    server_tls_ = ForServer(Server(mutual));
-    client_tls_ = ForClient(Client());
+  void ConnectVerified(bool mutual, size_t buffer_bytes = TlsContext::kDefaultBufferBytes) {
+    server_tls_ = ForServer(Server(mutual), buffer_bytes);
+    client_tls_ = ForClient(Client(), buffer_bytes);
     ASSERT_NE(server_tls_, nullptr);
     ASSERT_NE(client_tls_, nullptr);
     const Handshakes shook = Connect(*server_tls_, *client_tls_);
     ASSERT_TRUE(shook.server.ok()) << shook.server;
     ASSERT_TRUE(shook.client.ok()) << shook.client;
+  }
+
+  // Writes frames of these {bytes, piece size} from the client on one
+  // thread; the shard must read each as written.
+  void ExpectFramesArrive(const std::vector<std::pair<size_t, size_t>>& sizes) {
+    std::thread writer([&] {
+      uint64_t call = 0;
+      for (const auto& [bytes, piece] : sizes) {
+        FrameHeader header;
+        header.method = 3;
+        header.call_id = ++call;
+        const grpc::ByteBuffer body = Body(bytes, piece);
+        EXPECT_TRUE(client_->Write(header, "", &body, Soon()).ok());
+      }
+    });
+    uint64_t call = 0;
+    for (const auto& [bytes, piece] : sizes) {
+      FrameHeader header;
+      std::string message;
+      grpc::ByteBuffer body;
+      const absl::Status read = server_->Read(kMaxBody, 0, Soon(), &header, &message, &body);
+      EXPECT_TRUE(read.ok()) << read;
+      if (!read.ok()) break;
+      EXPECT_EQ(header.call_id, ++call);
+      EXPECT_EQ(header.body_bytes, bytes);
+      EXPECT_EQ(Flatten(body), Flatten(Body(bytes, piece))) << bytes;
+    }
+    writer.join();
   }
 
   static std::string* dir_;
@@ -164,6 +198,26 @@ TEST_F(TlsContextTest, BadSettingsAreRefused) {
   common::ClientSecurity no_ca = Client();
   no_ca.ca_file = File("cluster", "missing.pem");
   EXPECT_EQ(TlsContext::ForClient(no_ca).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // Buffers that cannot hold a record, or that would let connections take
+  // far more memory than their frames need.
+  for (const size_t bytes : {size_t{0}, TlsContext::kMinBufferBytes - 1,
+                             TlsContext::kMaxBufferBytes + 1}) {
+    const absl::Status server = TlsContext::ForServer(Server(true), bytes).status();
+    EXPECT_EQ(server.code(), absl::StatusCode::kInvalidArgument) << bytes;
+    EXPECT_THAT(server.message(), HasSubstr("--data_tls_buffer_kib"));
+    EXPECT_EQ(TlsContext::ForClient(Client(), bytes).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bytes;
+  }
+}
+
+// --data_tls_buffer_kib at its smallest: a read or a write holds one record,
+// and frames of many records still arrive whole.
+TEST_F(TlsContextTest, TheSmallestBuffersCarryFramesOfManyRecords) {
+  ConnectVerified(/*mutual=*/true, TlsContext::kMinBufferBytes);
+  EXPECT_EQ(server_tls_->buffer_bytes(), TlsContext::kMinBufferBytes);
+  ExpectFramesArrive({{0, 1}, {(16 << 10) + 1, 16 << 10}, {1 << 20, 3000}, {4 << 20, 4 << 20}});
 }
 
 TEST_F(TlsContextTest, TheTokenComesWithTheContext) {
@@ -187,29 +241,8 @@ TEST_F(TlsContextTest, FramesOfEverySizeArriveAsWritten) {
   EXPECT_TRUE(client_->tls());
   // Empty, small, a record and a byte, several records in many pieces,
   // and one large piece (past the 32 MiB that come from the buffer pool).
-  const std::vector<std::pair<size_t, size_t>> sizes = {
-      {0, 1}, {100, 100}, {(16 << 10) + 1, 16 << 10}, {1 << 20, 3000}, {33 << 20, 33 << 20}};
-  std::thread writer([&] {
-    uint64_t call = 0;
-    for (const auto& [bytes, piece] : sizes) {
-      FrameHeader header;
-      header.method = 3;
-      header.call_id = ++call;
-      const grpc::ByteBuffer body = Body(bytes, piece);
-      EXPECT_TRUE(client_->Write(header, "", &body, Soon()).ok());
-    }
-  });
-  uint64_t call = 0;
-  for (const auto& [bytes, piece] : sizes) {
-    FrameHeader header;
-    std::string message;
-    grpc::ByteBuffer body;
-    ASSERT_TRUE(server_->Read(kMaxBody, 0, Soon(), &header, &message, &body).ok());
-    EXPECT_EQ(header.call_id, ++call);
-    EXPECT_EQ(header.body_bytes, bytes);
-    EXPECT_EQ(Flatten(body), Flatten(Body(bytes, piece))) << bytes;
-  }
-  writer.join();
+  ExpectFramesArrive(
+      {{0, 1}, {100, 100}, {(16 << 10) + 1, 16 << 10}, {1 << 20, 3000}, {33 << 20, 33 << 20}});
   // A response with a status message, the other way.
   FrameHeader answer;
   answer.response = true;
