@@ -7,11 +7,13 @@ exchange is one PushPull frame each way) with `perf record`, then follows each
 step through the threads that carry it:
 
   caller    the worker's training thread: compute ends at its sendmsg of the
-            request frame; it waits until the answer lands, then decodes it
-            into the parameters and computes the next step
+            request frame; it waits until the answer is in, then runs the
+            next step (the batch and the parameters into the model, forward,
+            backward, the gradients)
   shard     the shard's connection thread: reads the frame, applies the
             update, writes the answer with one sendmsg
-  reader    the worker's connection reader: reads the answer and wakes the
+  reader    the worker's connection reader: reads and handles the answer
+            (the parameters land in the caller's buffers) and wakes the
             caller
 
 and prints the median of each phase over the traced steps, in ms:
@@ -150,9 +152,9 @@ PHASES = [
     ("shard: update (checks, optimizer, answer encoded)", "read", "update_done"),
     ("shard: sendmsg of the answer", "update_done", "answer_sent"),
     ("reader: answer read (wake, reads)", "answer_sent", "landed"),
-    ("reader: answer handed over (to its next syscall)", "landed", "decoded"),
+    ("reader: answer handled, caller woken (to its next syscall)", "landed", "decoded"),
     ("caller: back on a CPU (woken, or its turn after the reader)", "decoded", "resumed"),
-    ("caller: answer decoded, then compute (set params, forward, backward, grads)",
+    ("caller: next step (batch, params into the model, forward, backward, grads)",
      "resumed", "next_send"),
 ]
 
