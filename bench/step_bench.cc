@@ -52,6 +52,7 @@
 #include "client/ps_client.h"
 #include "common/status_macros.h"
 #include "server/ps_server.h"
+#include "worker/device/cpu/cpu_backend.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/tensor_specs.h"
 #include "worker/trainer.h"
@@ -285,9 +286,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string report = absl::StrFormat(
-      "step_bench  model %s  batch %d  device %s  (%s, %d OpenBLAS threads)  data path: %s\n",
+      "step_bench  model %s  batch %d  device %s  (%s, %d OpenBLAS threads, %s kernels)  "
+      "data path: %s\n",
       spec->ToString(), batch, worker::DeviceKindName(model_options.device),
-      bench::MachineDescription(), absl::GetFlag(FLAGS_cpu_threads),
+      bench::MachineDescription(), absl::GetFlag(FLAGS_cpu_threads), worker::CpuMathKernels(),
       absl::GetFlag(FLAGS_data_port) ? "data port" : "gRPC");
 
   // Baseline 1: compute alone, gradients copied back to the host as a

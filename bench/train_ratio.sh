@@ -85,7 +85,10 @@ BEGIN {
   printf "epochs-only samples/s    %10.0f   (the epochs alone, without the evaluations between them)\n", e
   printf "epochs-only ratio        %10.2f\n", e / c
 }')
+# The kernels both sides' GEMMs ran on (step_bench's header says; the
+# worker's OpenBLAS loads in the same environment).
+kernels=$(sed -n 's/.*OpenBLAS threads, \([^ ]*\) kernels.*/\1/p' "$tmp/step.txt" | head -1)
 header="# date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')
-# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
+# machine: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores, OpenBLAS ${kernels:-?} kernels${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE)}"
 printf '%s\n%s\n' "$header" "$report"
 [ -z "$out" ] || { printf '%s\n%s\n' "$header" "$report" >"$out"; echo "wrote $out"; }

@@ -43,6 +43,7 @@
 #include "common/status_macros.h"
 #include "wire/buffer_pool_metrics.h"
 #include "worker/data/dataset.h"
+#include "worker/device/cpu/cpu_backend.h"
 #include "worker/device/device_options.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/pipeline/schedule.h"
@@ -389,6 +390,9 @@ absl::Status RunWorker() {
   LOG(INFO) << DescribeRun(options, model_options, shards, client_options)
             << ", metrics on port "
             << exposer->port();
+  if (model_options.device == worker::DeviceKind::kCpu) {
+    LOG(INFO) << "OpenBLAS kernels: " << worker::CpuMathKernels();
+  }
   ASSIGN_OR_RETURN(
       worker::TrainResult result,
       trainer->Run(data.train, options.chief ? &data.test : nullptr,

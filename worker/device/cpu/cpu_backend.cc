@@ -9,6 +9,7 @@
 #include <new>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 
 namespace shardtrain::worker {
@@ -278,5 +279,10 @@ std::unique_ptr<Backend> MakeCpuBackend() {
 }
 
 void SetCpuMathThreads(int threads) { openblas_set_num_threads(threads); }
+
+std::string CpuMathKernels() {
+  const char* core = openblas_get_corename();
+  return core == nullptr ? "unknown" : std::string(absl::StripAsciiWhitespace(core));
+}
 
 }  // namespace shardtrain::worker

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "worker/device/backend_test_util.h"
 
@@ -29,6 +32,19 @@ class CpuBackendTest : public ::testing::Test {
 };
 
 TEST_F(CpuBackendTest, NameIsCpu) { EXPECT_EQ(backend_->Name(), "cpu"); }
+
+// OpenBLAS names the kernels it loaded with: those OPENBLAS_CORETYPE asks
+// for, when it names a kernel set this OpenBLAS has.
+TEST(CpuMathKernelsTest, NameOpenBlasChoice) {
+  const std::string kernels = CpuMathKernels();
+  EXPECT_FALSE(kernels.empty());
+  EXPECT_NE(kernels, "unknown");
+  const char* asked = std::getenv("OPENBLAS_CORETYPE");
+  if (asked != nullptr && (absl::EqualsIgnoreCase(asked, "Haswell") ||
+                           absl::EqualsIgnoreCase(asked, "Prescott"))) {
+    EXPECT_TRUE(absl::EqualsIgnoreCase(kernels, asked)) << kernels << " for " << asked;
+  }
+}
 
 TEST_F(CpuBackendTest, AllocateIsZeroFilledAndAllowsEmpty) {
   auto buffer = backend_->Allocate(37);
