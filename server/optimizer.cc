@@ -24,7 +24,9 @@ namespace {
 // reads the received bytes directly (wire::LoadElement: an unaligned load,
 // plus an inline conversion for 16-bit types). GCC vectorises the loops
 // that call std::sqrt only under -fno-math-errno (otherwise it must keep a
-// scalar errno path), so the server library is built with that flag.
+// scalar errno path), so the server library is built with that flag. Those
+// loops, bound by their divisions and square roots, also get an AVX-512
+// version (wire/element_load.h).
 //
 // The arithmetic is exactly that of PyTorch's reference formulas as written
 // below, in this order; changing it changes results in the last bit.
@@ -135,7 +137,7 @@ struct AdamScalars {
 };
 
 template <int kDType, bool kDecoupled>
-SHARDTRAIN_VECTOR_CLONES
+SHARDTRAIN_DIVIDING_VECTOR_CLONES
 void AdamKernel(int64_t n, const AdamScalars& s, float* __restrict p,
                 const char* __restrict g, float* __restrict m,
                 float* __restrict v) {
@@ -164,7 +166,7 @@ void AdamKernel(int64_t n, const AdamScalars& s, float* __restrict p,
 //   acc = acc + d^2             (acc starts at adagrad_initial_accumulator)
 //   p = p - lr * d / (sqrt(acc) + eps)
 template <int kDType>
-SHARDTRAIN_VECTOR_CLONES
+SHARDTRAIN_DIVIDING_VECTOR_CLONES
 void AdagradKernel(int64_t n, float lr, float wd, float eps, float* __restrict p,
                    const char* __restrict g, float* __restrict acc) {
   for (int64_t i = 0; i < n; ++i) {
