@@ -23,10 +23,12 @@
 // contract a*b+c, so both versions compute bit-identical results.
 // SHARDTRAIN_DIVIDING_VECTOR_CLONES adds an AVX-512F version, for loops
 // bound by divisions and square roots (Adam, Adagrad), which 16 lanes
-// instead of 8 run 1.6-1.7x as fast on an AVX-512 CPU; loops bound by memory
-// (SGD, momentum, conversions) gain nothing from it. AVX-512F has FMA, so
-// a file that uses it is compiled with -ffp-contract=off (the server's
-// library is): its results are then the same to the bit.
+// instead of 8 run 1.3-1.6x as fast on an AVX-512 CPU
+// (bench/results/apply_avx512_cpu.txt); loops bound by memory (SGD,
+// momentum, conversions) gain nothing from it. AVX-512F has FMA, so a file
+// that uses it must be compiled with -ffp-contract=off (the server's library
+// is), or its results differ from the other versions' in the last bit:
+// OptimizerTest and ShardWireTest compare them bit for bit.
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && \
     !defined(__clang__)
 #define SHARDTRAIN_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
