@@ -1,14 +1,22 @@
-// table_rpc_bench: a sparse table's Lookup and PushSparse over gRPC, one
-// worker against one ps-server process, next to what the same bytes cost
-// on the project's dense path and on a raw gRPC echo, in the same rounds.
+// table_rpc_bench: a sparse table's Lookup and PushSparse on the shard's
+// data port (frames on TCP, as workers send them by default) and over
+// gRPC, one worker against one ps-server process, next to what the same
+// bytes cost on the project's dense path and on a raw gRPC echo, in the
+// same rounds.
 //
 // The table (dim --dim, f32, --optimizer) holds --rows rows; each call
 // names --batch unique ids drawn at random from them (rows that exist: the
 // steady state of a trained table). Per round, in turn:
-//   lookup      TableClient::Lookup(train) of the batch: ids out, rows back
-//   push_sparse TableClient::Push of the batch's row gradients (applied)
+//   lookup      TableClient::Lookup(train) of the batch: ids out, rows back,
+//               on the shard's data port
+//   push_sparse TableClient::Push of the batch's row gradients (applied),
+//               on the data port
+//   lookup grpc, push_sparse grpc
+//               the same calls over gRPC: a second PsClient (worker 1 of
+//               the job's 2) with PsClientOptions::use_data_port false,
+//               on the same shard and table
 //   dense pull  PsClient::Pull of one tensor of batch x dim f32 (the rows'
-//               bytes), registered on the same shard
+//               bytes), registered on the same shard, on the data port
 //   dense push  PsClient::Push of the same tensor's gradient (SGD)
 //   echo pull   raw gRPC Echo (a `wire_bench --serve_echo` process): 8 bytes
 //               per id out, batch x dim x 4 bytes back
@@ -18,7 +26,8 @@
 // wire_dtype) and the echo's.
 // Figures: unique rows per second (wall time, median over rounds) and CPU
 // ms per MB of row bytes (this process + the server process, over all
-// rounds), and per-round ratios to the dense path and the echo.
+// rounds), and per-round ratios to the dense path, the echo and, for the
+// data port's calls, the same call over gRPC.
 //
 //   table_rpc_bench --out=bench/results/table_rpc_cpu.txt
 #include <signal.h>
@@ -93,8 +102,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   testutil::LocalClusterOptions cluster_options;
   cluster_options.bin_dir = bin_dir;
   cluster_options.shards = 1;
-  cluster_options.workers = 1;
-  cluster_options.start_workers = 0;  // the worker is this process's PsClient
+  // Both workers are this process's PsClients: 0 on the data port, 1 on
+  // gRPC (async, no staleness bound: neither waits for the other).
+  cluster_options.workers = 2;
+  cluster_options.start_workers = 0;
+  cluster_options.data_port = true;
   cluster_options.dir = dir;
   cluster_options.server_flags = {"--metrics_listen=127.0.0.1:0", "--optimizer=sgd",
                                   "--max_message_mb=256", "--heartbeat_timeout_s=600"};
@@ -116,15 +128,24 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   options.wire_dtype = wire;
   options.servers = cluster.servers;
   options.max_message_bytes = kMaxMessageBytes;
+  options.num_workers = 2;
   ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> ps, client::PsClient::Create(options, nullptr));
+  client::PsClientOptions grpc_options = options;
+  grpc_options.worker_index = 1;
+  grpc_options.use_data_port = false;
+  ASSIGN_OR_RETURN(std::unique_ptr<client::PsClient> grpc_ps,
+                   client::PsClient::Create(grpc_options, nullptr));
   client::TableClient tables(ps.get());
+  client::TableClient grpc_tables(grpc_ps.get());
   TableSpec spec;
   spec.set_name("t");
   spec.set_dim(dim);
   spec.set_optimizer(absl::GetFlag(FLAGS_optimizer));
   spec.set_learning_rate(0.01f);
-  RETURN_IF_ERROR(tables.Register({spec}));
-  RETURN_IF_ERROR(tables.SetWireDType("t", wire));
+  for (client::TableClient* t : {&tables, &grpc_tables}) {
+    RETURN_IF_ERROR(t->Register({spec}));
+    RETURN_IF_ERROR(t->SetWireDType("t", wire));
+  }
   const int64_t elements = int64_t{batch} * dim;
   TensorSpec tensor;
   tensor.set_name("dense");
@@ -157,10 +178,18 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   pull_request.set_payload(std::string(static_cast<size_t>(batch) * 8, 'i'));
   pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
   push_request.set_payload(std::string(static_cast<size_t>(batch) * 8 + row_bytes, 'g'));
-  int64_t clock = 0;
+  int64_t clock = 0, grpc_clock = 0;
+  // Indices: the data port's calls, gRPC's, the dense path's, the echo's.
+  constexpr size_t kGrpc = 2, kDense = 4, kEcho = 6;
   const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> ops = {
       {"lookup", [&](int c) { return tables.Lookup("t", batches[c], true, clock, out.data()); }},
       {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); }},
+      {"lookup grpc", [&](int c) {
+         return grpc_tables.Lookup("t", batches[c], true, grpc_clock, out.data());
+       }},
+      {"push_sparse grpc", [&](int c) {
+         return grpc_tables.Push("t", batches[c], grads.data(), ++grpc_clock);
+       }},
       {"dense pull", [&](int) {
          std::vector<absl::Span<float>> p = {absl::MakeSpan(params)};
          client::PullStats stats;
@@ -194,11 +223,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     for (size_t k = 0; k < ops.size(); ++k) {
       const size_t o = (k + static_cast<size_t>(std::max(round, 0))) % ops.size();
       const double cpu0 = SelfCpuSeconds();
-      ASSIGN_OR_RETURN(const double server0, ProcessCpuSeconds(o >= 4 ? echo : shard));
+      ASSIGN_OR_RETURN(const double server0, ProcessCpuSeconds(o >= kEcho ? echo : shard));
       const auto start = Clock::now();
       for (int c = 0; c < calls; ++c) RETURN_IF_ERROR(ops[o].second(c));
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      ASSIGN_OR_RETURN(const double server1, ProcessCpuSeconds(o >= 4 ? echo : shard));
+      ASSIGN_OR_RETURN(const double server1, ProcessCpuSeconds(o >= kEcho ? echo : shard));
       if (round < 0) continue;
       figures[o].rows_per_s.push_back(static_cast<double>(batch) * calls / seconds);
       figures[o].cpu_s += SelfCpuSeconds() - cpu0 + server1 - server0;
@@ -212,21 +241,23 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   };
   std::string text = absl::StrCat(
       CommonHeader(command_line),
-      absl::StrFormat("# 1 worker, 1 ps-server process; table of %d rows, dim %d f32 (%s on "
+      absl::StrFormat("# 2 workers (PsClients of this process: data port, gRPC), 1 ps-server "
+                      "process; table of %d rows, dim %d f32 (%s on "
                       "the wire), %s; %d unique ids per call (%s of rows, %s); %d rounds of %d "
                       "calls\n",
                       rows, dim, common::DTypeName(wire), absl::GetFlag(FLAGS_optimizer), batch,
                       SizeName(static_cast<int64_t>(row_bytes)), order, rounds, calls),
-      absl::StrFormat("%-12s %12s %12s %12s %10s %10s\n", "operation", "M rows/s", "MB/s",
-                      "CPU ms/MB", "x dense", "x echo"));
+      absl::StrFormat("%-16s %10s %10s %10s %8s %8s %8s\n", "operation", "M rows/s", "MB/s",
+                      "CPU ms/MB", "x dense", "x echo", "x grpc"));
   for (size_t o = 0; o < ops.size(); ++o) {
     const double rate = Median(figures[o].rows_per_s);
-    const std::string vs_dense = o < 2 ? absl::StrFormat("%.2f", ratio(o, o + 2)) : "-";
-    const std::string vs_echo = o < 4 ? absl::StrFormat("%.2f", ratio(o, 4 + o % 2)) : "-";
-    absl::StrAppendFormat(&text, "%-12s %12.2f %12.1f %12.2f %10s %10s\n", ops[o].first,
+    const std::string vs_dense = o < kDense ? absl::StrFormat("%.2f", ratio(o, kDense + o % 2)) : "-";
+    const std::string vs_echo = o < kEcho ? absl::StrFormat("%.2f", ratio(o, kEcho + o % 2)) : "-";
+    const std::string vs_grpc = o < kGrpc ? absl::StrFormat("%.2f", ratio(o, kGrpc + o)) : "-";
+    absl::StrAppendFormat(&text, "%-16s %10.2f %10.1f %10.2f %8s %8s %8s\n", ops[o].first,
                           rate / 1e6, rate * dim * width / 1e6,
                           1e3 * figures[o].cpu_s / (figures[o].row_bytes / 1e6), vs_dense,
-                          vs_echo);
+                          vs_echo, vs_grpc);
   }
   std::printf("%s", text.c_str());
   if (!absl::GetFlag(FLAGS_out).empty()) RETURN_IF_ERROR(WriteTable(absl::GetFlag(FLAGS_out), text));
@@ -239,8 +270,8 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
 int main(int argc, char** argv) {
   const std::string command_line = shardtrain::bench::StartBenchmark(
       argc, argv,
-      "table_rpc_bench: Lookup and PushSparse over gRPC against the dense pull/push of the "
-      "same bytes and a raw gRPC echo, in the same rounds");
+      "table_rpc_bench: Lookup and PushSparse on the data port and over gRPC against the "
+      "dense pull/push of the same bytes and a raw gRPC echo, in the same rounds");
   for (int s : {SIGINT, SIGTERM, SIGHUP}) std::signal(s, shardtrain::testutil::KillAllProcessesAndExit);
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) {
