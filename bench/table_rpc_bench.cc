@@ -15,6 +15,10 @@
 //               the same calls over gRPC: a second PsClient (worker 1 of
 //               the job's 2) with PsClientOptions::use_data_port false,
 //               on the same shard and table
+//   lookup eval TableClient::Lookup(eval) of the batch on the data port:
+//               the rows as they are, under the table's shared lock (a
+//               training lookup creates and marks rows, under its
+//               exclusive lock)
 //   dense pull  PsClient::Pull of one tensor of batch x dim f32 (the rows'
 //               bytes), registered on the same shard, on the data port
 //   dense push  PsClient::Push of the same tensor's gradient (SGD)
@@ -179,39 +183,58 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
   push_request.set_payload(std::string(static_cast<size_t>(batch) * 8 + row_bytes, 'g'));
   int64_t clock = 0, grpc_clock = 0;
-  // Indices: the data port's calls, gRPC's, the dense path's, the echo's.
-  constexpr size_t kGrpc = 2, kDense = 4, kEcho = 6;
-  const std::vector<std::pair<std::string, std::function<absl::Status(int)>>> ops = {
-      {"lookup", [&](int c) { return tables.Lookup("t", batches[c], true, clock, out.data()); }},
-      {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); }},
-      {"lookup grpc", [&](int c) {
-         return grpc_tables.Lookup("t", batches[c], true, grpc_clock, out.data());
-       }},
-      {"push_sparse grpc", [&](int c) {
-         return grpc_tables.Push("t", batches[c], grads.data(), ++grpc_clock);
-       }},
-      {"dense pull", [&](int) {
+  // What each operation is compared with, by index in `ops` (-1: nothing).
+  struct Op {
+    std::string name;
+    std::function<absl::Status(int)> run;
+    int dense = -1;  // the dense path's call of the same kind (pull, push)
+    int echo = -1;   // the echo of the same kind
+    int grpc = -1;   // the same call over gRPC
+    bool on_echo = false;
+  };
+  const std::vector<Op> ops = {
+      {"lookup", [&](int c) { return tables.Lookup("t", batches[c], true, clock, out.data()); },
+       5, 7, 2},
+      {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); },
+       6, 8, 3},
+      {"lookup grpc",
+       [&](int c) { return grpc_tables.Lookup("t", batches[c], true, grpc_clock, out.data()); },
+       5, 7},
+      {"push_sparse grpc",
+       [&](int c) { return grpc_tables.Push("t", batches[c], grads.data(), ++grpc_clock); },
+       6, 8},
+      {"lookup eval", [&](int c) { return tables.Lookup("t", batches[c], false, clock, out.data()); },
+       5, 7},
+      {"dense pull",
+       [&](int) {
          std::vector<absl::Span<float>> p = {absl::MakeSpan(params)};
          client::PullStats stats;
          return ps->Pull(clock, 0, p, &stats);
-       }},
-      {"dense push", [&](int) {
+       },
+       -1, 7},
+      {"dense push",
+       [&](int) {
          std::vector<absl::Span<const float>> g = {absl::MakeConstSpan(grads)};
          client::PushStats stats;
          return ps->Push(++clock, g, &stats);
-       }},
-      {"echo pull", [&](int) {
+       },
+       -1, 8},
+      {"echo pull",
+       [&](int) {
          grpc::ClientContext context;
          EchoReply reply;
          grpc::Status s = echo_stub->Echo(&context, pull_request, &reply);
          return s.ok() ? absl::OkStatus() : absl::UnavailableError(s.error_message());
-       }},
-      {"echo push", [&](int) {
+       },
+       -1, -1, -1, true},
+      {"echo push",
+       [&](int) {
          grpc::ClientContext context;
          EchoReply reply;
          grpc::Status s = echo_stub->Echo(&context, push_request, &reply);
          return s.ok() ? absl::OkStatus() : absl::UnavailableError(s.error_message());
-       }},
+       },
+       -1, -1, -1, true},
   };
   std::vector<Figures> figures(ops.size());
   for (int round = -1; round < rounds; ++round) {  // round -1 warms up
@@ -223,21 +246,22 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     for (size_t k = 0; k < ops.size(); ++k) {
       const size_t o = (k + static_cast<size_t>(std::max(round, 0))) % ops.size();
       const double cpu0 = SelfCpuSeconds();
-      ASSIGN_OR_RETURN(const double server0, ProcessCpuSeconds(o >= kEcho ? echo : shard));
+      ASSIGN_OR_RETURN(const double server0, ProcessCpuSeconds(ops[o].on_echo ? echo : shard));
       const auto start = Clock::now();
-      for (int c = 0; c < calls; ++c) RETURN_IF_ERROR(ops[o].second(c));
+      for (int c = 0; c < calls; ++c) RETURN_IF_ERROR(ops[o].run(c));
       const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      ASSIGN_OR_RETURN(const double server1, ProcessCpuSeconds(o >= kEcho ? echo : shard));
+      ASSIGN_OR_RETURN(const double server1, ProcessCpuSeconds(ops[o].on_echo ? echo : shard));
       if (round < 0) continue;
       figures[o].rows_per_s.push_back(static_cast<double>(batch) * calls / seconds);
       figures[o].cpu_s += SelfCpuSeconds() - cpu0 + server1 - server0;
       figures[o].row_bytes += row_bytes * calls;
     }
   }
-  auto ratio = [&](size_t a, size_t b) {
+  auto ratio = [&](size_t a, int b) -> std::string {
+    if (b < 0) return "-";
     std::vector<double> r;
     for (int i = 0; i < rounds; ++i) r.push_back(figures[a].rows_per_s[i] / figures[b].rows_per_s[i]);
-    return Median(r);
+    return absl::StrFormat("%.2f", Median(r));
   };
   std::string text = absl::StrCat(
       CommonHeader(command_line),
@@ -251,14 +275,15 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
                       "CPU ms/MB", "x dense", "x echo", "x grpc"));
   for (size_t o = 0; o < ops.size(); ++o) {
     const double rate = Median(figures[o].rows_per_s);
-    const std::string vs_dense = o < kDense ? absl::StrFormat("%.2f", ratio(o, kDense + o % 2)) : "-";
-    const std::string vs_echo = o < kEcho ? absl::StrFormat("%.2f", ratio(o, kEcho + o % 2)) : "-";
-    const std::string vs_grpc = o < kGrpc ? absl::StrFormat("%.2f", ratio(o, kGrpc + o)) : "-";
-    absl::StrAppendFormat(&text, "%-16s %10.2f %10.1f %10.2f %8s %8s %8s\n", ops[o].first,
+    absl::StrAppendFormat(&text, "%-16s %10.2f %10.1f %10.2f %8s %8s %8s\n", ops[o].name,
                           rate / 1e6, rate * dim * width / 1e6,
-                          1e3 * figures[o].cpu_s / (figures[o].row_bytes / 1e6), vs_dense,
-                          vs_echo, vs_grpc);
+                          1e3 * figures[o].cpu_s / (figures[o].row_bytes / 1e6),
+                          ratio(o, ops[o].dense), ratio(o, ops[o].echo), ratio(o, ops[o].grpc));
   }
+  absl::StrAppendFormat(&text,
+                        "# lookup eval x lookup (the same ids on the data port, without "
+                        "training's changes and under the table's shared lock): %s\n",
+                        ratio(4, 0));
   std::printf("%s", text.c_str());
   if (!absl::GetFlag(FLAGS_out).empty()) RETURN_IF_ERROR(WriteTable(absl::GetFlag(FLAGS_out), text));
   return absl::OkStatus();
