@@ -205,11 +205,28 @@ uint32_t SparseTables::Now(const Table& table, int64_t clock) {
   return static_cast<uint32_t>(StepOf(clock));
 }
 
-void SparseTables::AfterChange(Table& table, uint32_t now) {
+bool SparseTables::SweepDue(const Table& table, uint32_t now) {
   const int64_t ttl = table.spec.ttl();
   // Sweep when the clock has moved by an eighth of the TTL: a row lives at
   // most 9/8 of its TTL unused.
-  if (ttl > 0 && now > table.swept && now - table.swept >= std::max<int64_t>(1, ttl / 8)) {
+  return ttl > 0 && now > table.swept && now - table.swept >= std::max<int64_t>(1, ttl / 8);
+}
+
+void SparseTables::ExportCounters(Table& table) {
+  if (metrics_ == nullptr) return;
+  absl::MutexLock lock(&table.export_mu);
+  Export(table.rows->counters(), table.exported, table.set->metrics);
+}
+
+void SparseTables::RaiseNewestClock(Table& table, int64_t clock) {
+  int64_t newest = table.newest_clock.load(std::memory_order_relaxed);
+  while (newest < clock &&
+         !table.newest_clock.compare_exchange_weak(newest, clock, std::memory_order_relaxed)) {
+  }
+}
+
+void SparseTables::AfterChange(Table& table, uint32_t now) {
+  if (SweepDue(table, now)) {
     table.rows->EvictExpired(now);
     table.swept = now;
   }
@@ -217,7 +234,7 @@ void SparseTables::AfterChange(Table& table, uint32_t now) {
   table.bytes_now.store(table.rows->bytes(), std::memory_order_relaxed);
   if (metrics_ == nullptr) return;
   const TableMetrics::Series& m = table.set->metrics;
-  Export(table.rows->counters(), table.exported, m);
+  ExportCounters(table);
   // The shard's own group's step (the first held).
   if (table.step != nullptr && table.group == groups_.front()) {
     m.sync_steps->Set(static_cast<double>(table.steps));
@@ -235,10 +252,25 @@ void SparseTables::AfterChange(Table& table, uint32_t now) {
 
 void SparseTables::TrainLookup(Table& table, absl::Span<const uint64_t> ids, int64_t clock,
                                uint32_t now, float* out) {
-  table.newest_clock = std::max(table.newest_clock, StepOf(clock));
+  RaiseNewestClock(table, StepOf(clock));
   table.rows->LookupForTraining(ids, now, out);
   ++table.ops;
   AfterChange(table, now);
+}
+
+bool SparseTables::TrainLookupStored(Table& table, absl::Span<const uint64_t> ids, int64_t clock,
+                                     float* out) {
+  thread_local std::vector<uint32_t> rows;
+  absl::ReaderMutexLock lock(&table.mu);
+  const uint32_t now = Now(table, clock);
+  if (SweepDue(table, now) || !table.rows->LookupStoredForTraining(ids, now, out, &rows)) {
+    return false;
+  }
+  RaiseNewestClock(table, StepOf(clock));
+  table.stored_ops.fetch_add(1, std::memory_order_relaxed);
+  // Nothing else AfterChange keeps changed: no row came or went.
+  ExportCounters(table);
+  return true;
 }
 
 absl::Status SparseTables::Lookup(const LookupRequest& request,
@@ -268,7 +300,10 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
     out = scratch.data();
   }
   const absl::Time begin = absl::Now();
-  if (request.train()) {
+  // A training lookup that the shard does not forward (--replicas 1) of
+  // rows that all exist runs under the shared lock, beside other lookups.
+  if (request.train() &&
+      (op != nullptr || !TrainLookupStored(*table, ids, request.clock(), out))) {
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
     if (op != nullptr) {
@@ -284,7 +319,7 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
       forwarded.set_group(table->group);
     }
     TrainLookup(*table, ids, request.clock(), now, out);
-  } else {
+  } else if (!request.train()) {
     absl::ReaderMutexLock lock(&table->mu);
     table->rows->LookupReadOnly(ids, out);
   }
@@ -412,11 +447,12 @@ absl::Status SparseTables::PushSparse(const PushSparseRequest& request,
   }
   ++table->ops;
   if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
-  table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
+  RaiseNewestClock(*table, StepOf(request.clock()));
   if (table->set->metrics.unique_ids != nullptr) {
     table->set->metrics.unique_ids->Observe(static_cast<double>(push.ids.size()));
     table->set->metrics.staleness->Observe(
-        static_cast<double>(table->newest_clock - StepOf(request.clock())));
+        static_cast<double>(table->newest_clock.load(std::memory_order_relaxed) -
+                            StepOf(request.clock())));
     table->set->metrics.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - begin));
   }
   AfterChange(*table, now);
@@ -504,7 +540,7 @@ absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wa
   }
   ++table->ops;
   if (request.sequence() != 0) log.Record(request.worker_incarnation(), request.sequence(), 0);
-  table->newest_clock = std::max(table->newest_clock, StepOf(request.clock()));
+  RaiseNewestClock(*table, StepOf(request.clock()));
   AfterChange(*table, op.now());
   return absl::OkStatus();
 }
@@ -520,7 +556,7 @@ int64_t SparseTables::GroupOps(int group) const {
   int64_t ops = 0;
   for (const Table* table : tables) {
     absl::ReaderMutexLock lock(&table->mu);
-    ops += table->ops;
+    ops += table->ops + table->stored_ops.load(std::memory_order_relaxed);
   }
   return ops;
 }
@@ -572,6 +608,7 @@ absl::Status SparseTables::ImportGroup(int group, const GroupStateResponse& stat
       table.rows = std::move(fresh->rows);
       table.step = std::move(fresh->step);
       table.ops = 0;
+      table.stored_ops = 0;
       table.swept = 0;
       table.newest_clock = 0;
       table.steps = 0;
@@ -626,14 +663,16 @@ void SparseTables::WriteRecords(const Table& table, int64_t max_record_bytes, bo
   int64_t steps, ops, newest_clock;
   uint32_t swept;
   {
-    absl::ReaderMutexLock lock(&table.mu);
+    // Exclusive: training lookups under the shared lock mark the records'
+    // last use (EmbeddingTable::LookupStoredForTraining).
+    absl::MutexLock lock(&table.mu);
     table.rows->ExportRecords(&rows);
     table.rows->ExportFilter(&filter);
     record_bytes = table.rows->record_bytes();
     steps = table.steps;
-    ops = table.ops;
+    ops = table.ops + table.stored_ops.load(std::memory_order_relaxed);
     swept = table.swept;
-    newest_clock = table.newest_clock;
+    newest_clock = table.newest_clock.load(std::memory_order_relaxed);
     if (replica && table.step != nullptr) table.step->Export(&step, &arrived);
   }
   // Whole rows per record, and the admission filter in pieces of at most
@@ -708,9 +747,12 @@ absl::Status SparseTables::ReadRecord(const CheckpointRecord& record, bool first
   }
   if (first) {
     if (record.table_steps() > 0) table.steps = record.table_steps();
-    if (record.ops() > 0) table.ops = record.ops();
+    if (record.ops() > 0) {
+      table.ops = record.ops();
+      table.stored_ops = 0;
+    }
     table.swept = std::max(table.swept, record.table_swept());
-    table.newest_clock = std::max(table.newest_clock, record.table_clock());
+    RaiseNewestClock(table, record.table_clock());
   }
   AfterChange(table, table.swept);
   return absl::OkStatus();

@@ -127,14 +127,20 @@ class SparseTables {
     TableSet* set = nullptr;  // the table's groups
     mutable absl::Mutex mu;
     std::unique_ptr<sparse::EmbeddingTable> rows ABSL_GUARDED_BY(mu);
-    // Operations (training lookups, pushes) applied.
+    // Operations (training lookups, pushes) applied, under the exclusive
+    // lock (every one of a replicated table's).
     int64_t ops ABSL_GUARDED_BY(mu) = 0;
+    // ... and training lookups of stored rows under the shared lock
+    // (--replicas 1). ops + stored_ops are the table's operations.
+    std::atomic<int64_t> stored_ops{0};
     // The clock of the last TTL sweep.
     uint32_t swept ABSL_GUARDED_BY(mu) = 0;
-    // The newest worker clock of a training lookup or push.
-    int64_t newest_clock ABSL_GUARDED_BY(mu) = 0;
+    // The newest worker clock of a training lookup or push (raised by
+    // RaiseNewestClock, also under the shared lock).
+    std::atomic<int64_t> newest_clock{0};
     // What counters() said when last exported to the metrics.
-    sparse::TableCounters exported ABSL_GUARDED_BY(mu);
+    mutable absl::Mutex export_mu ABSL_ACQUIRED_AFTER(mu);
+    sparse::TableCounters exported ABSL_GUARDED_BY(export_mu);
     // Sync tables: the steps applied, and the open step's pushes (null for
     // an async table).
     int64_t steps ABSL_GUARDED_BY(mu) = 0;
@@ -180,9 +186,21 @@ class SparseTables {
   // seconds for a TTL in seconds.
   static uint32_t Now(const Table& table, int64_t clock);
   void AfterChange(Table& table, uint32_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // Whether AfterChange at `now` sweeps the rows past their TTL.
+  static bool SweepDue(const Table& table, uint32_t now) ABSL_SHARED_LOCKS_REQUIRED(table.mu);
+  // The table's counters into its metrics.
+  void ExportCounters(Table& table) ABSL_SHARED_LOCKS_REQUIRED(table.mu)
+      ABSL_LOCKS_EXCLUDED(table.export_mu);
+  static void RaiseNewestClock(Table& table, int64_t clock);
   // A training lookup's changes to `table` at `now` (rows into out).
   void TrainLookup(Table& table, absl::Span<const uint64_t> ids, int64_t clock, uint32_t now,
                    float* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
+  // TrainLookup of ids whose rows all exist, under the shared lock, beside
+  // other lookups (EmbeddingTable::LookupStoredForTraining). False, with
+  // nothing changed, when an id has no row or the rows are due for their
+  // TTL sweep: the caller then calls TrainLookup.
+  bool TrainLookupStored(Table& table, absl::Span<const uint64_t> ids, int64_t clock, float* out)
+      ABSL_LOCKS_EXCLUDED(table.mu);
   // Applies a checked push to `table` (async: now; sync: into its step, and
   // the step's mean once complete). Returns the gradients dropped (of ids
   // without a row; a sync step's, by the push that completes it), or an

@@ -1,5 +1,7 @@
 #include "server/sparse_tables.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -457,6 +459,85 @@ TEST(TableTtlTest, RowsUnusedForTheTtlInSecondsAreEvicted) {
   EXPECT_EQ(rows(), 1) << "ids 1 and 2 were unused for 2 s with a TTL of 1 s";
   lookup({1}, /*clock=*/1);
   EXPECT_EQ(rows(), 2);
+}
+
+// Training lookups of stored rows run under the table's shared lock,
+// beside each other (--replicas 1), while lookups of new ids create rows
+// and evict others under the exclusive one. Every lookup must read each
+// id's own row, and the table must stay within its capacity.
+TEST(TableConcurrencyTest, TrainingLookupsBesideEvictionsReadEachIdsOwnRow) {
+  constexpr int kRowDim = 4;
+  constexpr uint64_t kIds = 512;
+  SparseTables tables(ShardOptions(), {0}, /*incarnation=*/1, /*metrics=*/nullptr);
+  RegisterTablesRequest request;
+  TableSpec* spec = request.add_tables();
+  spec->set_name("t");
+  spec->set_dim(kRowDim);
+  spec->set_optimizer("sgd");
+  spec->set_learning_rate(0.1f);
+  spec->set_capacity(128);  // evicts as ids beyond it come in
+  const absl::Status registered = tables.Register(request);
+  ASSERT_TRUE(registered.ok()) << registered;
+  std::atomic<int64_t> clock{1};
+  // Each id's rows as a training lookup at the next clock reads them.
+  const auto lookup = [&](const std::vector<uint64_t>& ids, bool train) {
+    LookupRequest lookup;
+    lookup.set_table("t");
+    lookup.set_ids(Bytes(ids.data(), ids.size() * 8));
+    lookup.set_train(train);
+    lookup.set_clock(clock.fetch_add(1));
+    wire::LookupResponseBuilder builder;
+    EXPECT_TRUE(tables.Lookup(lookup, &builder).ok());
+    grpc::ByteBuffer buffer;
+    builder.Finish(&buffer);
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(buffer.Dump(&slices).ok());
+    std::string bytes;
+    for (const grpc::Slice& slice : slices) {
+      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    LookupResponse response;
+    EXPECT_TRUE(response.ParseFromString(bytes));
+    std::vector<float> rows(ids.size() * kRowDim);
+    EXPECT_EQ(response.rows().size(), rows.size() * sizeof(float));
+    std::memcpy(rows.data(), response.rows().data(),
+                std::min(response.rows().size(), rows.size() * sizeof(float)));
+    return rows;
+  };
+  // Nothing is pushed: every row holds its id's initial value, which a
+  // read-only lookup of an empty table gives.
+  std::vector<uint64_t> all(kIds);
+  for (uint64_t id = 0; id < kIds; ++id) all[id] = id;
+  const std::vector<float> initial = lookup(all, /*train=*/false);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      for (int call = 0; call < 1500; ++call) {
+        // Threads 0 and 1 look up 16 of 96 ids (often all stored: the
+        // shared path), 2 and 3 any of the 512 (creating rows, evicting).
+        const uint64_t range = t < 2 ? 96 : kIds;
+        std::vector<uint64_t> ids;
+        while (ids.size() < 16) {
+          const uint64_t id = rng() % range;
+          if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+        }
+        const std::vector<float> rows = lookup(ids, /*train=*/true);
+        for (size_t i = 0; i < ids.size(); ++i) {
+          if (!std::equal(rows.begin() + i * kRowDim, rows.begin() + (i + 1) * kRowDim,
+                          initial.begin() + ids[i] * kRowDim)) {
+            ++wrong;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0) << "rows read for another id";
+  StatusResponse status;
+  tables.FillStatus(&status);
+  EXPECT_LE(status.tables(0).rows(), 128);
 }
 
 }  // namespace

@@ -178,6 +178,17 @@ void EmbeddingTable::Touch(uint32_t row, uint32_t now) {
   if (lfu_ && meta[1] != UINT32_MAX) ++meta[1];
 }
 
+void EmbeddingTable::TouchShared(uint32_t row, uint32_t now) {
+  uint32_t* meta = Meta(row);
+  __atomic_store_n(&meta[0], now, __ATOMIC_RELAXED);
+  if (!lfu_) return;
+  uint32_t count = __atomic_load_n(&meta[1], __ATOMIC_RELAXED);
+  while (count != UINT32_MAX &&
+         !__atomic_compare_exchange_n(&meta[1], &count, count + 1, /*weak=*/true,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+}
+
 bool EmbeddingTable::Admit(uint64_t id) {
   switch (config_.admission.kind) {
     case Admission::Kind::kNone:
@@ -296,6 +307,30 @@ void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t 
       init_.Fill(ids[i], out + i * d);
     }
   }
+}
+
+bool EmbeddingTable::LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now,
+                                             float* out, std::vector<uint32_t>* rows) {
+  const int32_t d = config_.dim;
+  rows->resize(ids.size());
+  bool all = true;
+  ProbeAll(ids, [&](size_t i, uint32_t row) {
+    if (!all) return;  // ProbeAll runs to the end; a miss makes the rest cheap
+    if (row == kNone) {
+      all = false;
+      return;
+    }
+    (*rows)[i] = row;
+    ReadValue(row, out + i * d);
+  });
+  if (!all) return false;
+  const size_t n = rows->size();
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kRecordAhead < n) store_.Prefetch((*rows)[i + kRecordAhead]);
+    TouchShared((*rows)[i], now);
+  }
+  stored_lookups_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+  return true;
 }
 
 int64_t EmbeddingTable::LookupReadOnly(absl::Span<const uint64_t> ids, float* out) const {

@@ -16,10 +16,12 @@
 //   ...
 //   table->Apply(unique_ids, row_grads.data(), step, /*lr_scale=*/1.0f);
 //
-// Not thread-safe: the owner (the shard) serialises calls.
+// Not thread-safe: the owner (the shard) serialises calls, but for
+// LookupStoredForTraining, which may run beside readers.
 #ifndef SHARDTRAIN_SPARSE_EMBEDDING_TABLE_H_
 #define SHARDTRAIN_SPARSE_EMBEDDING_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -66,6 +68,17 @@ class EmbeddingTable {
   // seconds). ids may repeat. Writes ids.size() * dim floats to out.
   void LookupForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out);
 
+  // LookupForTraining when every id has a row, which then creates and
+  // evicts nothing: writes the rows to out, marks them used at `now` and
+  // returns true. Otherwise returns false with nothing changed (out then
+  // holds nothing of use); rows is scratch (its memory is kept). Unlike
+  // the rest of this class, it may run beside other calls of itself and of
+  // the const methods but ExportRecords and ReadRecord, which read the
+  // marks: the owner holds a shared lock for these, an exclusive one for
+  // the others.
+  bool LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out,
+                               std::vector<uint32_t>* rows);
+
   // Evaluation: stored rows as they are, other ids as their initial value;
   // changes nothing. Returns the number of ids found.
   int64_t LookupReadOnly(absl::Span<const uint64_t> ids, float* out) const;
@@ -85,7 +98,11 @@ class EmbeddingTable {
   int64_t capacity() const { return capacity_; }
   // Bytes the table holds: index, records, admission filter.
   int64_t bytes() const;
-  const TableCounters& counters() const { return counters_; }
+  TableCounters counters() const {
+    TableCounters counters = counters_;
+    counters.lookups += stored_lookups_.load(std::memory_order_relaxed);
+    return counters;
+  }
 
   // Records: the id (8 bytes), the value (dim f32, or dim bf16 padded to
   // whole words), the optimizer state (state words of
@@ -147,6 +164,8 @@ class EmbeddingTable {
   template <typename OnRow>
   void ProbeAll(absl::Span<const uint64_t> ids, const OnRow& on_row) const;
   void Touch(uint32_t row, uint32_t now);
+  // Touch, beside other calls of itself (atomic).
+  void TouchShared(uint32_t row, uint32_t now);
   bool Admit(uint64_t id);
   uint32_t CreateRow(uint64_t id, uint64_t hash, uint32_t now);
   void EraseRow(uint32_t row);
@@ -170,6 +189,8 @@ class EmbeddingTable {
   RowIndex index_;
   RowStore store_;
   TableCounters counters_;
+  // LookupStoredForTraining's ids (counters() adds them to lookups).
+  std::atomic<int64_t> stored_lookups_{0};
 };
 
 }  // namespace shardtrain::sparse

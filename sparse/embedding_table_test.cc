@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -338,6 +340,109 @@ TEST(EmbeddingTableTest, SameOperationsGiveBitIdenticalTables) {
   b->ExportRecords(&rb);
   EXPECT_GT(a->counters().evicted_capacity, 0);
   EXPECT_EQ(ra, rb);
+}
+
+// Training lookups as the shard runs them for --replicas 1: of stored rows
+// under a shared lock, else LookupForTraining under the exclusive one.
+std::vector<float> TrainStored(EmbeddingTable& t, std::vector<uint64_t> ids, uint32_t now,
+                               int64_t* stored) {
+  std::vector<float> out(ids.size() * t.dim());
+  std::vector<uint32_t> rows;
+  if (t.LookupStoredForTraining(ids, now, out.data(), &rows)) {
+    ++*stored;
+  } else {
+    t.LookupForTraining(ids, now, out.data());
+  }
+  return out;
+}
+
+TEST(EmbeddingTableTest, LookupsOfStoredRowsEqualTrainingLookups) {
+  for (const Eviction::Policy policy : {Eviction::Policy::kLru, Eviction::Policy::kLfu}) {
+    TableConfig c = Config(8);
+    c.optimizer.kind = SparseOptimizerKind::kRowWiseAdagrad;
+    c.eviction.capacity = 256;
+    c.eviction.policy = policy;
+    auto a = Make(c);
+    auto b = Make(c);
+    int64_t stored = 0;
+    for (uint32_t step = 1; step <= 40; ++step) {
+      // Ids 0..49 every third step (stored from the second time on), other
+      // ids up to 700 between (rows created and evicted).
+      std::vector<uint64_t> ids;
+      for (uint64_t i = 0; i < 50; ++i) ids.push_back(step % 3 == 0 ? i : (i * i + step * 37) % 700);
+      ASSERT_EQ(Train(*a, ids, step), TrainStored(*b, ids, step, &stored)) << "step " << step;
+      std::sort(ids.begin(), ids.end());
+      ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+      std::vector<float> g(ids.size() * 8, 0.01f * step);
+      a->Apply(ids, g.data(), step, 1.0f);
+      b->Apply(ids, g.data(), step, 1.0f);
+    }
+    EXPECT_GE(stored, 10) << "lookups of stored rows";
+    EXPECT_GT(a->counters().evicted_capacity, 0);
+    std::string ra, rb;
+    a->ExportRecords(&ra);
+    b->ExportRecords(&rb);
+    EXPECT_EQ(ra, rb) << "the last uses (and LFU counts) must match too";
+    EXPECT_EQ(a->counters().lookups, b->counters().lookups);
+  }
+}
+
+TEST(EmbeddingTableTest, ALookupOfStoredRowsWithAnIdMissingChangesNothing) {
+  TableConfig c = Config();
+  c.eviction.policy = Eviction::Policy::kLfu;
+  auto t = Make(c);
+  Train(*t, {1, 2}, 1);
+  std::string before;
+  t->ExportRecords(&before);
+  std::vector<float> out(3 * 4);
+  std::vector<uint32_t> rows;
+  EXPECT_FALSE(t->LookupStoredForTraining({1, 3, 2}, 2, out.data(), &rows));
+  std::string after;
+  t->ExportRecords(&after);
+  EXPECT_EQ(before, after);
+  EXPECT_EQ(t->rows(), 2);
+  EXPECT_EQ(t->counters().lookups, 2);
+  ASSERT_TRUE(t->LookupStoredForTraining({2, 1}, 2, out.data(), &rows));
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 8), Read(*t, {2, 1}));
+  EXPECT_EQ(t->counters().lookups, 4);
+  after.clear();
+  t->ExportRecords(&after);
+  EXPECT_NE(before, after) << "rows 1 and 2 were marked used at 2";
+}
+
+TEST(EmbeddingTableTest, LookupsOfStoredRowsRunBesideEachOther) {
+  TableConfig c = Config();
+  c.eviction.policy = Eviction::Policy::kLfu;
+  auto t = Make(c);
+  constexpr uint64_t kRows = 64;
+  std::vector<uint64_t> all(kRows);
+  std::iota(all.begin(), all.end(), 0);
+  Train(*t, all, 1);  // every row used once
+  constexpr int kThreads = 4;
+  constexpr int kCalls = 2000;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < kThreads; ++k) {
+    threads.emplace_back([&t, &all, k] {
+      std::vector<float> out(kRows * 4);
+      std::vector<uint32_t> rows;
+      for (int call = 0; call < kCalls; ++call) {
+        ASSERT_TRUE(t->LookupStoredForTraining(all, static_cast<uint32_t>(2 + k), out.data(), &rows));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(t->counters().lookups, static_cast<int64_t>(kRows) * (1 + kThreads * kCalls));
+  // Every use counted: each record's LFU count (its last word) is 1 + the
+  // lookups, and its last use one of the threads' clocks.
+  for (uint64_t id = 0; id < kRows; ++id) {
+    const std::optional<std::string> record = t->ReadRecord(id);
+    ASSERT_TRUE(record.has_value());
+    uint32_t meta[2];
+    std::memcpy(meta, record->data() + record->size() - 8, 8);
+    EXPECT_GE(meta[0], 2u);
+    EXPECT_LT(meta[0], 2u + kThreads);
+    EXPECT_EQ(meta[1], 1u + kThreads * kCalls) << id;
+  }
 }
 
 // The spacing of bf16 values around x (8 significant bits).
