@@ -18,6 +18,7 @@
 #include "server/checkpoint_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "wire/testing/flatten.h"
 
 namespace shardtrain::server {
 namespace {
@@ -416,14 +417,8 @@ TEST_F(CheckpointTest, AStepCheckpointHoldsTheTablesAsTheyWereAtItsStep) {
     EXPECT_TRUE(shard.tables().Lookup(lookup, &builder).ok());
     grpc::ByteBuffer buffer;
     builder.Finish(&buffer);
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(buffer.Dump(&slices).ok());
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
     LookupResponse response;
-    EXPECT_TRUE(response.ParseFromString(bytes));
+    EXPECT_TRUE(response.ParseFromString(wire::Flatten(buffer)));
     float row = 0;
     std::memcpy(&row, response.rows().data(), sizeof(row));
     return row;

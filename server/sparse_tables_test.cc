@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sparse/id_hash.h"
+#include "wire/testing/flatten.h"
 
 namespace shardtrain::server {
 namespace {
@@ -82,13 +83,7 @@ class SyncTableTest : public ::testing::Test {
     grpc::ByteBuffer buffer;
     builder.Finish(&buffer);
     LookupResponse response;
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(buffer.Dump(&slices).ok());
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
-    EXPECT_TRUE(response.ParseFromString(bytes));
+    EXPECT_TRUE(response.ParseFromString(wire::Flatten(buffer)));
     std::vector<float> firsts;
     for (size_t i = 0; i < ids.size(); ++i) {
       float x;
@@ -490,14 +485,8 @@ TEST(TableConcurrencyTest, TrainingLookupsBesideEvictionsReadEachIdsOwnRow) {
     EXPECT_TRUE(tables.Lookup(lookup, &builder).ok());
     grpc::ByteBuffer buffer;
     builder.Finish(&buffer);
-    std::vector<grpc::Slice> slices;
-    EXPECT_TRUE(buffer.Dump(&slices).ok());
-    std::string bytes;
-    for (const grpc::Slice& slice : slices) {
-      bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    }
     LookupResponse response;
-    EXPECT_TRUE(response.ParseFromString(bytes));
+    EXPECT_TRUE(response.ParseFromString(wire::Flatten(buffer)));
     std::vector<float> rows(ids.size() * kRowDim);
     EXPECT_EQ(response.rows().size(), rows.size() * sizeof(float));
     std::memcpy(rows.data(), response.rows().data(),
