@@ -16,8 +16,9 @@
 //               the job's 2) with PsClientOptions::use_data_port false,
 //               on the same shard and table
 //   lookup eval TableClient::Lookup(eval) of the batch on the data port:
-//               the rows as they are, under the table's shared lock (a
-//               training lookup creates and marks rows, under its
+//               the rows as they are, under the table's shared lock,
+//               marking nothing (a training lookup of stored rows also
+//               marks them used; one that creates rows takes the
 //               exclusive lock)
 //   dense pull  PsClient::Pull of one tensor of batch x dim f32 (the rows'
 //               bytes), registered on the same shard, on the data port
@@ -281,8 +282,8 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
                           ratio(o, ops[o].dense), ratio(o, ops[o].echo), ratio(o, ops[o].grpc));
   }
   absl::StrAppendFormat(&text,
-                        "# lookup eval x lookup (the same ids on the data port, without "
-                        "training's changes and under the table's shared lock): %s\n",
+                        "# lookup eval x lookup (the same ids on the data port, read "
+                        "without marking them used): %s\n",
                         ratio(4, 0));
   std::printf("%s", text.c_str());
   if (!absl::GetFlag(FLAGS_out).empty()) RETURN_IF_ERROR(WriteTable(absl::GetFlag(FLAGS_out), text));
