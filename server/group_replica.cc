@@ -11,6 +11,7 @@
 #include "common/float_env.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
+#include "server/internal/partition_locks.h"
 #include "server/partition_record.h"
 #include "server/replication/group_state_parts.h"
 #include "server/request_checks.h"
@@ -140,6 +141,76 @@ absl::Status GroupReplica::ApplyForwardedPart(Partition& p, const DecodedPart& p
   return absl::OkStatus();
 }
 
+absl::Status GroupReplica::ApplyForwardedParts(const wire::PushView& request,
+                                              const std::vector<DecodedPart>& parts,
+                                              absl::Duration wait,
+                                              const std::function<bool()>& still_valid,
+                                              int64_t* max_staleness) {
+  // Every part's operation reached first, none applied: operation counts
+  // only grow, so each stays reached.
+  for (const DecodedPart& part : parts) {
+    Partition& p = *part.partition;
+    const int64_t op = request.replicated[part.request_index].op();
+    if (!LockAtOp(p, op, wait, still_valid)) {
+      return absl::UnavailableError(absl::StrFormat(
+          "%s/%d: operation %d is not next here (the chain changed, or an earlier forward "
+          "is missing); retry",
+          p.tensor, p.index, op));
+    }
+    p.mu.Unlock();
+  }
+  // Then the push is applied whole, as the head applies one (Shard::DedupedPush,
+  // in the same lock order: the worker's log, then the partitions). The
+  // log is recorded before it is released: this shard, heading the chain
+  // next, answers the worker's retry as a duplicate.
+  PushLog& log = shard_.push_logs->Of(parts.front().partition->group, request.worker);
+  absl::MutexLock log_lock(&log.mu());
+  std::vector<Partition*> to_lock;
+  to_lock.reserve(parts.size());
+  for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
+  internal::PartitionLocks locks(std::move(to_lock));
+  // A forward of an older chain, whose head is gone: the new head may have
+  // applied the worker's retry of this push (or another) at this push's
+  // operation, so the count says nothing; the head's retry of the forward
+  // goes under the new chain. Asked with the partitions held: an operation
+  // of a newer chain is applied only after this shard adopted it.
+  if (!still_valid()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "a forward of push %d of worker %d comes from a chain this shard is no longer at; "
+        "retry",
+        request.sequence, request.worker));
+  }
+  for (const DecodedPart& part : parts) {
+    part.partition->mu.AssertHeld();  // by `locks`
+    if (part.partition->ops < request.replicated[part.request_index].op()) {
+      return absl::InternalError(absl::StrFormat(
+          "%s/%d: its operation count went back while a forward waited",
+          part.partition->tensor, part.partition->index));
+    }
+  }
+  for (const DecodedPart& part : parts) {
+    Partition& p = *part.partition;
+    p.mu.AssertHeld();  // by `locks`
+    const ReplicatedOp& op = request.replicated[part.request_index];
+    if (p.ops > op.op()) {  // applied by an earlier copy of this forward
+      locks.Release(&p);
+      continue;
+    }
+    int64_t staleness = 0;
+    const absl::Status status = ApplyForwardedPart(p, part, op, request.worker, &staleness);
+    locks.Release(&p);
+    if (!status.ok()) {
+      LOG(ERROR) << status;
+      return status;
+    }
+    *max_staleness = std::max(*max_staleness, staleness);
+  }
+  if (request.sequence != 0) {
+    log.Record(request.worker_incarnation, request.sequence, *max_staleness);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::Duration wait,
                                     const std::function<bool()>& still_valid,
                                     PushResponse* response, Applied* applied) {
@@ -176,22 +247,8 @@ absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::D
       applied->partitions[part.request_index] = part.partition;
     }
   }
-  for (const DecodedPart& part : parts) {
-    const ReplicatedOp& op = request.replicated[part.request_index];
-    Partition& p = *part.partition;
-    if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
-    if (p.ops > op.op()) {  // applied by an earlier copy of this forward
-      p.mu.Unlock();
-      continue;
-    }
-    int64_t staleness = 0;
-    const absl::Status status = ApplyForwardedPart(p, part, op, request.worker, &staleness);
-    p.mu.Unlock();
-    if (!status.ok()) {
-      LOG(ERROR) << status;
-      return status;
-    }
-    max_staleness = std::max(max_staleness, staleness);
+  if (num_parts > 0) {
+    RETURN_IF_ERROR(ApplyForwardedParts(request, parts, wait, still_valid, &max_staleness));
     progressed = true;
   }
   for (size_t i = num_parts; i < request.replicated.size(); ++i) {
@@ -202,6 +259,10 @@ absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::D
     ASSIGN_OR_RETURN(Partition * found, shard_.store->Find(op.close()));
     Partition& p = *found;
     if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
+    if (!still_valid()) {  // see ApplyForwardedParts
+      p.mu.Unlock();
+      return timed_out(p, op.op());
+    }
     if (p.ops == op.op()) {
       shard_.updater->MaybeFinishStep(p, /*close=*/true);
       ++p.ops;
@@ -211,12 +272,8 @@ absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::D
   }
   response->set_max_staleness(max_staleness);
   if (num_parts > 0) {
-    // The replica's push log and membership follow the head's.
-    if (request.sequence != 0) {
-      PushLog& log = shard_.push_logs->Of(parts.front().partition->group, request.worker);
-      absl::MutexLock lock(&log.mu());
-      log.Record(request.worker_incarnation, request.sequence, max_staleness);
-    }
+    // The replica's membership follows the head's (its push log did in
+    // ApplyForwardedParts).
     shard_.metrics->gradients_received().Increment(static_cast<double>(num_parts));
     const Membership::UpdateResult update =
         shard_.membership->Update(static_cast<int>(request.worker), request.worker_incarnation,

@@ -5,10 +5,10 @@
 //  - Head: Shard::Push applies a worker's push and reports where each part
 //    went (Applied: operation count and version after, per part); the
 //    forwarded copy carries that.
-//  - Follower: ApplyForwarded applies a forwarded push part by part at the
-//    head's operation counts and with the head's sync-step decisions
-//    (closes included), so every member stays bit-identical; a forward sent
-//    again changes nothing.
+//  - Follower: ApplyForwarded applies a forwarded push whole at the head's
+//    operation counts and with the head's sync-step decisions (closes
+//    included), so every member stays bit-identical; a forward sent again
+//    changes nothing, and one from a chain this shard has left is refused.
 //  - Commit marks: a version is committed once the tail holds it
 //    (MarkCommitted as forwards are acknowledged, CommitGroup when this
 //    shard is the tail); committed reads wait for it (PullReader).
@@ -92,10 +92,12 @@ class GroupReplica {
 
   // Applies a push forwarded down its group's chain: part i at operation
   // request.replicated[i].op of its partition, waiting up to `wait` (zero:
-  // not at all) for the operations before it while `still_valid()` holds
-  // (UNAVAILABLE otherwise, the parts applied by then staying applied);
-  // parts already applied are skipped. Trailing replicated
-  // entries with a `close` key close that partition's sync step.
+  // not at all) for the operations before it while `still_valid()` (this
+  // shard still a member of the chain the forward came under) holds.
+  // The parts are applied together, and only while `still_valid()` holds;
+  // UNAVAILABLE, with none applied, otherwise. Parts already applied are
+  // skipped. Trailing replicated entries with a `close` key close that
+  // partition's sync step.
   absl::Status ApplyForwarded(const wire::PushView& request, absl::Duration wait,
                               const std::function<bool()>& still_valid,
                               PushResponse* response, Applied* applied = nullptr);
@@ -122,6 +124,13 @@ class GroupReplica {
   void Closed(int group, std::vector<ReplicatedOp> closes) const;
 
  private:
+  // ApplyForwarded's parts (`parts`, decoded from `request`, at least one):
+  // all applied, those already applied skipped, and the push recorded in
+  // the worker's log; or none.
+  absl::Status ApplyForwardedParts(const wire::PushView& request,
+                                   const std::vector<DecodedPart>& parts, absl::Duration wait,
+                                   const std::function<bool()>& still_valid,
+                                   int64_t* max_staleness);
   // A follower's step for one part, `p` locked at the part's operation.
   absl::Status ApplyForwardedPart(Partition& p, const DecodedPart& part,
                                   const ReplicatedOp& op, uint32_t worker,

@@ -4,7 +4,9 @@
 #include "server/group_replica.h"
 
 #include <cstring>
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <prometheus/registry.h>
@@ -183,6 +185,36 @@ TEST_F(GroupReplicaTest, AForwardAheadOfItsTurnWaitsThenIsRefusedUnavailable) {
   ASSERT_TRUE(Forward(*follower_, forward1).ok());
   EXPECT_EQ(Values(*follower_, 0), Values(*head_, 0));
   EXPECT_EQ(Values(*follower_, 0)[0], -1.0f);
+}
+
+// The head died with two pushes forwarded; the second's forward came first
+// and waits for the first's, which never comes. The chain moves on (this
+// follower heads it now) and the worker's retry of the second push is
+// applied here at the operation the first had: the waiting forward, from
+// the old chain, must not then apply the same push again at its own.
+TEST_F(GroupReplicaTest, AForwardOfAChainThatMovedOnIsNotAppliedAtItsTurn) {
+  GroupReplica::Applied first, second;
+  ApplyAtHead(Push(0, 1.0f, 1), &first);  // its forward is lost with the head
+  const PushRequest forward = ApplyAtHead(Push(0, 1.0f, 2), &second);
+  std::atomic<bool> valid{true};
+  absl::Status waited;
+  std::thread waiting([&] {
+    PushResponse response;
+    waited = follower_->replica().ApplyForwarded(wire::ViewOf(forward), absl::Seconds(10),
+                                                 [&valid] { return valid.load(); }, &response);
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // it waits for operation 0
+  valid = false;                           // the chain moved on without the head
+  PushResponse response;
+  ASSERT_TRUE(follower_->Push(wire::ViewOf(Push(0, 1.0f, 2)), 0, &response, nullptr).ok());
+  EXPECT_FALSE(response.duplicate());
+  waiting.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+  // The worker's retry of the first push: applied once too.
+  ASSERT_TRUE(follower_->Push(wire::ViewOf(Push(0, 1.0f, 1)), 0, &response, nullptr).ok());
+  EXPECT_FALSE(response.duplicate());
+  EXPECT_EQ(follower_->replica().Ops(0), 2 * static_cast<int64_t>(by_group_[0].size()));
+  EXPECT_EQ(Values(*follower_, 0), Values(*head_, 0));
 }
 
 TEST_F(GroupReplicaTest, AForwardThatDisagreesWithThisReplicaIsAnInternalError) {

@@ -520,6 +520,15 @@ absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wa
         "earlier forward is missing); retry",
         table->spec.name(), op.group(), op.op()));
   }
+  // A forward of a chain this shard has left: its new head may have applied
+  // the worker's retry at this operation (GroupReplica::ApplyForwardedParts).
+  // Asked under the table's lock, like the head's operations take it.
+  if (!still_valid()) {
+    return absl::UnavailableError(absl::StrFormat(
+        "table \"%s\" group %d: operation %d comes from a chain this shard is no longer at; "
+        "retry",
+        table->spec.name(), op.group(), op.op()));
+  }
   if (table->ops > op.op()) return absl::OkStatus();  // an earlier copy applied it
   if (!is_push) {
     thread_local std::vector<float> scratch;

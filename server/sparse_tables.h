@@ -81,8 +81,8 @@ class SparseTables {
   // Applies an operation of a chain's head (Lookup's or PushSparse's *op)
   // once the group has applied every earlier one, waiting up to `wait`
   // (zero: not at all) while still_valid() holds (UNAVAILABLE after that: the chain changed,
-  // or an earlier forward is missing); an operation applied before is
-  // skipped. The request is checked as at the head: a malformed operation
+  // or an earlier forward is missing), and applied only while it holds;
+  // an operation applied before is skipped. The request is checked as at the head: a malformed operation
   // is INVALID_ARGUMENT (FAILED_PRECONDITION on an unreplicated shard) and
   // changes nothing; INTERNAL when the table refuses a well-formed push
   // the head applied (the replica diverged).

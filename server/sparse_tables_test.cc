@@ -390,6 +390,25 @@ TEST_F(ReplicatedTableTest, AnOperationWaitsForTheOnesBeforeIt) {
   EXPECT_EQ(replica_.GroupOps(0), 2);
 }
 
+// An operation of a chain this shard has left, waiting for the one before
+// it, is refused once the chain moved on, even when the count then reaches
+// it: the new head's operation at that count may be another one.
+TEST_F(ReplicatedTableTest, AnOperationOfAChainThatMovedOnIsNotAppliedAtItsTurn) {
+  const std::vector<SparseOp> ops = Train(1, 1);
+  std::atomic<bool> valid{true};
+  absl::Status stale;
+  std::thread waiting([&] {
+    stale = replica_.ApplyReplicated(ops[1], absl::Seconds(10),
+                                     [&valid] { return valid.load(); });
+  });
+  absl::SleepFor(absl::Milliseconds(50));  // it waits for operation 0
+  valid = false;
+  ASSERT_TRUE(Apply(replica_, ops[0]).ok());  // operation 0 under the new chain
+  waiting.join();
+  EXPECT_EQ(stale.code(), absl::StatusCode::kUnavailable) << stale;
+  EXPECT_EQ(replica_.GroupOps(0), 1);
+}
+
 TEST_F(ReplicatedTableTest, BadOperationsAreRefusedAndChangeNothing) {
   const std::vector<SparseOp> ops = Train(1, 1);
   SparseOp both = ops[0];
