@@ -6,7 +6,9 @@
 //
 // The table (dim --dim, f32, --optimizer) holds --rows rows; each call
 // names --batch unique ids drawn at random from them (rows that exist: the
-// steady state of a trained table). Per round, in turn:
+// steady state of a trained table; with --new_share, that share of a
+// training lookup's ids are new, as in a table that still grows). Per
+// round, in turn:
 //   lookup      TableClient::Lookup(train) of the batch: ids out, rows back,
 //               on the shard's data port
 //   push_sparse TableClient::Push of the batch's row gradients (applied),
@@ -38,6 +40,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -66,6 +69,10 @@ ABSL_FLAG(std::string, order, "sorted",
 ABSL_FLAG(int64_t, rows, 1'000'000, "Rows in the table");
 ABSL_FLAG(int, dim, 16, "Embedding dim");
 ABSL_FLAG(int, batch, 65536, "Unique ids per call");
+ABSL_FLAG(double, new_share, 0.0,
+          "Share of each training lookup's ids that have no row yet (ids never sent "
+          "before, which the lookup creates: a table that still grows); the other ids, and "
+          "every push's and evaluation lookup's, have rows");
 ABSL_FLAG(std::string, optimizer, "rowwise_adagrad", "The table's optimizer");
 ABSL_FLAG(int, rounds, 5, "Rounds (medians reported)");
 ABSL_FLAG(int, calls, 10, "Calls of each operation per round");
@@ -102,6 +109,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   if (rows < batch || dim < 1 || batch < 1 || rounds < 1 || calls < 1) {
     return absl::InvalidArgumentError("need --rows >= --batch >= 1, --dim, --rounds, --calls >= 1");
   }
+  const double new_share = absl::GetFlag(FLAGS_new_share);
+  if (!(new_share >= 0.0 && new_share < 1.0)) {
+    return absl::InvalidArgumentError("--new_share must be in [0, 1)");
+  }
+  const size_t new_per_call = static_cast<size_t>(std::llround(new_share * batch));
   const std::string dir = MakeTempDir("table_rpc_bench");
   ProcessGroup group;
   testutil::LocalClusterOptions cluster_options;
@@ -184,6 +196,18 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
   push_request.set_payload(std::string(static_cast<size_t>(batch) * 8 + row_bytes, 'g'));
   int64_t clock = 0, grpc_clock = 0;
+  // A training lookup's ids: batch c's, the last new_per_call of them
+  // replaced by ids above every row's (their order kept when sorted).
+  uint64_t next_new = static_cast<uint64_t>(rows);
+  std::vector<uint64_t> with_new;
+  auto training = [&](int c) -> const std::vector<uint64_t>& {
+    if (new_per_call == 0) return batches[c];
+    with_new = batches[c];
+    for (size_t i = with_new.size() - new_per_call; i < with_new.size(); ++i) {
+      with_new[i] = next_new++;
+    }
+    return with_new;
+  };
   // What each operation is compared with, by index in `ops` (-1: nothing).
   struct Op {
     std::string name;
@@ -194,12 +218,14 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     bool on_echo = false;
   };
   const std::vector<Op> ops = {
-      {"lookup", [&](int c) { return tables.Lookup("t", batches[c], true, clock, out.data()); },
+      {"lookup", [&](int c) { return tables.Lookup("t", training(c), true, clock, out.data()); },
        5, 7, 2},
       {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); },
        6, 8, 3},
       {"lookup grpc",
-       [&](int c) { return grpc_tables.Lookup("t", batches[c], true, grpc_clock, out.data()); },
+       [&](int c) {
+         return grpc_tables.Lookup("t", training(c), true, grpc_clock, out.data());
+       },
        5, 7},
       {"push_sparse grpc",
        [&](int c) { return grpc_tables.Push("t", batches[c], grads.data(), ++grpc_clock); },
@@ -268,10 +294,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
       CommonHeader(command_line),
       absl::StrFormat("# 2 workers (PsClients of this process: data port, gRPC), 1 ps-server "
                       "process; table of %d rows, dim %d f32 (%s on "
-                      "the wire), %s; %d unique ids per call (%s of rows, %s); %d rounds of %d "
-                      "calls\n",
+                      "the wire), %s; %d unique ids per call (%s of rows, %s), %d of a "
+                      "training lookup's new; %d rounds of %d calls\n",
                       rows, dim, common::DTypeName(wire), absl::GetFlag(FLAGS_optimizer), batch,
-                      SizeName(static_cast<int64_t>(row_bytes)), order, rounds, calls),
+                      SizeName(static_cast<int64_t>(row_bytes)), order, new_per_call, rounds,
+                      calls),
       absl::StrFormat("%-16s %10s %10s %10s %8s %8s %8s\n", "operation", "M rows/s", "MB/s",
                       "CPU ms/MB", "x dense", "x echo", "x grpc"));
   for (size_t o = 0; o < ops.size(); ++o) {

@@ -258,18 +258,30 @@ void SparseTables::TrainLookup(Table& table, absl::Span<const uint64_t> ids, int
   AfterChange(table, now);
 }
 
-bool SparseTables::TrainLookupStored(Table& table, absl::Span<const uint64_t> ids, int64_t clock,
-                                     float* out) {
+bool SparseTables::TrainLookupInHalves(Table& table, absl::Span<const uint64_t> ids,
+                                       int64_t clock, float* out) {
   thread_local std::vector<uint32_t> rows;
-  absl::ReaderMutexLock lock(&table.mu);
-  const uint32_t now = Now(table, clock);
-  if (SweepDue(table, now) || !table.rows->LookupStoredForTraining(ids, now, out, &rows)) {
-    return false;
+  thread_local std::vector<uint32_t> misses;
+  uint32_t now;
+  {
+    absl::ReaderMutexLock lock(&table.mu);
+    now = Now(table, clock);
+    if (SweepDue(table, now)) return false;
+    table.rows->LookupStoredForTraining(ids, now, out, &rows, &misses);
+    RaiseNewestClock(table, StepOf(clock));
+    if (misses.empty()) {
+      table.stored_ops.fetch_add(1, std::memory_order_relaxed);
+      // Nothing else AfterChange keeps changed: no row came or went.
+      ExportCounters(table);
+      return true;
+    }
   }
-  RaiseNewestClock(table, StepOf(clock));
-  table.stored_ops.fetch_add(1, std::memory_order_relaxed);
-  // Nothing else AfterChange keeps changed: no row came or went.
-  ExportCounters(table);
+  // Only the ids without a row are probed again: another lookup may have
+  // created some of them meanwhile.
+  absl::MutexLock lock(&table.mu);
+  table.rows->LookupMissesForTraining(ids, misses, now, out);
+  ++table.ops;
+  AfterChange(table, now);
   return true;
 }
 
@@ -300,10 +312,12 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
     out = scratch.data();
   }
   const absl::Time begin = absl::Now();
-  // A training lookup that the shard does not forward (--replicas 1) of
-  // rows that all exist runs under the shared lock, beside other lookups.
-  if (request.train() &&
-      (op != nullptr || !TrainLookupStored(*table, ids, request.clock(), out))) {
+  if (!request.train()) {
+    absl::ReaderMutexLock lock(&table->mu);
+    table->rows->LookupReadOnly(ids, out);
+  } else if (op != nullptr || !TrainLookupInHalves(*table, ids, request.clock(), out)) {
+    // A lookup the chain orders (forwarded as one operation, applied the
+    // same at every member), or one due for the TTL sweep.
     absl::MutexLock lock(&table->mu);
     const uint32_t now = Now(*table, request.clock());
     if (op != nullptr) {
@@ -319,9 +333,6 @@ absl::Status SparseTables::Lookup(const LookupRequest& request,
       forwarded.set_group(table->group);
     }
     TrainLookup(*table, ids, request.clock(), now, out);
-  } else if (!request.train()) {
-    absl::ReaderMutexLock lock(&table->mu);
-    table->rows->LookupReadOnly(ids, out);
   }
   if (request.train() && table->set->metrics.lookup_ids != nullptr) {
     table->set->metrics.lookup_ids->Observe(static_cast<double>(ids.size()));

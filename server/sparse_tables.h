@@ -195,12 +195,14 @@ class SparseTables {
   // A training lookup's changes to `table` at `now` (rows into out).
   void TrainLookup(Table& table, absl::Span<const uint64_t> ids, int64_t clock, uint32_t now,
                    float* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
-  // TrainLookup of ids whose rows all exist, under the shared lock, beside
-  // other lookups (EmbeddingTable::LookupStoredForTraining). False, with
-  // nothing changed, when an id has no row or the rows are due for their
-  // TTL sweep: the caller then calls TrainLookup.
-  bool TrainLookupStored(Table& table, absl::Span<const uint64_t> ids, int64_t clock, float* out)
-      ABSL_LOCKS_EXCLUDED(table.mu);
+  // TrainLookup in two halves (--replicas 1): first, under the shared lock
+  // and beside other lookups, the ids that have rows
+  // (EmbeddingTable::LookupStoredForTraining); then, under the exclusive
+  // lock, only if some had none, those (LookupMissesForTraining). False,
+  // with nothing changed, when the rows are due for their TTL sweep: the
+  // caller then calls TrainLookup.
+  bool TrainLookupInHalves(Table& table, absl::Span<const uint64_t> ids, int64_t clock,
+                           float* out) ABSL_LOCKS_EXCLUDED(table.mu);
   // Applies a checked push to `table` (async: now; sync: into its step, and
   // the step's mean once complete). Returns the gradients dropped (of ids
   // without a row; a sync step's, by the push that completes it), or an

@@ -273,9 +273,8 @@ int64_t EmbeddingTable::MakeRoom(int64_t incoming, uint32_t now) {
 
 void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t now,
                                        float* out) {
-  const size_t n = ids.size();
   const int32_t d = config_.dim;
-  counters_.lookups += static_cast<int64_t>(n);
+  counters_.lookups += static_cast<int64_t>(ids.size());
   std::vector<uint32_t> misses;
   ProbeAll(ids, [&](size_t i, uint32_t row) {
     if (row == kNone) {
@@ -285,11 +284,19 @@ void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t 
     Touch(row, now);
     ReadValue(row, out + i * d);
   });
+  CreateMissing(ids, misses, now, out);
+}
+
+void EmbeddingTable::CreateMissing(absl::Span<const uint64_t> ids,
+                                   absl::Span<const uint32_t> misses, uint32_t now,
+                                   float* out) {
   if (misses.empty()) return;
+  const int32_t d = config_.dim;
   int64_t room = MakeRoom(static_cast<int64_t>(misses.size()), now);
   for (uint32_t i : misses) {
     const uint64_t hash = Hash(ids[i]);
-    // An earlier occurrence in this batch may have created it.
+    // An earlier occurrence in this batch (or, after LookupStoredForTraining,
+    // another call) may have created it.
     uint32_t row = Find(ids[i], hash);
     if (row != kNone) {
       Touch(row, now);
@@ -309,28 +316,36 @@ void EmbeddingTable::LookupForTraining(absl::Span<const uint64_t> ids, uint32_t 
   }
 }
 
-bool EmbeddingTable::LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now,
-                                             float* out, std::vector<uint32_t>* rows) {
+void EmbeddingTable::LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now,
+                                             float* out, std::vector<uint32_t>* rows,
+                                             std::vector<uint32_t>* misses) {
   const int32_t d = config_.dim;
   rows->resize(ids.size());
-  bool all = true;
+  misses->clear();
   ProbeAll(ids, [&](size_t i, uint32_t row) {
-    if (!all) return;  // ProbeAll runs to the end; a miss makes the rest cheap
+    (*rows)[i] = row;
     if (row == kNone) {
-      all = false;
+      misses->push_back(static_cast<uint32_t>(i));
       return;
     }
-    (*rows)[i] = row;
     ReadValue(row, out + i * d);
   });
-  if (!all) return false;
   const size_t n = rows->size();
   for (size_t i = 0; i < n; ++i) {
-    if (i + kRecordAhead < n) store_.Prefetch((*rows)[i + kRecordAhead]);
-    TouchShared((*rows)[i], now);
+    if (i + kRecordAhead < n && (*rows)[i + kRecordAhead] != kNone) {
+      store_.Prefetch((*rows)[i + kRecordAhead]);
+    }
+    if ((*rows)[i] != kNone) TouchShared((*rows)[i], now);
   }
-  stored_lookups_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
-  return true;
+  stored_lookups_.fetch_add(static_cast<int64_t>(n - misses->size()),
+                            std::memory_order_relaxed);
+}
+
+void EmbeddingTable::LookupMissesForTraining(absl::Span<const uint64_t> ids,
+                                             absl::Span<const uint32_t> misses, uint32_t now,
+                                             float* out) {
+  counters_.lookups += static_cast<int64_t>(misses.size());
+  CreateMissing(ids, misses, now, out);
 }
 
 int64_t EmbeddingTable::LookupReadOnly(absl::Span<const uint64_t> ids, float* out) const {

@@ -68,16 +68,22 @@ class EmbeddingTable {
   // seconds). ids may repeat. Writes ids.size() * dim floats to out.
   void LookupForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out);
 
-  // LookupForTraining when every id has a row, which then creates and
-  // evicts nothing: writes the rows to out, marks them used at `now` and
-  // returns true. Otherwise returns false with nothing changed (out then
-  // holds nothing of use); rows is scratch (its memory is kept). Unlike
-  // the rest of this class, it may run beside other calls of itself and of
-  // the const methods but ExportRecords and ReadRecord, which read the
-  // marks: the owner holds a shared lock for these, an exclusive one for
-  // the others.
-  bool LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out,
-                               std::vector<uint32_t>* rows);
+  // LookupForTraining in two halves, the first beside other lookups.
+  // LookupStoredForTraining creates and evicts nothing: it writes the row
+  // of each id that has one to out, marks those rows used at `now`, and
+  // lists the indexes of the other ids in *misses, in order. rows is
+  // scratch (its memory is kept). Unlike the rest of this class, it may
+  // run beside other calls of itself and of the const methods but
+  // ExportRecords and ReadRecord, which read the marks: the owner holds a
+  // shared lock for these, an exclusive one for the others.
+  void LookupStoredForTraining(absl::Span<const uint64_t> ids, uint32_t now, float* out,
+                               std::vector<uint32_t>* rows, std::vector<uint32_t>* misses);
+  // Then, when *misses is not empty, LookupMissesForTraining does the rest
+  // for those ids (rows created, the table kept within its capacity; rows
+  // another call created meanwhile are read and marked). Run one after
+  // the other, the two change the table as one LookupForTraining does.
+  void LookupMissesForTraining(absl::Span<const uint64_t> ids,
+                               absl::Span<const uint32_t> misses, uint32_t now, float* out);
 
   // Evaluation: stored rows as they are, other ids as their initial value;
   // changes nothing. Returns the number of ids found.
@@ -157,6 +163,10 @@ class EmbeddingTable {
     return store_.Record(row) + 2 + value_words_ + state_words_;
   }
   uint32_t Find(uint64_t id, uint64_t hash) const;
+  // LookupForTraining's ids at indexes `misses`, which had no row when
+  // probed: each read, created or given its initial value.
+  void CreateMissing(absl::Span<const uint64_t> ids, absl::Span<const uint32_t> misses,
+                     uint32_t now, float* out);
   // Finds each id's row (kNone when absent) and calls on_row(i, row), in
   // order, with the index slots and then the records of later ids
   // prefetched: at 10^7 rows nearly every probe misses the cache, and the

@@ -342,16 +342,19 @@ TEST(EmbeddingTableTest, SameOperationsGiveBitIdenticalTables) {
   EXPECT_EQ(ra, rb);
 }
 
-// Training lookups as the shard runs them for --replicas 1: of stored rows
-// under a shared lock, else LookupForTraining under the exclusive one.
-std::vector<float> TrainStored(EmbeddingTable& t, std::vector<uint64_t> ids, uint32_t now,
-                               int64_t* stored) {
+// Training lookups as the shard runs them for --replicas 1: the stored
+// rows under a shared lock, then the ids without one (if any) under the
+// exclusive one. Counts the lookups that needed the second half.
+std::vector<float> TrainInHalves(EmbeddingTable& t, std::vector<uint64_t> ids, uint32_t now,
+                                 int64_t* stored, int64_t* halves) {
   std::vector<float> out(ids.size() * t.dim());
-  std::vector<uint32_t> rows;
-  if (t.LookupStoredForTraining(ids, now, out.data(), &rows)) {
+  std::vector<uint32_t> rows, misses;
+  t.LookupStoredForTraining(ids, now, out.data(), &rows, &misses);
+  if (misses.empty()) {
     ++*stored;
   } else {
-    t.LookupForTraining(ids, now, out.data());
+    ++*halves;
+    t.LookupMissesForTraining(ids, misses, now, out.data());
   }
   return out;
 }
@@ -364,13 +367,14 @@ TEST(EmbeddingTableTest, LookupsOfStoredRowsEqualTrainingLookups) {
     c.eviction.policy = policy;
     auto a = Make(c);
     auto b = Make(c);
-    int64_t stored = 0;
+    int64_t stored = 0, halves = 0;
     for (uint32_t step = 1; step <= 40; ++step) {
       // Ids 0..49 every third step (stored from the second time on), other
       // ids up to 700 between (rows created and evicted).
       std::vector<uint64_t> ids;
       for (uint64_t i = 0; i < 50; ++i) ids.push_back(step % 3 == 0 ? i : (i * i + step * 37) % 700);
-      ASSERT_EQ(Train(*a, ids, step), TrainStored(*b, ids, step, &stored)) << "step " << step;
+      ASSERT_EQ(Train(*a, ids, step), TrainInHalves(*b, ids, step, &stored, &halves))
+          << "step " << step;
       std::sort(ids.begin(), ids.end());
       ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
       std::vector<float> g(ids.size() * 8, 0.01f * step);
@@ -378,6 +382,7 @@ TEST(EmbeddingTableTest, LookupsOfStoredRowsEqualTrainingLookups) {
       b->Apply(ids, g.data(), step, 1.0f);
     }
     EXPECT_GE(stored, 10) << "lookups of stored rows";
+    EXPECT_GE(halves, 20) << "lookups with ids to create";
     EXPECT_GT(a->counters().evicted_capacity, 0);
     std::string ra, rb;
     a->ExportRecords(&ra);
@@ -387,27 +392,38 @@ TEST(EmbeddingTableTest, LookupsOfStoredRowsEqualTrainingLookups) {
   }
 }
 
-TEST(EmbeddingTableTest, ALookupOfStoredRowsWithAnIdMissingChangesNothing) {
+// The first half reads and marks the stored rows and creates nothing; the
+// second creates the rest, or reads the rows created meanwhile.
+TEST(EmbeddingTableTest, ALookupOfStoredRowsListsTheIdsWithoutOne) {
   TableConfig c = Config();
   c.eviction.policy = Eviction::Policy::kLfu;
   auto t = Make(c);
   Train(*t, {1, 2}, 1);
   std::string before;
   t->ExportRecords(&before);
-  std::vector<float> out(3 * 4);
-  std::vector<uint32_t> rows;
-  EXPECT_FALSE(t->LookupStoredForTraining({1, 3, 2}, 2, out.data(), &rows));
+  const std::vector<uint64_t> ids = {1, 3, 2, 4};
+  std::vector<float> out(ids.size() * 4, -1.0f);
+  std::vector<uint32_t> rows, misses;
+  t->LookupStoredForTraining(ids, 2, out.data(), &rows, &misses);
+  EXPECT_EQ(misses, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(t->rows(), 2);
+  EXPECT_EQ(t->counters().lookups, 4);
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 4), Read(*t, {1}));
+  EXPECT_EQ(std::vector<float>(out.begin() + 8, out.begin() + 12), Read(*t, {2}));
+  EXPECT_EQ(out[4], -1.0f) << "nothing written for id 3 yet";
   std::string after;
   t->ExportRecords(&after);
-  EXPECT_EQ(before, after);
-  EXPECT_EQ(t->rows(), 2);
-  EXPECT_EQ(t->counters().lookups, 2);
-  ASSERT_TRUE(t->LookupStoredForTraining({2, 1}, 2, out.data(), &rows));
-  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 8), Read(*t, {2, 1}));
-  EXPECT_EQ(t->counters().lookups, 4);
-  after.clear();
-  t->ExportRecords(&after);
   EXPECT_NE(before, after) << "rows 1 and 2 were marked used at 2";
+  // Another lookup creates id 4 in between.
+  Train(*t, {4}, 2);
+  t->LookupMissesForTraining(ids, misses, 2, out.data());
+  EXPECT_EQ(t->rows(), 4);
+  EXPECT_EQ(t->counters().lookups, 4 + 1 + 2);
+  EXPECT_EQ(std::vector<float>(out.begin() + 4, out.begin() + 8), Read(*t, {3}));
+  EXPECT_EQ(std::vector<float>(out.begin() + 12, out.end()), Read(*t, {4}));
+  // All stored: nothing missing.
+  t->LookupStoredForTraining({4, 3}, 3, out.data(), &rows, &misses);
+  EXPECT_TRUE(misses.empty());
 }
 
 TEST(EmbeddingTableTest, LookupsOfStoredRowsRunBesideEachOther) {
@@ -424,9 +440,11 @@ TEST(EmbeddingTableTest, LookupsOfStoredRowsRunBesideEachOther) {
   for (int k = 0; k < kThreads; ++k) {
     threads.emplace_back([&t, &all, k] {
       std::vector<float> out(kRows * 4);
-      std::vector<uint32_t> rows;
+      std::vector<uint32_t> rows, misses;
       for (int call = 0; call < kCalls; ++call) {
-        ASSERT_TRUE(t->LookupStoredForTraining(all, static_cast<uint32_t>(2 + k), out.data(), &rows));
+        t->LookupStoredForTraining(all, static_cast<uint32_t>(2 + k), out.data(), &rows,
+                                   &misses);
+        ASSERT_TRUE(misses.empty());
       }
     });
   }
