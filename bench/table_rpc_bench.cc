@@ -196,17 +196,14 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
   pull_request.set_reply_bytes(static_cast<uint64_t>(row_bytes));
   push_request.set_payload(std::string(static_cast<size_t>(batch) * 8 + row_bytes, 'g'));
   int64_t clock = 0, grpc_clock = 0;
-  // A training lookup's ids: batch c's, the last new_per_call of them
-  // replaced by ids above every row's (their order kept when sorted).
+  // A training lookup's ids, for each client (data port, gRPC): batch c's,
+  // the last new_per_call of them replaced by ids above every row's (their
+  // order kept when sorted). Built with the batches, outside the timing.
   uint64_t next_new = static_cast<uint64_t>(rows);
-  std::vector<uint64_t> with_new;
-  auto training = [&](int c) -> const std::vector<uint64_t>& {
-    if (new_per_call == 0) return batches[c];
-    with_new = batches[c];
-    for (size_t i = with_new.size() - new_per_call; i < with_new.size(); ++i) {
-      with_new[i] = next_new++;
-    }
-    return with_new;
+  std::vector<std::vector<uint64_t>> with_new[2];
+  for (std::vector<std::vector<uint64_t>>& client : with_new) client.resize(calls);
+  auto training = [&](int client, int c) -> const std::vector<uint64_t>& {
+    return new_per_call == 0 ? batches[c] : with_new[client][c];
   };
   // What each operation is compared with, by index in `ops` (-1: nothing).
   struct Op {
@@ -218,13 +215,13 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
     bool on_echo = false;
   };
   const std::vector<Op> ops = {
-      {"lookup", [&](int c) { return tables.Lookup("t", training(c), true, clock, out.data()); },
+      {"lookup", [&](int c) { return tables.Lookup("t", training(0, c), true, clock, out.data()); },
        5, 7, 2},
       {"push_sparse", [&](int c) { return tables.Push("t", batches[c], grads.data(), ++clock); },
        6, 8, 3},
       {"lookup grpc",
        [&](int c) {
-         return grpc_tables.Lookup("t", training(c), true, grpc_clock, out.data());
+         return grpc_tables.Lookup("t", training(1, c), true, grpc_clock, out.data());
        },
        5, 7},
       {"push_sparse grpc",
@@ -269,6 +266,11 @@ absl::Status Run(const std::string& command_line, const std::string& bin_dir) {
       std::sample(all.begin(), all.end(), ids.begin(), batch, rng);
       if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
       batches[c] = ids;
+      if (new_per_call == 0) continue;
+      for (std::vector<std::vector<uint64_t>>& client : with_new) {
+        client[c] = ids;
+        for (size_t i = ids.size() - new_per_call; i < ids.size(); ++i) client[c][i] = next_new++;
+      }
     }
     for (size_t k = 0; k < ops.size(); ++k) {
       const size_t o = (k + static_cast<size_t>(std::max(round, 0))) % ops.size();

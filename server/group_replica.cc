@@ -102,6 +102,13 @@ bool GroupReplica::LockAtOp(Partition& p, int64_t op, absl::Duration wait,
     p.mu.AwaitWithTimeout(absl::Condition(&ReachedOp, &condition),
                           std::min(left, absl::Milliseconds(20)));
   }
+  // Reached, but perhaps by an operation of the chain that replaced this
+  // one, whose head applied a worker's retry at this number (see
+  // ApplyReachedParts): asked with the partition held.
+  if (!still_valid()) {
+    p.mu.Unlock();
+    return false;
+  }
   return true;
 }
 
@@ -146,8 +153,14 @@ absl::Status GroupReplica::ApplyForwardedParts(const wire::PushView& request,
                                               absl::Duration wait,
                                               const std::function<bool()>& still_valid,
                                               int64_t* max_staleness) {
-  // Every part's operation reached first, none applied: operation counts
-  // only grow, so each stays reached.
+  // A forward that arrives in turn finds every part's operation reached and
+  // is applied at once.
+  bool reached = false;
+  RETURN_IF_ERROR(ApplyReachedParts(request, parts, still_valid, max_staleness, &reached));
+  if (reached) return absl::OkStatus();
+  // One that overtook an earlier forward waits, holding nothing (the
+  // earlier one needs the worker's log and the partitions), until every
+  // part's operation is reached: counts only grow, so each stays reached.
   for (const DecodedPart& part : parts) {
     Partition& p = *part.partition;
     const int64_t op = request.replicated[part.request_index].op();
@@ -159,7 +172,19 @@ absl::Status GroupReplica::ApplyForwardedParts(const wire::PushView& request,
     }
     p.mu.Unlock();
   }
-  // Then the push is applied whole, as the head applies one (Shard::DedupedPush,
+  RETURN_IF_ERROR(ApplyReachedParts(request, parts, still_valid, max_staleness, &reached));
+  if (!reached) {
+    return absl::InternalError(
+        "a partition's operation count went back while a forward waited");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupReplica::ApplyReachedParts(const wire::PushView& request,
+                                            const std::vector<DecodedPart>& parts,
+                                            const std::function<bool()>& still_valid,
+                                            int64_t* max_staleness, bool* reached) {
+  // The push is applied whole, as the head applies one (Shard::DedupedPush,
   // in the same lock order: the worker's log, then the partitions). The
   // log is recorded before it is released: this shard, heading the chain
   // next, answers the worker's retry as a duplicate.
@@ -169,6 +194,14 @@ absl::Status GroupReplica::ApplyForwardedParts(const wire::PushView& request,
   to_lock.reserve(parts.size());
   for (const DecodedPart& part : parts) to_lock.push_back(part.partition);
   internal::PartitionLocks locks(std::move(to_lock));
+  for (const DecodedPart& part : parts) {
+    part.partition->mu.AssertHeld();  // by `locks`
+    if (part.partition->ops < request.replicated[part.request_index].op()) {
+      *reached = false;
+      return absl::OkStatus();
+    }
+  }
+  *reached = true;
   // A forward of an older chain, whose head is gone: the new head may have
   // applied the worker's retry of this push (or another) at this push's
   // operation, so the count says nothing; the head's retry of the forward
@@ -179,14 +212,6 @@ absl::Status GroupReplica::ApplyForwardedParts(const wire::PushView& request,
         "a forward of push %d of worker %d comes from a chain this shard is no longer at; "
         "retry",
         request.sequence, request.worker));
-  }
-  for (const DecodedPart& part : parts) {
-    part.partition->mu.AssertHeld();  // by `locks`
-    if (part.partition->ops < request.replicated[part.request_index].op()) {
-      return absl::InternalError(absl::StrFormat(
-          "%s/%d: its operation count went back while a forward waited",
-          part.partition->tensor, part.partition->index));
-    }
   }
   for (const DecodedPart& part : parts) {
     Partition& p = *part.partition;
@@ -259,10 +284,6 @@ absl::Status GroupReplica::ApplyForwarded(const wire::PushView& request, absl::D
     ASSIGN_OR_RETURN(Partition * found, shard_.store->Find(op.close()));
     Partition& p = *found;
     if (!LockAtOp(p, op.op(), wait, still_valid)) return timed_out(p, op.op());
-    if (!still_valid()) {  // see ApplyForwardedParts
-      p.mu.Unlock();
-      return timed_out(p, op.op());
-    }
     if (p.ops == op.op()) {
       shard_.updater->MaybeFinishStep(p, /*close=*/true);
       ++p.ops;

@@ -131,12 +131,19 @@ class GroupReplica {
                                    const std::vector<DecodedPart>& parts, absl::Duration wait,
                                    const std::function<bool()>& still_valid,
                                    int64_t* max_staleness);
+  // ApplyForwardedParts without waiting: `*reached` false, and nothing
+  // applied, when a part's operation is not reached yet.
+  absl::Status ApplyReachedParts(const wire::PushView& request,
+                                 const std::vector<DecodedPart>& parts,
+                                 const std::function<bool()>& still_valid,
+                                 int64_t* max_staleness, bool* reached);
   // A follower's step for one part, `p` locked at the part's operation.
   absl::Status ApplyForwardedPart(Partition& p, const DecodedPart& part,
                                   const ReplicatedOp& op, uint32_t worker,
                                   int64_t* staleness) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p.mu);
-  // Locks `p` once its operation count reaches `op` (true), or returns
-  // false (unlocked) after `wait` or when `still_valid()` fails.
+  // Locks `p` once its operation count reaches `op` while `still_valid()`
+  // holds (true, asked last with `p` held), or returns false (unlocked)
+  // after `wait` or once `still_valid()` fails.
   static bool LockAtOp(Partition& p, int64_t op, absl::Duration wait,
                        const std::function<bool()>& still_valid)
       ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true, p.mu);

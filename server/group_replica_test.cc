@@ -187,6 +187,28 @@ TEST_F(GroupReplicaTest, AForwardAheadOfItsTurnWaitsThenIsRefusedUnavailable) {
   EXPECT_EQ(Values(*follower_, 0)[0], -1.0f);
 }
 
+// The usual reordering: a forward overtakes the one before it, waits
+// holding nothing, and is applied (and logged) once that one arrives.
+TEST_F(GroupReplicaTest, AForwardAheadOfItsTurnIsAppliedOnceTheOneBeforeItArrives) {
+  GroupReplica::Applied first, second;
+  const PushRequest forward0 = ApplyAtHead(Push(0, 1.0f, 1), &first);
+  const PushRequest forward1 = ApplyAtHead(Push(0, 1.0f, 2, 1), &second);
+  absl::Status early = absl::UnknownError("not run");
+  std::thread waiting([&] { early = Forward(*follower_, forward1, absl::Seconds(10)); });
+  absl::SleepFor(absl::Milliseconds(50));  // it waits for operation 0
+  const absl::Status in_turn = Forward(*follower_, forward0);
+  waiting.join();
+  ASSERT_TRUE(in_turn.ok()) << in_turn;
+  ASSERT_TRUE(early.ok()) << early;
+  EXPECT_EQ(Values(*follower_, 0), Values(*head_, 0));
+  EXPECT_EQ(Values(*follower_, 0)[0], -1.0f);
+  EXPECT_EQ(follower_->replica().Ops(0), head_->replica().Ops(0));
+  PushResponse response;
+  ASSERT_TRUE(follower_->Push(wire::ViewOf(Push(0, 1.0f, 2, 1)), 0, &response, nullptr).ok());
+  EXPECT_TRUE(response.duplicate());
+  EXPECT_EQ(Values(*follower_, 0)[0], -1.0f);
+}
+
 // The head died with two pushes forwarded; the second's forward came first
 // and waits for the first's, which never comes. The chain moves on (this
 // follower heads it now) and the worker's retry of the second push is

@@ -492,7 +492,11 @@ bool SparseTables::AwaitOp(Table& table, int64_t op, absl::Duration wait,
     table.mu.AwaitWithTimeout(absl::Condition(&ReachedTableOp, &condition),
                               std::min(left, absl::Milliseconds(20)));
   }
-  return true;
+  // Reached, but perhaps by an operation of the chain that replaced this
+  // one, whose head applied a worker's retry at this number
+  // (GroupReplica::ApplyForwardedParts): asked under the table's lock, which
+  // the head's operations take too.
+  return still_valid();
 }
 
 absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wait,
@@ -529,15 +533,6 @@ absl::Status SparseTables::ApplyReplicated(const SparseOp& op, absl::Duration wa
     return absl::UnavailableError(absl::StrFormat(
         "table \"%s\" group %d: operation %d is not next here (the chain changed, or an "
         "earlier forward is missing); retry",
-        table->spec.name(), op.group(), op.op()));
-  }
-  // A forward of a chain this shard has left: its new head may have applied
-  // the worker's retry at this operation (GroupReplica::ApplyForwardedParts).
-  // Asked under the table's lock, like the head's operations take it.
-  if (!still_valid()) {
-    return absl::UnavailableError(absl::StrFormat(
-        "table \"%s\" group %d: operation %d comes from a chain this shard is no longer at; "
-        "retry",
         table->spec.name(), op.group(), op.op()));
   }
   if (table->ops > op.op()) return absl::OkStatus();  // an earlier copy applied it

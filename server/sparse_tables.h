@@ -211,8 +211,9 @@ class SparseTables {
                                     absl::Span<const uint64_t> ids, const float* grads,
                                     uint32_t now, bool* step_applied)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
-  // Waits until the group has applied `op` operations (true), or returns
-  // false after `wait` or once still_valid() fails.
+  // Waits until the group has applied `op` operations while still_valid()
+  // holds (true, asked last), or returns false after `wait` or once
+  // still_valid() fails.
   static bool AwaitOp(Table& table, int64_t op, absl::Duration wait,
                       const std::function<bool()>& still_valid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu);
