@@ -80,12 +80,13 @@ class SparseTables {
                           bool* step_applied = nullptr, SparseOp* op = nullptr);
   // Applies an operation of a chain's head (Lookup's or PushSparse's *op)
   // once the group has applied every earlier one, waiting up to `wait`
-  // (zero: not at all) while still_valid() holds (UNAVAILABLE after that: the chain changed,
-  // or an earlier forward is missing), and applied only while it holds;
-  // an operation applied before is skipped. The request is checked as at the head: a malformed operation
-  // is INVALID_ARGUMENT (FAILED_PRECONDITION on an unreplicated shard) and
-  // changes nothing; INTERNAL when the table refuses a well-formed push
-  // the head applied (the replica diverged).
+  // (zero: not at all) while still_valid() holds (UNAVAILABLE after that:
+  // the chain changed, or an earlier forward is missing), and applied only
+  // while it holds; an operation applied before is skipped. The request is
+  // checked as at the head: a malformed operation is INVALID_ARGUMENT
+  // (FAILED_PRECONDITION on an unreplicated shard) and changes nothing;
+  // INTERNAL when the table refuses a well-formed push the head applied
+  // (the replica diverged).
   absl::Status ApplyReplicated(const SparseOp& op, absl::Duration wait,
                                const std::function<bool()>& still_valid,
                                bool* step_applied = nullptr);
