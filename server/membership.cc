@@ -31,6 +31,7 @@ Membership::Join Membership::Revive(int worker, Worker& w, uint64_t incarnation,
              incarnation != w.incarnation) {
     join = Join::kRestart;
     ++w.rejoins;
+    w.replaced = true;
     LOG(INFO) << "worker " << worker << " has a new incarnation " << incarnation
               << " (was " << w.incarnation << ", clock " << w.clock
               << "), last heard from " << absl::FormatDuration(now - w.last_seen)
@@ -199,7 +200,7 @@ int Membership::ContributorsForStep(int64_t step,
 bool Membership::RaiseCountsFrom(int worker, int64_t step) {
   absl::MutexLock lock(&mu_);
   Worker& w = workers_[worker];
-  if (w.counts_from == 0 || step <= w.counts_from) return false;
+  if ((w.counts_from == 0 && !w.replaced) || step <= w.counts_from) return false;
   w.counts_from = step;
   return true;
 }

@@ -117,11 +117,12 @@ class Membership {
   // Whether `worker` counts for `step` by the rules above (ignoring
   // `contributed`).
   bool CountsForStep(int worker, int64_t step) const;
-  // A worker that came back after being dropped and now pulls the
-  // parameters of step `step` will push no earlier step: it counts from
-  // `step` at the latest. (Shards may set different rejoin steps for it;
-  // the pull tells each where it really rejoined.) Returns true if that
-  // changed anything. No-op for a worker never dropped.
+  // A worker that came back after being dropped, or was restarted (a new
+  // process), now pulling the parameters of step `step` will push no earlier step: it
+  // counts from `step` at the latest. (Shards may set different rejoin
+  // steps for it, or one may have dropped it where another did not: the
+  // pull tells each where it really rejoined.) Returns true if that
+  // changed anything. No-op for a worker never dropped nor restarted.
   bool RaiseCountsFrom(int worker, int64_t step);
 
   // Every expected worker, seen or not.
@@ -152,6 +153,11 @@ class Membership {
     // The first sync step this worker contributes to (set when it comes
     // back after being dropped; 0 for one never dropped).
     int64_t counts_from = 0;
+    // A new process replaced this record (a restart): it resumes at the
+    // step the shards agree on, which may be past this shard's open one
+    // (another shard dropped its predecessor while this one did not), so
+    // its pulls may raise counts_from as a rejoined worker's do.
+    bool replaced = false;
     // Added to `clock` for the staleness bound (set when it comes back after
     // being dropped; 0 for one never dropped).
     int64_t clock_offset = 0;

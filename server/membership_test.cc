@@ -252,6 +252,27 @@ TEST(MembershipTest, ARejoinedWorkersPullRaisesItsFirstStep) {
   EXPECT_TRUE(members.CountsForStep(0, 8));
 }
 
+// A worker restarts while live here, but another shard dropped its
+// predecessor and went a step on: the new process resumes at that later
+// step, and its pull of it tells this shard not to wait for its gradient
+// of the step open here (it never comes; the pull would wait for the step).
+TEST(MembershipTest, ARestartedWorkersPullRaisesItsFirstStep) {
+  const absl::Time t0 = absl::UnixEpoch();
+  Membership members(2, absl::Seconds(10), absl::Seconds(60), t0);
+  members.Update(0, 1, 376, false, t0 + absl::Seconds(1));
+  members.Update(1, 2, 377, false, t0 + absl::Seconds(1));
+  Membership::Join join = Membership::Join::kNone;
+  EXPECT_EQ(members.Register(0, 3, t0 + absl::Seconds(2), &join, 377), 376);
+  EXPECT_EQ(join, Membership::Join::kRestart);
+  EXPECT_TRUE(members.CountsForStep(0, 376));  // it may resume here and push it
+  EXPECT_EQ(members.ContributorsForStep(376, {false, true}), 2);
+  EXPECT_TRUE(members.RaiseCountsFrom(0, 377));
+  EXPECT_FALSE(members.CountsForStep(0, 376));
+  EXPECT_EQ(members.ContributorsForStep(376, {false, true}), 1);
+  EXPECT_TRUE(members.CountsForStep(0, 377));
+  EXPECT_FALSE(members.RaiseCountsFrom(1, 400));  // never dropped nor restarted
+}
+
 TEST(MembershipTest, ADroppedWorkerCountsOnlyFromItsRejoinStep) {
   const absl::Time t0 = absl::UnixEpoch();
   Membership members(3, absl::Seconds(10), absl::Seconds(60), t0);
