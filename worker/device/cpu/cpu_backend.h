@@ -33,7 +33,7 @@ void SetCpuMathThreads(int threads);
 // "SkylakeX", "Cooperlake", ...; the environment variable OPENBLAS_CORETYPE
 // overrides its choice). Benchmarks report it: on an AVX-512 CPU the
 // worker's GEMMs ran 1.7x as fast on those kernels as on the AVX2 (Haswell)
-// ones (README, Figures).
+// ones (docs/figures.md, "OpenBLAS kernels").
 std::string CpuMathKernels();
 
 }  // namespace shardtrain::worker
